@@ -1,0 +1,1 @@
+"""ml_collections configs, one folder per LRA task: ``configs/<task>/<model>.py``."""

@@ -1,0 +1,1 @@
+"""ListOps configs (LRA ``listops/configs``; SimpleTRON appendix A)."""

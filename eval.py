@@ -1,0 +1,41 @@
+"""Evaluate a workdir's checkpoint on one split.
+
+    python eval.py --workdir runs/listops_simple_seed0 --split test
+    python eval.py --workdir ... --which latest --split val
+
+Uses the config saved with the run (``workdir/config.json``) unless ``--config``
+is given. Prints the accuracy and writes ``workdir/eval_<which>_<split>.json``.
+"""
+
+import json
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Config file; default: the run's config.json.")
+flags.DEFINE_string("workdir", None, "The run directory.", required=True)
+flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to evaluate.")
+flags.DEFINE_enum("which", "best", ["best", "latest"], "best-validation or newest checkpoint.")
+flags.DEFINE_integer("step", None, "A specific checkpoint step (overrides --which).")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
+  flag_values = flags.FLAGS
+  result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
+                                        which=flag_values.which, step=flag_values.step,
+                                        config=flag_values.config)
+  out = os.path.join(flag_values.workdir,
+                     f"eval_{flag_values.which if flag_values.step is None else flag_values.step}"
+                     f"_{flag_values.split}.json")
+  with open(out, "w") as f:
+    json.dump(result, f, indent=2)
+  print(f"{flag_values.split} accuracy {result['accuracy']:.4f} on {int(result['count'])} "
+        f"examples (checkpoint step {result['step']}); written to {out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

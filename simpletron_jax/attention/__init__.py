@@ -1,0 +1,115 @@
+"""The attention registry: every variant by name, with the call of DESIGN.md section 2.
+
+``get(name)`` returns an :class:`AttentionSpec`; ``spec.build(...)`` makes the
+Flax module. A spec also tells the encoder block how to wire the variant
+(SimpleTRON's double skip) and records its asymptotic cost, which the tests
+use (a sub-quadratic variant must never build an ``L x L`` array).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import flax.linen as nn
+
+from simpletron_jax.attention.simple import SimpleAttention
+from simpletron_jax.attention.softmax import SoftmaxAttention
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+  """How to build and wire one registered attention variant.
+
+  Attributes:
+    name: registry key, e.g. ``"simple_res"``.
+    module: the Flax module class.
+    fixed_kwargs: constructor arguments that define the variant.
+    double_skip: if True the encoder block adds SimpleTRON's second skip,
+      ``out = x1 + MLP(LN(x1)) + x0`` (Simple-Res, paper Table 1).
+    quadratic: True when time or memory grows as L^2 (exempt from the
+      no-``L x L`` test).
+    paper: the source of the variant.
+  """
+
+  name: str
+  module: type[nn.Module]
+  fixed_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  double_skip: bool = False
+  quadratic: bool = False
+  paper: str = ""
+
+  def build(self, *, num_heads: int, qkv_dim: int, out_dim: int, dropout_rate: float,
+            dtype, name: str | None = None, **kwargs) -> nn.Module:
+    """Instantiates the module.
+
+    Args:
+      num_heads, qkv_dim, out_dim, dropout_rate, dtype: the shared interface.
+      name: Flax submodule name.
+      **kwargs: variant options from ``config.model.attention_kwargs``; they
+        may not override ``fixed_kwargs``.
+
+    Returns:
+      An unbound Flax module with call ``(x_BxLxE, mask_BxL, deterministic)``.
+
+    Raises:
+      ValueError: if ``kwargs`` tries to change a defining argument or names a
+        field the module does not have.
+    """
+    clash = set(kwargs) & set(self.fixed_kwargs)
+    if clash:
+      raise ValueError(f"model.attention_kwargs may not set {sorted(clash)} for attention "
+                       f"{self.name!r}; they define the variant")
+    fields = {f.name for f in dataclasses.fields(self.module)}
+    unknown = set(kwargs) - fields
+    if unknown:
+      raise ValueError(f"model.attention_kwargs has {sorted(unknown)}, unknown to attention "
+                       f"{self.name!r}; its options are {sorted(fields - {'parent', 'name'})}")
+    return self.module(num_heads=num_heads, qkv_dim=qkv_dim, out_dim=out_dim,
+                       dropout_rate=dropout_rate, dtype=dtype, name=name,
+                       **self.fixed_kwargs, **kwargs)
+
+
+REGISTRY: dict[str, AttentionSpec] = {}
+
+
+def register(spec: AttentionSpec) -> AttentionSpec:
+  """Adds ``spec`` under ``spec.name``.
+
+  Raises:
+    ValueError: if the name is taken.
+  """
+  if spec.name in REGISTRY:
+    raise ValueError(f"attention {spec.name!r} is already registered")
+  REGISTRY[spec.name] = spec
+  return spec
+
+
+def get(name: str) -> AttentionSpec:
+  """Looks up a variant by name.
+
+  Raises:
+    ValueError: for an unknown name; the message lists the known ones and
+      names the config field ``model.attention``.
+  """
+  try:
+    return REGISTRY[name]
+  except KeyError:
+    raise ValueError(f"unknown attention {name!r} (config field model.attention); "
+                     f"known: {', '.join(sorted(REGISTRY))}") from None
+
+
+def names() -> list[str]:
+  """All registered variant names, sorted."""
+  return sorted(REGISTRY)
+
+
+_SIMPLETRON = "Yorsh et al., SimpleTRON (2021)"
+register(AttentionSpec("softmax", SoftmaxAttention, quadratic=True,
+                       paper="Vaswani et al. (2017); LRA Transformer"))
+register(AttentionSpec("simple", SimpleAttention, {"use_output_proj": False},
+                       paper=_SIMPLETRON))
+register(AttentionSpec("simple_res", SimpleAttention, {"use_output_proj": False},
+                       double_skip=True, paper=_SIMPLETRON))
+register(AttentionSpec("simple_resl", SimpleAttention, {"use_output_proj": True},
+                       double_skip=True, paper=_SIMPLETRON))

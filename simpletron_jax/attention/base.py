@@ -1,0 +1,86 @@
+"""Pieces shared by the attention modules: projections, initialisers and masks.
+
+All attention modules in this package share one call (DESIGN.md section 2)::
+
+    y_BxLxO = Attention(num_heads=H, qkv_dim=D, out_dim=O, ...)(x_BxLxE, mask_BxL,
+                                                                deterministic=True)
+
+``mask_BxL`` is bool with True for a real token. The initialisers follow LRA
+``models/transformer/transformer.py``: Xavier-uniform kernels and normal(1e-6)
+biases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+KERNEL_INIT = nn.initializers.xavier_uniform()
+BIAS_INIT = nn.initializers.normal(stddev=1e-6)
+
+Dtype = Any
+
+
+def check_head_dims(qkv_dim: int, num_heads: int) -> int:
+  """Returns the per-head width ``qkv_dim // num_heads``.
+
+  Raises:
+    ValueError: if ``qkv_dim`` is not a positive multiple of ``num_heads``;
+      the message names the config fields ``model.qkv_dim`` and
+      ``model.num_heads``.
+  """
+  if num_heads <= 0 or qkv_dim <= 0 or qkv_dim % num_heads:
+    raise ValueError(
+        f"model.qkv_dim={qkv_dim} must be a positive multiple of "
+        f"model.num_heads={num_heads}")
+  return qkv_dim // num_heads
+
+
+def project_qkv(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int,
+                dtype: Dtype) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+  """Projects the input to per-head queries, keys and values.
+
+  Must be called inside a compact module method: it creates the submodules
+  ``query``, ``key`` and ``value`` (``DenseGeneral`` to ``(H, D/H)``, with
+  bias), so checkpoints of every variant share these parameter names.
+
+  Args:
+    x_BxLxE: ``[B, L, E]`` float input.
+    num_heads: H.
+    qkv_dim: D, the total query/key/value width over all heads.
+    dtype: computation dtype.
+
+  Returns:
+    ``(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)`` with ``K = D // H``.
+  """
+  head_dim = check_head_dims(qkv_dim, num_heads)
+
+  def dense(name):
+    return nn.DenseGeneral(features=(num_heads, head_dim), kernel_init=KERNEL_INIT,
+                           bias_init=BIAS_INIT, dtype=dtype, name=name)(x_BxLxE)
+
+  return dense("query"), dense("key"), dense("value")
+
+
+def output_projection(y_BxLxHxK: jnp.ndarray, out_dim: int, dtype: Dtype) -> jnp.ndarray:
+  """Merges heads with a learned ``DenseGeneral`` named ``out``.
+
+  Args:
+    y_BxLxHxK: per-head outputs.
+    out_dim: O.
+    dtype: computation dtype.
+
+  Returns:
+    ``[B, L, O]``.
+  """
+  return nn.DenseGeneral(features=out_dim, axis=(-2, -1), kernel_init=KERNEL_INIT,
+                         bias_init=BIAS_INIT, dtype=dtype, name="out")(y_BxLxHxK)
+
+
+def default_mask(x_BxLxE: jnp.ndarray, mask_BxL: jnp.ndarray | None) -> jnp.ndarray:
+  """Returns ``mask_BxL`` as bool, or all True when it is None."""
+  if mask_BxL is None:
+    return jnp.ones(x_BxLxE.shape[:2], dtype=bool)
+  return mask_BxL.astype(bool)

@@ -1,0 +1,1 @@
+"""Data for the LRA tasks: ragged example storage, batching and per-task loaders."""

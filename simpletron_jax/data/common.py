@@ -1,0 +1,145 @@
+"""Task-independent containers and batching for LRA classification data.
+
+Every task loader returns a :class:`RaggedExamples`: variable-length token
+sequences stored back to back in one flat array, plus one integer label per
+example. The trainer turns index lists into padded batches with
+:func:`make_batch`, padding each batch only to its longest example rounded up
+to a length bucket (the LRA input pipelines pad every batch to ``max_length``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedExamples:
+  """A split of a classification task, stored without padding.
+
+  Attributes:
+    tokens: ``[total_tokens]`` integer array, all examples concatenated. Id 0
+      is reserved for padding and never appears inside an example, except for
+      tasks whose mask is explicit (images), see ``explicit_mask``.
+    offsets: ``[N + 1]`` int64 array; example ``i`` is
+      ``tokens[offsets[i]:offsets[i + 1]]``.
+    labels: ``[N]`` int32 array of class ids.
+    explicit_mask: if True every stored token is real even when its id is 0
+      (CIFAR pixels); if False the mask is ``token_id > 0`` (LRA convention).
+  """
+
+  tokens: np.ndarray
+  offsets: np.ndarray
+  labels: np.ndarray
+  explicit_mask: bool = False
+
+  def __post_init__(self):
+    if self.offsets.ndim != 1 or self.offsets.shape[0] != self.labels.shape[0] + 1:
+      raise ValueError(
+          f"offsets has shape {self.offsets.shape}, expected [N + 1] with "
+          f"N = {self.labels.shape[0]} labels")
+    if self.offsets[0] != 0 or self.offsets[-1] != self.tokens.shape[0]:
+      raise ValueError("offsets must start at 0 and end at len(tokens)")
+
+  @classmethod
+  def from_sequences(cls, sequences: Sequence[np.ndarray], labels: Sequence[int],
+                     dtype=np.int32, explicit_mask: bool = False) -> "RaggedExamples":
+    """Builds the ragged store from a list of 1-D token arrays.
+
+    Args:
+      sequences: N integer arrays of shape ``[L_i]``.
+      labels: N class ids.
+      dtype: storage dtype of the flat token array (uint8 or int16 saves
+        memory for small vocabularies).
+      explicit_mask: see the class docstring.
+
+    Returns:
+      A RaggedExamples with ``len == N``.
+
+    Raises:
+      ValueError: if the counts of sequences and labels differ.
+    """
+    if len(sequences) != len(labels):
+      raise ValueError(f"{len(sequences)} sequences but {len(labels)} labels")
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = (np.concatenate([np.asarray(s, dtype=dtype) for s in sequences])
+              if len(sequences) else np.zeros((0,), dtype))
+    return cls(tokens=tokens, offsets=offsets,
+               labels=np.asarray(labels, dtype=np.int32), explicit_mask=explicit_mask)
+
+  def __len__(self) -> int:
+    return int(self.labels.shape[0])
+
+  @property
+  def lengths(self) -> np.ndarray:
+    """``[N]`` int64 array of example lengths in tokens."""
+    return np.diff(self.offsets)
+
+  def example(self, i: int) -> np.ndarray:
+    """Tokens of example ``i``, shape ``[L_i]``."""
+    return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+  def majority_rate(self) -> float:
+    """Fraction of examples that carry the most frequent label (a baseline)."""
+    if len(self) == 0:
+      return float("nan")
+    return float(np.bincount(self.labels).max() / len(self))
+
+
+def bucketed_length(longest: int, bucket: int, max_length: int) -> int:
+  """Rounds ``longest`` up to a multiple of ``bucket``, capped at ``max_length``.
+
+  Args:
+    longest: tokens in the longest example of the batch.
+    bucket: bucket width in tokens; 0 or negative disables bucketing, so every
+      batch is padded to ``max_length`` as in LRA.
+    max_length: the config's ``max_length`` in tokens.
+
+  Returns:
+    The padded batch length in tokens, at least 1.
+  """
+  if bucket <= 0:
+    return max_length
+  padded = -(-max(longest, 1) // bucket) * bucket
+  return min(padded, max_length)
+
+
+def make_batch(examples: RaggedExamples, indices: np.ndarray, *, max_length: int,
+               bucket: int, valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  """Gathers examples into one padded batch.
+
+  Sequences longer than ``max_length`` are truncated to their first
+  ``max_length`` tokens (as LRA does).
+
+  Args:
+    examples: the split to read.
+    indices: ``[B]`` integer indices into ``examples``.
+    max_length: truncation length in tokens.
+    bucket: length bucket in tokens, see :func:`bucketed_length`.
+    valid: optional ``[B]`` bool; False marks filler rows that complete the
+      last eval batch and must not count in metrics.
+
+  Returns:
+    A dict of numpy arrays: ``inputs`` ``[B, L]`` int32 (0 = pad), ``mask``
+    ``[B, L]`` bool (True = real token), ``targets`` ``[B]`` int32 and
+    ``weights`` ``[B]`` float32 (1 for real rows, 0 for filler rows), where
+    ``L = bucketed_length(longest, bucket, max_length)``.
+  """
+  indices = np.asarray(indices)
+  lengths = np.minimum(examples.lengths[indices], max_length)
+  width = bucketed_length(int(lengths.max(initial=0)), bucket, max_length)
+  inputs = np.zeros((len(indices), width), dtype=np.int32)
+  mask = np.zeros((len(indices), width), dtype=bool)
+  for row, (i, n) in enumerate(zip(indices, lengths)):
+    start = examples.offsets[i]
+    inputs[row, :n] = examples.tokens[start:start + n]
+    mask[row, :n] = True
+  if not examples.explicit_mask:
+    mask &= inputs > 0
+  weights = np.ones(len(indices), np.float32) if valid is None else valid.astype(np.float32)
+  return {"inputs": inputs, "mask": mask, "targets": examples.labels[indices].astype(np.int32),
+          "weights": weights}

@@ -1,0 +1,791 @@
+"""ListOps: a seeded generator, the label evaluator and the TSV loader.
+
+The task follows LRA's ``lra_benchmarks/data/listops.py`` (generator) and
+``lra_benchmarks/listops/input_pipeline.py`` (tokenisation).
+
+An expression is a tree. Each inner node is one of the operators ``[MIN``,
+``[MAX``, ``[MED`` (median) and ``[SM`` (sum modulo 10), is closed by ``]``,
+and has 2 to ``max_args`` children. Each leaf is a digit 0-9. The label is the
+value of the tree, a class in 0..9.
+
+A TSV file has the header ``Source\\tTarget`` and one example per line. In
+``Source`` the tree is written in LRA's left-nested pair form. An operator
+with children ``c1 .. ck`` becomes ``((((op, c1), c2), ...), ck), ])``, and
+every pair is written ``( X Y )``. So ``[MAX 2 9 ]`` is stored as
+``( ( ( [MAX 2 ) 9 ) ] )``.
+
+LRA's pipeline removes the parentheses and splits on whitespace. The length of
+an example is the number of tokens left: digits, operators and ``]``.
+
+This module fixes two LRA bugs:
+
+* LRA's generator used the unseeded global ``random`` module. Here the data
+  are a pure function of an integer seed and the generator arguments.
+* LRA built its vocabulary from a Python ``set()``, so the token ids changed
+  from run to run. Here the vocabulary is the fixed tuple :data:`VOCAB`.
+
+The trainer reads the splits with :func:`load_split`. It gets its data
+directory from :func:`ensure_generated`, or from the user, for example LRA's
+``lra_release/listops-1000`` folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import random
+import tempfile
+import time
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import tqdm
+
+from simpletron_jax.data.common import RaggedExamples
+
+# ----------------------------------------------------------------------------
+# Vocabulary.
+
+VOCAB: tuple[str, ...] = (
+    "<pad>", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
+    "[MIN", "[MAX", "[MED", "[SM", "]")
+"""Token strings by id. Id 0 is padding; digit ``d`` has id ``d + 1``."""
+VOCAB_SIZE = 16
+PAD_ID = 0
+NUM_CLASSES = 10
+OPERATORS: tuple[str, ...] = ("[MIN", "[MAX", "[MED", "[SM")
+"""The operators in LRA's order. The generator picks one by index in this tuple."""
+END = "]"
+
+_MIN_ID, _MAX_ID, _MED_ID, _SM_ID = (VOCAB.index(op) for op in OPERATORS)
+_END_ID = VOCAB.index(END)
+_TOKEN_ID = {tok: i for i, tok in enumerate(VOCAB) if i != PAD_ID}
+_BYTES_TOKEN_ID = {tok.encode(): i for tok, i in _TOKEN_ID.items()}
+_LEAF_P = 0.25  # LRA's VALUE_P: a node is a leaf when random() > 0.25.
+
+assert len(VOCAB) == VOCAB_SIZE and _END_ID == VOCAB_SIZE - 1
+
+# ----------------------------------------------------------------------------
+# Tokenisation and labels.
+
+
+def _split_tokens(source: str) -> list[str]:
+  """Removes ``(`` and ``)`` wherever they occur and splits on whitespace (as LRA does)."""
+  return source.replace("(", "").replace(")", "").split()
+
+
+def tokenize(source: str) -> np.ndarray:
+  """Turns a ``Source`` string into token ids.
+
+  As LRA's input pipeline does, this removes every ``(`` and ``)`` and splits
+  on whitespace. Then it maps each token through the fixed :data:`VOCAB`.
+
+  Args:
+    source: an expression, with or without LRA's parentheses.
+
+  Returns:
+    ``[L]`` int32 array of ids in ``1..VOCAB_SIZE - 1``. ``L`` is the number
+    of digits, operators and ``]`` (in tokens). Padding id 0 never occurs.
+
+  Raises:
+    ValueError: if a token is not in the vocabulary. The message names the
+      token.
+  """
+  tokens = _split_tokens(source)
+  try:
+    return np.fromiter(map(_TOKEN_ID.__getitem__, tokens), dtype=np.int32, count=len(tokens))
+  except KeyError as e:
+    raise ValueError(f"unknown ListOps token {e.args[0]!r}; the tokens are "
+                     f"{', '.join(VOCAB[1:])}") from None
+
+
+def _apply(op_id: int, args: list[int]) -> int:
+  """The value of one operator applied to its list of argument values."""
+  if op_id == _MIN_ID:
+    return min(args)
+  if op_id == _MAX_ID:
+    return max(args)
+  if op_id == _SM_ID:
+    return sum(args) % 10
+  # Median: int(np.median(args)). For an even count, numpy takes the mean of
+  # the two middle values and int() truncates it.
+  ordered = sorted(args)
+  mid = len(ordered) // 2
+  if len(ordered) % 2:
+    return ordered[mid]
+  return int((ordered[mid - 1] + ordered[mid]) / 2)
+
+
+def _evaluate_ids(ids: Sequence[int]) -> int:
+  """The value of an expression given as paren-free token ids.
+
+  This uses an explicit stack, so the nesting depth is unlimited.
+
+  Raises:
+    ValueError: if the expression is malformed.
+  """
+  stack: list[tuple[int, list[int]]] = []  # (operator id, argument values so far)
+  n = len(ids)
+  for pos, t in enumerate(ids):
+    if 1 <= t <= 10:
+      value = t - 1
+    elif _MIN_ID <= t <= _SM_ID:
+      stack.append((t, []))
+      continue
+    elif t == _END_ID:
+      if not stack:
+        raise ValueError(f"unbalanced ']' at token {pos}: no operator is open")
+      op_id, args = stack.pop()
+      if not args:
+        raise ValueError(f"operator {VOCAB[op_id]} closed at token {pos} has no arguments")
+      value = _apply(op_id, args)
+    else:
+      raise ValueError(f"unknown token id {t} at token {pos}")
+    if stack:
+      stack[-1][1].append(value)
+    elif pos != n - 1:
+      raise ValueError(f"trailing tokens after the complete expression, from token {pos + 1} "
+                       f"of {n}")
+    else:
+      return value
+  if stack:
+    raise ValueError(f"{len(stack)} operator(s) not closed by ']' at the end of the expression "
+                     f"(innermost: {VOCAB[stack[-1][0]]})")
+  raise ValueError("empty expression")
+
+
+def evaluate(source: str) -> int:
+  """The label of a ListOps expression.
+
+  Accepts LRA's ``Source`` form (``( ( ( [MAX 2 ) 9 ) ] )``) and the same text
+  without parentheses (``[MAX 2 9 ]``). The operators follow LRA's
+  ``to_value``: ``[MIN`` is min, ``[MAX`` is max, ``[MED`` is
+  ``int(numpy.median(args))`` (for an even count, the mean of the two middle
+  values, truncated), and ``[SM`` is ``sum(args) % 10``.
+
+  An explicit stack is used, not recursion, so any nesting depth works.
+
+  Args:
+    source: the expression.
+
+  Returns:
+    The value, an int in 0..9.
+
+  Raises:
+    ValueError: if the expression is malformed. That covers an unknown token,
+      an unbalanced ``]``, an operator with no arguments, an operator that is
+      never closed, tokens after the complete expression, and an empty
+      expression.
+  """
+  return _evaluate_ids(tokenize(source).tolist())
+
+
+# ----------------------------------------------------------------------------
+# Generation: the reference tree algorithm (LRA's, verbatim in behaviour).
+
+
+def generate_tree(rng: random.Random, depth: int = 1, max_depth: int = 10,
+                  max_args: int = 10) -> tuple[Any, int]:
+  """Draws one expression tree with LRA's ``generate_tree`` algorithm.
+
+  This is the readable reference version. :func:`sample_token_ids` makes the
+  same tree from the same ``rng`` state, faster and with no tuples; the data
+  generator uses that one. Both make the same calls on ``rng``, in the same
+  order, as LRA's code:
+
+  * ``rng.random()`` only when ``depth < max_depth``. The node is a leaf when
+    the draw is ``> 0.25``, and always a leaf at ``max_depth``.
+  * A leaf draws ``rng.choice(range(10))``.
+  * An operator draws ``rng.randint(2, max_args)`` for its number of children,
+    then draws its children in order, then ``rng.choice(OPERATORS)``.
+
+  Args:
+    rng: the random source.
+    depth: depth of this node. The root has depth 1.
+    max_depth: nodes at this depth are leaves.
+    max_args: the most children an operator can have.
+
+  Returns:
+    ``(tree, length)``. A leaf is an int. An operator node with children
+    ``c1..ck`` is the left-nested pairs ``((((op, c1), c2), ..., ck), "]")``.
+    ``length`` counts digits, operators and ``]`` in tokens, not parentheses.
+    It is computed for the whole tree, so the recursion here is at most
+    ``max_depth`` deep.
+  """
+  r = rng.random() if depth < max_depth else 1.0
+  if r > _LEAF_P:
+    return rng.choice(range(10)), 1
+  length = 2
+  children = []
+  for _ in range(rng.randint(2, max_args)):
+    child, child_length = generate_tree(rng, depth + 1, max_depth, max_args)
+    children.append(child)
+    length += child_length
+  tree: Any = (rng.choice(OPERATORS), children[0])
+  for child in children[1:]:
+    tree = (tree, child)
+  return (tree, END), length
+
+
+def to_string(tree: Any) -> str:
+  """Writes a tree from :func:`generate_tree` in LRA's ``Source`` form.
+
+  A pair ``(x, y)`` is written ``( x y )``, a digit as itself and a string
+  (operator or ``]``) as itself. For example ``[MAX 2 9 ]`` is written
+  ``( ( ( [MAX 2 ) 9 ) ] )``. This uses an explicit stack, so deep trees work.
+
+  Args:
+    tree: an int, a str or a nested 2-tuple.
+
+  Returns:
+    The space-separated string.
+
+  Raises:
+    TypeError: on a node that is not an int, str or 2-tuple.
+  """
+  parts: list[str] = []
+  todo: list[Any] = [tree]  # nodes to write, last first; ")" marks a pair's close
+  while todo:
+    node = todo.pop()
+    if isinstance(node, tuple) and len(node) == 2:
+      parts.append("(")
+      todo.extend((")", node[1], node[0]))
+    elif isinstance(node, (int, np.integer)) and not isinstance(node, bool):
+      parts.append(str(int(node)))
+    elif isinstance(node, str):
+      parts.append(node)
+    else:
+      raise TypeError(f"not a ListOps tree node: {node!r}")
+  return " ".join(parts)
+
+
+# ----------------------------------------------------------------------------
+# Generation: the fast flat version used to build the data.
+
+
+def sample_token_ids(rng: random.Random, max_depth: int = 10, max_args: int = 10) -> list[int]:
+  """Draws one expression with LRA's algorithm, as paren-free token ids.
+
+  The output is the token sequence of the tree that
+  ``generate_tree(rng, 1, max_depth, max_args)`` would draw from the same
+  ``rng`` state. The draws are the same, in the same order, and ``rng`` ends
+  in the same state. The difference is that this version walks the tree with
+  an explicit stack and builds no tuples. Each choice draws
+  ``rng.getrandbits`` and rejects values that are out of range. That is how
+  CPython's ``choice``/``randint`` work. The tests check that the two versions
+  agree.
+
+  Args:
+    rng: the random source.
+    max_depth: nodes at this depth are leaves. The root has depth 1.
+    max_args: the most children an operator can have (at least 2).
+
+  Returns:
+    List of ids in prefix order (operator, its children, then ``]``), with
+    ``len`` = the LRA length in tokens.
+  """
+  rand = rng.random
+  bits = rng.getrandbits
+  n_arg_choices = max_args - 1  # randint(2, max_args) = 2 + randbelow(max_args - 1)
+  arg_bits = n_arg_choices.bit_length()
+  ids: list[int] = []
+  remaining: list[int] = []  # children still to draw, per open operator
+  op_pos: list[int] = []  # where each open operator's id goes
+  depth = 1
+  while True:
+    if depth < max_depth and rand() <= _LEAF_P:
+      k = bits(arg_bits)
+      while k >= n_arg_choices:
+        k = bits(arg_bits)
+      op_pos.append(len(ids))
+      ids.append(0)  # Placeholder: LRA draws the operator after the children.
+      remaining.append(k + 2)
+      depth += 1
+      continue
+    d = bits(4)  # choice(range(10))
+    while d >= 10:
+      d = bits(4)
+    ids.append(d + 1)
+    # Close every operator whose last child this was.
+    while remaining:
+      remaining[-1] -= 1
+      if remaining[-1]:
+        break
+      remaining.pop()
+      o = bits(3)  # choice(OPERATORS), 4 = 0b100 has bit_length 3
+      while o >= 4:
+        o = bits(3)
+      ids[op_pos.pop()] = _MIN_ID + o
+      ids.append(_END_ID)
+      depth -= 1
+    else:
+      return ids
+
+
+def to_source(ids: Sequence[int]) -> str:
+  """Writes paren-free token ids in LRA's parenthesised ``Source`` form.
+
+  ``to_source(sample_token_ids(rng))`` equals ``to_string(tree)`` for the tree
+  that :func:`generate_tree` draws from the same ``rng`` state. An operator
+  with ``k`` children is written as ``k + 1`` opening parentheses, the
+  operator, each child followed by ``)``, and then ``] )``.
+
+  Args:
+    ids: a well-formed expression as ids from :data:`VOCAB`, e.g. the output
+      of :func:`sample_token_ids` or :func:`tokenize`.
+
+  Returns:
+    The ``Source`` string.
+
+  Raises:
+    ValueError: on an unbalanced ``]`` or an unknown id.
+  """
+  parts: list[str] = []
+  open_ops: list[list[int]] = []  # [index in parts, children so far]
+  for t in ids:
+    if _MIN_ID <= t <= _SM_ID:
+      open_ops.append([len(parts), 0])
+      parts.append(VOCAB[t])
+      continue
+    if t == _END_ID:
+      if not open_ops:
+        raise ValueError("unbalanced ']'")
+      at, n_children = open_ops.pop()
+      parts[at] = "( " * (n_children + 1) + parts[at]
+      parts.append("] )")
+    elif 1 <= t <= 10:
+      parts.append(VOCAB[t])
+    else:
+      raise ValueError(f"unknown token id {t}")
+    if open_ops:
+      open_ops[-1][1] += 1
+      parts.append(")")
+  return " ".join(parts)
+
+
+_BLOCK_SIZE = 256
+"""Accepted candidates per block. Block ``b`` has its own random stream seeded
+from ``(seed, b)``. This is part of the data definition; changing it changes
+the data."""
+
+
+def _max_tree_length(max_depth: int, max_args: int) -> int:
+  """The largest possible length in tokens, capped at 2**62."""
+  length = 1
+  for _ in range(max(max_depth - 1, 0)):
+    length = min(2 + max_args * length, 2**62)
+  return length
+
+
+def _check_args(seed: int, num_train: int, num_val: int, num_test: int, min_length: int,
+                max_length: int, max_depth: int, max_args: int) -> None:
+  for name, value in (("seed", seed), ("num_train", num_train), ("num_val", num_val),
+                      ("num_test", num_test), ("min_length", min_length),
+                      ("max_length", max_length), ("max_depth", max_depth),
+                      ("max_args", max_args)):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+      raise TypeError(f"{name} must be an int, got {value!r}")
+  if min(num_train, num_val, num_test) < 0:
+    raise ValueError("example counts must be >= 0")
+  if max_depth < 1 or max_args < 2:
+    raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}")
+  # Lengths that can occur: 1 (a digit) and 4 .. the full tree.
+  lo, hi = min_length + 1, min(max_length - 1, _max_tree_length(max_depth, max_args))
+  if lo > hi or (hi < 4 and not lo <= 1 <= hi):
+    raise ValueError(
+        f"no ListOps tree with max_depth={max_depth}, max_args={max_args} has a length "
+        f"strictly between min_length={min_length} and max_length={max_length} tokens")
+
+
+def _generate_block(task: tuple[int, int, int, int, int, int]) -> list[tuple[bytes, str, int]]:
+  """Worker: the accepted candidates of one block, in order.
+
+  Args:
+    task: ``(seed, block, min_length, max_length, max_depth, max_args)``.
+
+  Returns:
+    ``_BLOCK_SIZE`` tuples ``(dedup key, Source string, label)``. The key is
+    a 16-byte BLAKE2b digest of the paren-free token ids.
+  """
+  seed, block, min_length, max_length, max_depth, max_args = task
+  rng = random.Random(f"simpletron_jax.listops/{seed}/{block}")
+  out = []
+  while len(out) < _BLOCK_SIZE:
+    ids = sample_token_ids(rng, max_depth, max_args)
+    if min_length < len(ids) < max_length:
+      key = hashlib.blake2b(bytes(ids), digest_size=16).digest()
+      out.append((key, to_source(ids), _evaluate_ids(ids)))
+  return out
+
+
+def _default_workers() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # Not Linux.
+    return os.cpu_count() or 1
+
+
+def _iter_examples(seed: int, total: int, *, min_length: int, max_length: int, max_depth: int,
+                   max_args: int, num_workers: int | None) -> Iterator[tuple[str, int]]:
+  """Yields the first ``total`` distinct accepted examples, in block order.
+
+  Blocks are generated in rounds, in parallel when ``num_workers > 1``. They
+  are always consumed in block order, and a duplicate keeps its first
+  occurrence, so the output does not depend on ``num_workers``.
+  """
+  if total <= 0:
+    return
+  workers = _default_workers() if num_workers is None else int(num_workers)
+  if workers < 1:
+    raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+  pool = None
+  if workers > 1 and total > _BLOCK_SIZE:
+    # "spawn", not "fork": the trainer may already run JAX threads, and a
+    # forked copy of those can deadlock.
+    pool = multiprocessing.get_context("spawn").Pool(
+        min(workers, math.ceil(total / _BLOCK_SIZE)))
+  seen: set[bytes] = set()
+  produced = 0
+  next_block = 0
+  bar = tqdm.tqdm(total=total, desc="ListOps examples", unit="ex", smoothing=0.05)
+  try:
+    while produced < total:
+      n_blocks = math.ceil((total - produced) / _BLOCK_SIZE)
+      tasks = [(seed, b, min_length, max_length, max_depth, max_args)
+               for b in range(next_block, next_block + n_blocks)]
+      next_block += n_blocks
+      results = (pool.imap(_generate_block, tasks) if pool is not None
+                 else map(_generate_block, tasks))
+      before = produced
+      for block in results:
+        for key, source, label in block:
+          if key in seen:
+            continue
+          seen.add(key)
+          produced += 1
+          bar.update(1)
+          yield source, label
+          if produced == total:
+            break
+        if produced == total:
+          break
+      if produced == before:
+        raise RuntimeError(
+            f"found only {produced} distinct ListOps examples with lengths in "
+            f"({min_length}, {max_length}) tokens, max_depth={max_depth}, max_args={max_args}, "
+            f"but {total} were requested; widen the length bounds or ask for fewer")
+  finally:
+    bar.close()
+    if pool is not None:
+      pool.terminate()
+      pool.join()
+
+
+def generate_splits(seed: int, *, num_train: int = 96000, num_val: int = 2000,
+                    num_test: int = 2000, min_length: int = 500, max_length: int = 2000,
+                    max_depth: int = 10, max_args: int = 10,
+                    num_workers: int | None = None) -> dict[str, list[tuple[str, int]]]:
+  """Generates the train/val/test splits with LRA's algorithm, seeded.
+
+  Candidates are drawn as in LRA's ``generate_tree`` (see
+  :func:`generate_tree`). A candidate is kept when
+  ``min_length < length < max_length``. The length counts tokens (digits,
+  operators and ``]``) and the inequalities are strict. Duplicates are
+  dropped. The first ``num_train`` distinct examples are train, the next
+  ``num_val`` are val and the next ``num_test`` are test. LRA split its
+  examples in ``set()`` order. That order is arbitrary, so the two split
+  rules give the same distribution.
+
+  Candidates come in blocks of a fixed size. Block ``b`` draws from
+  ``random.Random`` seeded with ``(seed, b)``. Blocks are merged in block
+  order, and a duplicate keeps its first occurrence. So the result is a pure
+  function of the arguments other than ``num_workers``. The number of
+  processes only changes the speed. A tqdm bar counts accepted examples.
+
+  With the defaults, LRA's lengths are 500 < tokens < 2000.
+
+  Args:
+    seed: an int; ``(seed, block)`` seeds each block's stream.
+    num_train, num_val, num_test: examples per split.
+    min_length, max_length: exclusive length bounds in tokens.
+    max_depth: nodes at this depth are leaves. The root has depth 1.
+    max_args: the most children an operator can have.
+    num_workers: processes to use. ``None`` means every CPU this process may
+      run on. 1 means this process only.
+
+  Returns:
+    ``{"train": [...], "val": [...], "test": [...]}``. Each list holds
+    ``(source, label)`` pairs: the parenthesised ``Source`` string and an int
+    label in 0..9.
+
+  Raises:
+    TypeError: if an argument is not an int.
+    ValueError: on a negative count, ``max_depth < 1``, ``max_args < 2``,
+      or length bounds that no tree can meet.
+    RuntimeError: if the bounds admit too few distinct trees.
+  """
+  _check_args(seed, num_train, num_val, num_test, min_length, max_length, max_depth, max_args)
+  stream = _iter_examples(int(seed), num_train + num_val + num_test, min_length=min_length,
+                          max_length=max_length, max_depth=max_depth, max_args=max_args,
+                          num_workers=num_workers)
+  try:
+    return {split: list(itertools.islice(stream, n))
+            for split, n in (("train", num_train), ("val", num_val), ("test", num_test))}
+  finally:
+    stream.close()
+
+
+# ----------------------------------------------------------------------------
+# Files.
+
+
+def write_tsv(examples: Iterable[tuple[str, int]], path: str) -> int:
+  """Writes examples as an LRA ListOps TSV file, atomically.
+
+  The file has the header line ``Source\\tTarget``, then one
+  ``source<TAB>label`` line per example. Lines end with ``\\n``. LRA's
+  ``csv.writer`` wrote ``\\r\\n``, and :func:`load_split` reads both. The
+  text goes to a temporary file in the same folder, which then replaces
+  ``path``. A reader never sees a half-written file.
+
+  Args:
+    examples: ``(source, label)`` pairs. ``source`` is the ``Source`` string,
+      ``label`` an int in 0..9. Any iterable is consumed once.
+    path: the file to write.
+
+  Returns:
+    The number of examples written.
+
+  Raises:
+    ValueError: if a source holds a tab or a newline, or a label is not in
+      0..9. ``path`` is then left as it was.
+  """
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+  count = 0
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+      f.write("Source\tTarget\n")
+      for source, label in examples:
+        if "\t" in source or "\n" in source or "\r" in source:
+          raise ValueError(f"example {count}: source contains a tab or newline")
+        label = int(label)
+        if not 0 <= label < NUM_CLASSES:
+          raise ValueError(f"example {count}: label {label} is not in 0..{NUM_CLASSES - 1}")
+        f.write(f"{source}\t{label}\n")
+        count += 1
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.unlink(tmp)
+    except FileNotFoundError:
+      pass
+    raise
+  return count
+
+
+def _write_json(obj: Any, path: str) -> None:
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      json.dump(obj, f, indent=2, sort_keys=True)
+      f.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.unlink(tmp)
+    except FileNotFoundError:
+      pass
+    raise
+
+
+_META_FORMAT = "simpletron_jax.data.listops/1"
+
+
+def _generator_args(seed: int, **kwargs: Any) -> dict[str, int]:
+  """Every generator argument that affects the data, defaults filled in.
+
+  Raises:
+    TypeError: on an unknown argument name.
+  """
+  args = {"seed": seed, "num_train": 96000, "num_val": 2000, "num_test": 2000,
+          "min_length": 500, "max_length": 2000, "max_depth": 10, "max_args": 10}
+  unknown = set(kwargs) - set(args)
+  if unknown:
+    raise TypeError(f"unknown ListOps generator argument(s): {', '.join(sorted(unknown))}")
+  args.update(kwargs)
+  _check_args(**args)
+  return {k: int(v) for k, v in args.items()}
+
+
+def generate_dataset(out_dir: str, *, seed: int, task: str = "basic",
+                     num_workers: int | None = None, **kwargs: Any) -> dict[str, str]:
+  """Generates ListOps and writes it in LRA's file layout.
+
+  Writes ``{task}_train.tsv``, ``{task}_val.tsv`` and ``{task}_test.tsv``
+  (see :func:`write_tsv`), then ``{task}_meta.json``, which holds the
+  generator arguments. The meta file is written last, so if it is present
+  the TSVs are complete. The content equals :func:`generate_splits` with the
+  same arguments. The examples are streamed to disk and never all held in
+  memory.
+
+  Args:
+    out_dir: the folder, created if missing.
+    seed: see :func:`generate_splits`.
+    task: the file name prefix. LRA's is ``basic``.
+    num_workers: see :func:`generate_splits`. It does not change the data.
+    **kwargs: the other :func:`generate_splits` arguments (``num_train``,
+      ``num_val``, ``num_test``, ``min_length``, ``max_length``,
+      ``max_depth``, ``max_args``).
+
+  Returns:
+    ``{"train": path, "val": path, "test": path}``.
+
+  Raises:
+    TypeError, ValueError, RuntimeError: as :func:`generate_splits`.
+  """
+  args = _generator_args(seed, **kwargs)
+  os.makedirs(out_dir, exist_ok=True)
+  start = time.time()
+  sizes = (("train", args["num_train"]), ("val", args["num_val"]), ("test", args["num_test"]))
+  stream = _iter_examples(args["seed"], sum(n for _, n in sizes),
+                          min_length=args["min_length"], max_length=args["max_length"],
+                          max_depth=args["max_depth"], max_args=args["max_args"],
+                          num_workers=num_workers)
+  paths = {}
+  try:
+    for split, n in sizes:
+      paths[split] = os.path.join(out_dir, f"{task}_{split}.tsv")
+      written = write_tsv(itertools.islice(stream, n), paths[split])
+      assert written == n, (split, written, n)
+  finally:
+    stream.close()
+  _write_json({"format": _META_FORMAT, "task": task, "arguments": args,
+               "seconds": round(time.time() - start, 1)},
+              os.path.join(out_dir, f"{task}_meta.json"))
+  return paths
+
+
+def ensure_generated(cache_dir: str, *, seed: int, num_workers: int | None = None,
+                     **kwargs: Any) -> str:
+  """Returns a folder with the ListOps data for these generator arguments.
+
+  The folder is ``{cache_dir}/seed{seed}_{hash}``, where ``hash`` is a short
+  hash of all the generator arguments, defaults included. The data are
+  generated there with :func:`generate_dataset` (task ``basic``), but only
+  when ``basic_meta.json`` or a TSV is missing, or the meta file's arguments
+  differ. Otherwise the files are reused as they are.
+
+  Args:
+    cache_dir: parent folder of the generated data sets, created if missing.
+    seed: see :func:`generate_splits`.
+    num_workers: see :func:`generate_splits`. It is not part of the key.
+    **kwargs: the other :func:`generate_splits` arguments.
+
+  Returns:
+    The data folder. Pass it to :func:`load_split`.
+
+  Raises:
+    TypeError, ValueError, RuntimeError: as :func:`generate_splits`.
+  """
+  args = _generator_args(seed, **kwargs)
+  key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
+  data_dir = os.path.join(os.path.expanduser(cache_dir), f"seed{args['seed']}_{key}")
+  task = "basic"
+  meta_path = os.path.join(data_dir, f"{task}_meta.json")
+  try:
+    with open(meta_path, encoding="utf-8") as f:
+      meta = json.load(f)
+  except (OSError, ValueError):
+    meta = None
+  up_to_date = (isinstance(meta, dict) and meta.get("format") == _META_FORMAT
+                and meta.get("arguments") == args and all(
+                    os.path.isfile(os.path.join(data_dir, f"{task}_{s}.tsv"))
+                    for s in ("train", "val", "test")))
+  if not up_to_date:
+    generate_dataset(data_dir, task=task, num_workers=num_workers, **args)
+  return data_dir
+
+
+def load_split(data_dir: str, split: str, *, task: str = "basic") -> RaggedExamples:
+  """Reads one split of an LRA-format ListOps TSV.
+
+  Reads ``{data_dir}/{task}_{split}.tsv``. This works on the output of
+  :func:`generate_dataset` and on LRA's released ``listops-1000`` folder,
+  which uses the same names. Each ``Source`` is tokenised as in
+  :func:`tokenize`: parentheses dropped, split on whitespace, fixed
+  :data:`VOCAB`. Nothing is truncated here; the batcher truncates to the
+  model's ``max_length``. Both ``\\n`` and ``\\r\\n`` line ends are read.
+
+  Args:
+    data_dir: the folder.
+    split: ``"train"``, ``"val"`` or ``"test"``.
+    task: the file name prefix. LRA's is ``basic``.
+
+  Returns:
+    A :class:`RaggedExamples` with uint8 ``tokens`` (ids 1..15, no padding),
+    int64 ``offsets`` and int32 ``labels`` in 0..9. Lengths are in tokens.
+
+  Raises:
+    ValueError: on an unknown split name. For a malformed file the message
+      starts with ``{path}:{line_number}:``; that covers a missing or wrong
+      header, a line without exactly two tab-separated fields, a target that
+      is not an int in 0..9, an unknown token and an empty source.
+    FileNotFoundError: if the file does not exist. The message says how to
+      get the data.
+  """
+  if split not in ("train", "val", "test"):
+    raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
+  path = os.path.join(os.path.expanduser(data_dir), f"{task}_{split}.tsv")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"ListOps file {path} not found. Leave the data dir unset to generate the data "
+        f"(simpletron_jax.data.listops.ensure_generated), make it with "
+        f"simpletron_jax.data.listops.generate_dataset, or point the data dir at LRA's release "
+        f"folder lra_release/listops-1000 (from lra_release.gz, "
+        f"https://github.com/google-research/long-range-arena).")
+  # Bytes throughout: bytes.translate drops the parentheses much faster than
+  # str.replace, and bytes.split splits on ASCII whitespace like LRA's tokenizer.
+  token_id = _BYTES_TOKEN_ID
+  chunks: list[bytes] = []
+  lengths: list[int] = []
+  labels: list[int] = []
+  with open(path, "rb") as f:
+    header = f.readline()
+    if header.rstrip(b"\r\n") != b"Source\tTarget":
+      found = repr(header.rstrip(b"\r\n")[:60].decode("utf-8", "replace")) if header else (
+          "an empty file")
+      raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found {found}")
+    for line_number, line in enumerate(f, start=2):
+      fields = line.rstrip(b"\r\n").split(b"\t")
+      if len(fields) != 2:
+        raise ValueError(f"{path}:{line_number}: expected 2 tab-separated fields "
+                         f"(Source, Target), found {len(fields)}")
+      source, target = fields
+      target = target.strip()
+      if len(target) != 1 or not target.isdigit():
+        raise ValueError(f"{path}:{line_number}: Target {target.decode('utf-8', 'replace')!r} "
+                         f"is not an integer in 0..{NUM_CLASSES - 1}")
+      tokens = source.translate(None, b"()").split()
+      if not tokens:
+        raise ValueError(f"{path}:{line_number}: empty Source")
+      try:
+        chunks.append(bytes(map(token_id.__getitem__, tokens)))
+      except KeyError as e:
+        raise ValueError(f"{path}:{line_number}: unknown token "
+                         f"{e.args[0].decode('utf-8', 'replace')!r} in Source; the tokens are "
+                         f"{', '.join(VOCAB[1:])}") from None
+      lengths.append(len(tokens))
+      labels.append(target[0] - 48)
+  offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+  np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
+  tokens_flat = np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
+  return RaggedExamples(tokens=tokens_flat, offsets=offsets,
+                        labels=np.asarray(labels, dtype=np.int32))

@@ -1,0 +1,163 @@
+"""Attention modules: shapes, equivalence with naive quadratic forms, padding
+invariance, causality and the errors of the registry."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from simpletron_jax import attention
+
+B, L, E, H = 2, 12, 16, 4
+
+
+def _inputs(length=L, seed=0):
+  x = jax.random.normal(jax.random.PRNGKey(seed), (B, length, E))
+  return x
+
+
+def _build(name, **kwargs):
+  return attention.get(name).build(num_heads=H, qkv_dim=E, out_dim=E, dropout_rate=0.0,
+                                   dtype=jnp.float32, **kwargs)
+
+
+def _proj(params, name, x):
+  p = params[name]
+  return jnp.einsum("ble,ehk->blhk", x, p["kernel"]) + p["bias"]
+
+
+@pytest.mark.parametrize("name", attention.names())
+def test_output_shape(name):
+  module = _build(name)
+  x = _inputs()
+  mask = jnp.ones((B, L), bool)
+  params = module.init(jax.random.PRNGKey(1), x, mask)
+  y = module.apply(params, x, mask)
+  chex.assert_shape(y, (B, L, E))
+  chex.assert_tree_all_finite(y)
+
+
+@pytest.mark.parametrize("pad", [0, 5])
+def test_simple_equals_naive_quadratic_form(pad):
+  module = _build("simple")
+  x = _inputs(L + pad)
+  lengths = jnp.array([L, L - 4])
+  mask = jnp.arange(L + pad)[None, :] < lengths[:, None]
+  params = module.init(jax.random.PRNGKey(1), x, mask)
+  y = module.apply(params, x, mask)
+  p = params["params"]
+  q, k, v = (_proj(p, n, x) for n in ("query", "key", "value"))
+  m = mask[:, :, None, None]
+  scores_BxHxLxL = jnp.einsum("bihd,bjhd->bhij", q, k * m)          # (Q K^T), pads dropped
+  naive = jnp.einsum("bhij,bjhd->bihd", scores_BxHxLxL, v * m)     # (Q K^T) V
+  naive = naive / jnp.sqrt(lengths.astype(jnp.float32))[:, None, None, None]
+  naive = naive.reshape(B, L + pad, E)
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(y)[real], np.asarray(naive)[real], rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_equals_naive_form():
+  module = _build("softmax")
+  x = _inputs()
+  mask = jnp.arange(L)[None, :] < jnp.array([L, 7])[:, None]
+  params = module.init(jax.random.PRNGKey(1), x, mask)
+  y = module.apply(params, x, mask)
+  p = params["params"]
+  q, k, v = (_proj(p, n, x) for n in ("query", "key", "value"))
+  logits = jnp.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(E // H)
+  logits = jnp.where(mask[:, None, None, :], logits, -jnp.inf)
+  heads = jnp.einsum("bhij,bjhd->bihd", jax.nn.softmax(logits, -1), v)
+  naive = jnp.einsum("blhk,hko->blo", heads, p["out"]["kernel"]) + p["out"]["bias"]
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(y)[real], np.asarray(naive)[real], rtol=1e-5, atol=1e-5)
+
+
+def test_fused_softmax_matches_einsum():
+  x = _inputs()
+  mask = jnp.arange(L)[None, :] < jnp.array([L, 7])[:, None]
+  einsum_mod, fused_mod = _build("softmax"), _build("softmax", implementation="fused")
+  params = einsum_mod.init(jax.random.PRNGKey(1), x, mask)
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(fused_mod.apply(params, x, mask))[real],
+                             np.asarray(einsum_mod.apply(params, x, mask))[real],
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", attention.names())
+def test_padding_invariance(name, causal):
+  if causal and name not in ("softmax", "simple", "simple_res", "simple_resl"):
+    pytest.skip("no causal form")
+  kwargs = {"causal": True, "chunk_size": 4} if causal and name.startswith("simple") else (
+      {"causal": True} if causal else {})
+  module = _build(name, **kwargs)
+  x = _inputs()
+  mask = jnp.arange(L)[None, :] < jnp.array([L, 9])[:, None]
+  params = module.init(jax.random.PRNGKey(1), x, mask)
+  y = module.apply(params, x, mask)
+  pads = 7
+  x_padded = jnp.concatenate([x, 100.0 * _inputs(pads, seed=3)], axis=1)
+  mask_padded = jnp.concatenate([mask, jnp.zeros((B, pads), bool)], axis=1)
+  # The padded values differ from the unpadded run's filler too: garbage at pads.
+  x_padded = jnp.where(mask_padded[..., None], x_padded, 55.0)
+  y_padded = module.apply(params, x_padded, mask_padded)
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(y_padded)[:, :L][real], np.asarray(y)[real],
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["softmax", "simple"])
+def test_causality(name):
+  kwargs = {"causal": True, "chunk_size": 5} if name == "simple" else {"causal": True}
+  module = _build(name, **kwargs)
+  x = _inputs()
+  params = module.init(jax.random.PRNGKey(1), x)
+  cut = 7
+  x_changed = x.at[:, cut:].set(jax.random.normal(jax.random.PRNGKey(9), (B, L - cut, E)))
+  y, y_changed = module.apply(params, x), module.apply(params, x_changed)
+  np.testing.assert_allclose(np.asarray(y_changed)[:, :cut], np.asarray(y)[:, :cut],
+                             rtol=1e-5, atol=1e-5)
+  assert not np.allclose(np.asarray(y_changed)[:, cut:], np.asarray(y)[:, cut:])
+
+
+def test_causal_simple_equals_naive_lower_triangular_form():
+  module = _build("simple", causal=True, chunk_size=5)  # L=12: chunks do not divide L
+  x = _inputs()
+  params = module.init(jax.random.PRNGKey(1), x)
+  y = module.apply(params, x)
+  p = params["params"]
+  q, k, v = (_proj(p, n, x) for n in ("query", "key", "value"))
+  scores = jnp.einsum("bihd,bjhd->bhij", q, k) * jnp.tril(jnp.ones((L, L)))
+  naive = jnp.einsum("bhij,bjhd->bihd", scores, v) / jnp.sqrt(jnp.arange(1, L + 1))[None, :, None, None]
+  np.testing.assert_allclose(np.asarray(y), np.asarray(naive.reshape(B, L, E)),
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_simple_has_no_output_projection_and_resl_has_one():
+  x = _inputs()
+  simple_params = _build("simple").init(jax.random.PRNGKey(0), x)["params"]
+  resl_params = _build("simple_resl").init(jax.random.PRNGKey(0), x)["params"]
+  assert set(simple_params) == {"query", "key", "value"}
+  assert set(resl_params) == {"query", "key", "value", "out"}
+  assert attention.get("simple_res").double_skip and not attention.get("simple").double_skip
+
+
+def test_unknown_attention_name_is_a_clear_error():
+  with pytest.raises(ValueError, match=r"unknown attention 'nope'.*model\.attention.*simple"):
+    attention.get("nope")
+
+
+def test_simple_needs_qkv_dim_equal_to_emb_dim():
+  module = attention.get("simple").build(num_heads=H, qkv_dim=2 * E, out_dim=E,
+                                         dropout_rate=0.0, dtype=jnp.float32)
+  with pytest.raises(ValueError, match=r"qkv_dim \(32\) must equal model\.emb_dim \(16\)"):
+    module.init(jax.random.PRNGKey(0), _inputs())
+
+
+def test_attention_kwargs_are_checked():
+  with pytest.raises(ValueError, match="may not set"):
+    attention.get("simple").build(num_heads=H, qkv_dim=E, out_dim=E, dropout_rate=0.0,
+                                  dtype=jnp.float32, use_output_proj=True)
+  with pytest.raises(ValueError, match="unknown to attention"):
+    _build("softmax", num_random_features=3)

@@ -1,0 +1,84 @@
+"""Encoder: shapes, padding invariance of the logits, config validation, positions."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.listops import simple as simple_config
+from simpletron_jax import attention, layers, models
+
+
+def _model_config(name, pool="CLS", learned=False):
+  config = simple_config.get_config("tiny")
+  config.model.attention = name
+  config.model.emb_dim = config.model.qkv_dim = 16
+  config.model.mlp_dim = 32
+  config.model.max_length = 40
+  config.model.classifier_pool = pool
+  config.model.learn_pos_emb = learned
+  return config.model
+
+
+@pytest.mark.parametrize("pool,learned", [("CLS", True), ("MEAN", False)])
+@pytest.mark.parametrize("name", attention.names())
+def test_logits_shape_and_padding_invariance(name, pool, learned):
+  model = models.build_classifier(_model_config(name, pool, learned), vocab_size=16,
+                                  num_classes=10)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, 16, (3, 20)).astype(np.int32)
+  tokens[1, 13:] = 0  # a shorter example inside the batch
+  params = model.init(jax.random.PRNGKey(0), jnp.asarray(tokens))
+  logits = model.apply(params, jnp.asarray(tokens))
+  chex.assert_shape(logits, (3, 10))
+  chex.assert_type(logits, jnp.float32)
+  padded = np.pad(tokens, ((0, 0), (0, 17)))
+  logits_padded = model.apply(params, jnp.asarray(padded))
+  np.testing.assert_allclose(np.asarray(logits_padded), np.asarray(logits), rtol=1e-5, atol=1e-5)
+
+
+def test_explicit_mask_keeps_zero_tokens():
+  model = models.build_classifier(_model_config("simple", "MEAN"), vocab_size=16, num_classes=2)
+  tokens = jnp.array([[0, 5, 0, 7]], jnp.int32)
+  params = model.init(jax.random.PRNGKey(0), tokens)
+  implicit = model.apply(params, tokens)
+  explicit = model.apply(params, tokens, jnp.ones((1, 4), bool))
+  assert not np.allclose(np.asarray(implicit), np.asarray(explicit))
+
+
+def test_sinusoidal_table_matches_formula():
+  table = layers.sinusoidal_table(50, 8)
+  pos, i = 7, 3
+  np.testing.assert_allclose(table[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 8)), rtol=1e-6)
+  np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 8)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("attention", "nope", "unknown attention 'nope'"),
+    ("qkv_dim", 24, r"qkv_dim \(24\) must equal model.emb_dim \(16\)"),
+    ("num_heads", 3, "not divisible by model.num_heads=3"),
+    ("classifier_pool", "MAX", "model.classifier_pool='MAX'"),
+    ("dtype", "float16", "model.dtype='float16'"),
+])
+def test_config_errors_name_the_field(field, value, message):
+  config = _model_config("simple")
+  config[field] = value
+  with pytest.raises(ValueError, match=message):
+    models.build_classifier(config, vocab_size=16, num_classes=2)
+
+
+def test_too_long_input_is_a_clear_error():
+  model = models.build_classifier(_model_config("simple"), vocab_size=16, num_classes=2)
+  with pytest.raises(ValueError, match="exceeds max_len=41"):
+    model.init(jax.random.PRNGKey(0), jnp.ones((1, 45), jnp.int32))
+
+
+def test_bfloat16_activations_run():
+  config = _model_config("softmax")
+  config.dtype = "bfloat16"
+  model = models.build_classifier(config, vocab_size=16, num_classes=2)
+  tokens = jnp.ones((2, 10), jnp.int32)
+  logits = model.apply(model.init(jax.random.PRNGKey(0), tokens), tokens)
+  chex.assert_type(logits, jnp.float32)
+  chex.assert_tree_all_finite(logits)

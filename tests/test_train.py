@@ -1,0 +1,171 @@
+"""Training: pmap equivalence, bucketed padding, gradient accumulation, checkpoint
+round trips, resuming after a kill, and a tiny run that learns."""
+
+import json
+import os
+
+import chex
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.listops import simple as simple_config
+from simpletron_jax import train_lib
+from simpletron_jax.data.common import make_batch
+
+
+def tiny_config(attention="simple", **overrides):
+  config = simple_config.get_config("tiny")
+  config.model.attention = attention
+  config.model.emb_dim = config.model.qkv_dim = 16
+  config.model.mlp_dim = 32
+  config.model.num_heads = 2
+  config.model.max_length = 40
+  config.data.bucket = 8
+  config.batch_size = 16
+  config.warmup = 20
+  config.learning_rate = 0.05
+  config.log_every = 2
+  for key, value in overrides.items():
+    target = config
+    *path, leaf = key.split(".")
+    for part in path:
+      target = target[part]
+    target[leaf] = value
+  return config
+
+
+def _state(config, task):
+  model = train_lib.build_model(config, task)
+  return model, train_lib.create_train_state(config, model, jax.random.PRNGKey(0))
+
+
+def test_pmap_on_two_devices_equals_one_device(presence_task):
+  assert jax.local_device_count() == 2, "conftest must force 2 CPU devices"
+  config = tiny_config(**{"model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0})
+  model, state = _state(config, presence_task)
+  batch = make_batch(presence_task.train, np.arange(16), max_length=40, bucket=8)
+  rng = jax.random.PRNGKey(3)
+  results = []
+  for n in (1, 2):
+    p_train, _ = train_lib.pmap_steps(model.apply, devices=jax.local_devices()[:n])
+    new_state, sums = p_train(flax.jax_utils.replicate(state, jax.local_devices()[:n]),
+                              train_lib.shard(batch, n), rng)
+    results.append((train_lib.unreplicate(new_state).params,
+                    jax.device_get(train_lib.unreplicate(sums))))
+  (params_1, sums_1), (params_2, sums_2) = results
+  chex.assert_trees_all_close(params_1, params_2, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(sums_1, sums_2, rtol=1e-5)
+  assert sums_2["count"] == 16
+
+
+@pytest.mark.parametrize("attention", ["softmax", "simple", "simple_resl"])
+def test_bucket_padding_gives_same_loss_and_grads_as_max_length(presence_task, attention):
+  config = tiny_config(attention)
+  model, state = _state(config, presence_task)
+  idx = np.flatnonzero(presence_task.train.lengths < 25)[:8]  # mixed lengths, all short
+  bucketed = make_batch(presence_task.train, idx, max_length=40, bucket=8)
+  full = make_batch(presence_task.train, idx, max_length=40, bucket=0)
+  assert bucketed["inputs"].shape[1] < full["inputs"].shape[1] == 40
+  grad_fn = jax.value_and_grad(train_lib.loss_fn, has_aux=True)
+  (loss_b, _), grads_b = grad_fn(state.params, model.apply, bucketed, jax.random.PRNGKey(0), True)
+  (loss_f, _), grads_f = grad_fn(state.params, model.apply, full, jax.random.PRNGKey(0), True)
+  np.testing.assert_allclose(float(loss_b), float(loss_f), rtol=1e-6)
+  chex.assert_trees_all_close(grads_b, grads_f, rtol=1e-4, atol=1e-6)
+
+
+def test_gradient_accumulation_equals_one_big_batch(presence_task):
+  config = tiny_config(**{"model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0})
+  model, _ = _state(config, presence_task)
+  batch = make_batch(presence_task.train, np.arange(16), max_length=40, bucket=0)
+  halves = [{k: v[i * 8:(i + 1) * 8] for k, v in batch.items()} for i in range(2)]
+  devices = jax.local_devices()[:1]
+  p_train, _ = train_lib.pmap_steps(model.apply, devices=devices)
+  params = []
+  for accum, batches in ((1, [batch]), (2, halves)):
+    config.grad_accum_steps = accum
+    state = flax.jax_utils.replicate(train_lib.create_train_state(config, model,
+                                                                  jax.random.PRNGKey(0)), devices)
+    for b in batches:
+      state, _ = p_train(state, train_lib.shard(b, 1), jax.random.PRNGKey(1))
+    params.append(train_lib.unreplicate(state).params)
+  chex.assert_trees_all_close(params[0], params[1], rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_round_trip(presence_task, tmp_path):
+  config = tiny_config(grad_accum_steps=2)
+  model, state = _state(config, presence_task)
+  state = state.replace(params=jax.tree_util.tree_map(lambda p: p + 0.5, state.params),
+                        step=jnp.asarray(7))
+  manager = train_lib.checkpoint_manager(str(tmp_path / "ckpt"), 2)
+  train_lib.save_checkpoint(manager, 3, state, {"best_val_accuracy": 0.25})
+  manager.wait_until_finished()
+  _, fresh = _state(config, presence_task)
+  restored, meta, step = train_lib.restore_checkpoint(manager, fresh)
+  assert step == 3 and meta["best_val_accuracy"] == 0.25 and int(restored.step) == 7
+  chex.assert_trees_all_equal(restored.params, state.params)
+  chex.assert_trees_all_equal(restored.opt_state, state.opt_state)
+
+
+class Killed(Exception):
+  pass
+
+
+def _final_params(workdir, config, task):
+  _, state = _state(config, task)
+  manager = train_lib.checkpoint_manager(os.path.join(workdir, "checkpoints"), 2)
+  return train_lib.restore_checkpoint(manager, state)[0].params
+
+
+def test_killed_run_resumes_to_the_same_parameters(presence_task, tmp_path):
+  config = tiny_config(num_train_steps=7, checkpoint_every=3, eval_frequency=4, grad_accum_steps=2,
+                       **{"data.bucket": 0, "model.max_length": 24, "model.num_layers": 1})
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  train_lib.train_and_evaluate(config, straight, data=presence_task)
+
+  def kill_at_5(step):
+    if step == 5:
+      raise Killed()
+
+  with pytest.raises(Killed):
+    train_lib.train_and_evaluate(config, resumed, step_hook=kill_at_5, data=presence_task)
+  seen = []
+  results = train_lib.train_and_evaluate(config, resumed, step_hook=seen.append,
+                                         data=presence_task)
+  assert seen == [4, 5, 6, 7], "the run must resume after the step-3 checkpoint"
+  chex.assert_trees_all_equal(_final_params(resumed, config, presence_task),
+                              _final_params(straight, config, presence_task))
+  with open(os.path.join(straight, "results.json")) as f:
+    assert json.load(f)["test_accuracy"] == results["test_accuracy"]
+  with open(os.path.join(resumed, "metrics.jsonl")) as f:
+    records = [(r["step"], r["split"]) for r in map(json.loads, f)]
+  assert len(records) == len(set(records)), "a resumed run must not duplicate metric records"
+
+
+def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_path):
+  config = tiny_config(num_train_steps=150, eval_frequency=50, checkpoint_every=50,
+                       log_every=10, **{"data.bucket": 16})
+  workdir = str(tmp_path / "run")
+  results = train_lib.train_and_evaluate(config, workdir, data=presence_task)
+  assert results["test_majority_rate"] < 0.6
+  assert results["test_accuracy"] > 0.9, results
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    train_losses = [r["loss"] for r in map(json.loads, f) if r["split"] == "train"]
+  assert train_losses[-1] < 0.5 * train_losses[0]
+  assert os.path.isdir(os.path.join(workdir, "tb"))
+  _, p_eval = train_lib.pmap_steps(train_lib.build_model(config, presence_task).apply)
+  model, state = _state(config, presence_task)
+  best = train_lib.checkpoint_manager(os.path.join(workdir, "best"), 1)
+  state, meta, step = train_lib.restore_checkpoint(best, state)
+  assert step == results["best_step"]
+  test = train_lib.evaluate(p_eval, flax.jax_utils.replicate(state.params), presence_task.test,
+                            config)
+  assert test["accuracy"] == results["test_accuracy"] and test["count"] == 200
+
+
+def test_batch_size_must_split_over_devices_and_micro_steps():
+  config = tiny_config(batch_size=15)
+  with pytest.raises(ValueError, match="batch_size=15 must be divisible"):
+    train_lib.validate_config(config, 2)
