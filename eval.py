@@ -10,7 +10,7 @@ is given. Prints the accuracy and writes ``workdir/eval_<which>_<split>.json``.
 import json
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "Config file; default: the run's config.json.")
@@ -23,6 +23,7 @@ flags.DEFINE_integer("step", None, "A specific checkpoint step (overrides --whic
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
   flag_values = flags.FLAGS
   result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,

@@ -9,7 +9,7 @@ with the same workdir resumes from its newest checkpoint.
 
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. "
@@ -24,6 +24,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
   if flags.FLAGS.jax_distributed:

@@ -397,6 +397,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start_step, desc="train",
                   dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 30.0,
                   disable=jax.process_index() != 0)
+  budget_s = 60.0 * float(config.get("max_train_minutes", 0) or 0)
+  last_step = config.num_train_steps
   for step in range(start_step + 1, config.num_train_steps + 1):
     for a in range(accum):
       batch = shard(next(batches), n_dev)
@@ -405,8 +407,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       window_sums.append(sums)
     window_steps += 1
     bar.update(1)
+    out_of_time = bool(budget_s) and time.time() - wall_start > budget_s
+    final = step == config.num_train_steps or out_of_time
 
-    if step % config.log_every == 0 or step == config.num_train_steps:
+    if step % config.log_every == 0 or final:
       for sums in jax.device_get(window_sums):
         for k in window:
           window[k] += float(sums[k][0])
@@ -423,7 +427,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       window_start, window_excluded = time.time(), 0.0
 
     pause_start = time.time()
-    if step % config.eval_frequency == 0 or step == config.num_train_steps:
+    if step % config.eval_frequency == 0 or final:
       val = evaluate(p_eval, state_repl.params, data.val, config)
       logger.write(step, val, "val")
       bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
@@ -431,7 +435,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         meta.update(best_val_accuracy=val["accuracy"], best_step=step)
         save_checkpoint(best_ckpts, step, unreplicate(state_repl), meta)
 
-    if step % config.checkpoint_every == 0 or step == config.num_train_steps:
+    if step % config.checkpoint_every == 0 or final:
       meta["train_seconds"] = train_seconds
       save_checkpoint(ckpts, step, unreplicate(state_repl), meta)
     if step_hook is not None:
@@ -439,6 +443,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       best_ckpts.wait_until_finished()
       step_hook(step)
     window_excluded += time.time() - pause_start
+    if out_of_time:
+      last_step = step
+      bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
+                "rerun with the same workdir to continue")
+      break
   bar.close()
   ckpts.wait_until_finished()
   best_ckpts.wait_until_finished()
@@ -453,8 +462,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "test_majority_rate": data.test.majority_rate(),
       "val_majority_rate": data.val.majority_rate(),
       "best_step": best_step, "best_val_accuracy": best_meta["best_val_accuracy"],
-      "num_train_steps": config.num_train_steps,
-      "steps_per_sec": config.num_train_steps / max(train_seconds, 1e-9),
+      "num_train_steps": config.num_train_steps, "last_step": last_step,
+      "steps_per_sec": last_step / max(train_seconds, 1e-9),
       "train_seconds": train_seconds,
       "wall_seconds_this_run": time.time() - wall_start,
       "num_devices": jax.device_count(), "data_source": data.source,

@@ -24,6 +24,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.checkpoint_every = 200     # steps between checkpoints
   config.max_to_keep = 2
   config.log_every = 10             # steps between train-metric records
+  config.max_train_minutes = 0.0    # wall-clock budget per invocation; 0: none
 
   config.learning_rate = 0.05
   config.factors = "constant * linear_warmup * rsqrt_decay"

@@ -1,0 +1,114 @@
+"""Training-step time of several configs at fixed lengths, measured in one process.
+
+    python benchmarks/step_time.py --configs configs/listops/simple.py:tiny \
+        configs/listops/transformer.py:tiny --lengths 1024 2000 --out benchmarks/results/cpu
+
+Each measurement is the real pmapped train step (forward, backward, AdamW) on
+a batch of random tokens without padding (every row is exactly ``length``
+tokens). Configs are timed in interleaved rounds, so a slow spell of a shared
+machine hits all of them alike; the table reports the median seconds per step
+and each config's time relative to the first. Writes ``step_time.json`` and
+``step_time.md`` to ``--out``.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import flax  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from simpletron_jax import models, train_lib  # noqa: E402
+
+
+def load_config(spec: str):
+  """Loads ``path.py[:variant]`` the way train.py's ``--config`` does."""
+  path, _, variant = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("bench_config", os.path.join(ROOT, path))
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(variant or None)
+
+
+def random_batch(rng, batch_size: int, length: int, vocab: int, n_dev: int):
+  """A ``[n_dev, batch_size / n_dev, length]`` batch of random real tokens."""
+  return train_lib.shard({
+      "inputs": rng.integers(1, vocab, (batch_size, length)).astype(np.int32),
+      "mask": np.ones((batch_size, length), bool),
+      "targets": rng.integers(0, 10, batch_size).astype(np.int32),
+      "weights": np.ones(batch_size, np.float32)}, n_dev)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--configs", nargs="+", required=True, help="path.py[:variant] ...")
+  parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2000])
+  parser.add_argument("--batch", type=int, default=None, help="default: config.batch_size")
+  parser.add_argument("--rounds", type=int, default=5, help="timed steps per config and length")
+  parser.add_argument("--vocab", type=int, default=16)
+  parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cpu"))
+  args = parser.parse_args()
+
+  n_dev = jax.local_device_count()
+  runs = []
+  for spec in args.configs:
+    config = load_config(spec)
+    model = models.build_classifier(config.model, vocab_size=args.vocab, num_classes=10)
+    state = flax.jax_utils.replicate(
+        train_lib.create_train_state(config, model, jax.random.PRNGKey(0)))
+    p_train, _ = train_lib.pmap_steps(model.apply)
+    runs.append({"spec": spec, "config": config, "state": state, "p_train": p_train,
+                 "batch_size": args.batch or config.batch_size})
+
+  rows = []
+  rng = np.random.default_rng(0)
+  for length in args.lengths:
+    times = {run["spec"]: [] for run in runs}
+    for run in runs:
+      if length > run["config"].model.max_length:
+        raise ValueError(f"{run['spec']}: length {length} > model.max_length")
+      run["batch"] = random_batch(rng, run["batch_size"], length, args.vocab, n_dev)
+      run["state"], sums = run["p_train"](run["state"], run["batch"], jax.random.PRNGKey(0))
+      jax.block_until_ready(sums)  # compile and warm up
+    for i in range(args.rounds):
+      for run in runs:
+        start = time.perf_counter()
+        run["state"], sums = run["p_train"](run["state"], run["batch"], jax.random.PRNGKey(i))
+        jax.block_until_ready(sums)
+        times[run["spec"]].append(time.perf_counter() - start)
+    base = statistics.median(times[runs[0]["spec"]])
+    for run in runs:
+      median = statistics.median(times[run["spec"]])
+      rows.append({"config": run["spec"], "attention": run["config"].model.attention,
+                   "length": length, "batch": run["batch_size"], "median_s_per_step": median,
+                   "steps_per_sec": 1.0 / median, "time_ratio_to_first": median / base,
+                   "all_s": times[run["spec"]]})
+
+  os.makedirs(args.out, exist_ok=True)
+  device = jax.devices()[0]
+  header = {"device": f"{device.platform}:{device.device_kind}", "n_devices": n_dev,
+            "cpu_count": os.cpu_count(), "rounds": args.rounds, "jax": jax.__version__}
+  with open(os.path.join(args.out, "step_time.json"), "w") as f:
+    json.dump({**header, "rows": rows}, f, indent=2)
+  lines = [f"Train-step time on {header['device']} x{n_dev} ({os.cpu_count()} CPUs), median of "
+           f"{args.rounds} interleaved steps.", "",
+           "| config | length | batch | s/step | steps/s | time vs first |",
+           "|---|---|---|---|---|---|"]
+  lines += [f"| {r['config']} | {r['length']} | {r['batch']} | {r['median_s_per_step']:.3f} | "
+            f"{r['steps_per_sec']:.2f} | {r['time_ratio_to_first']:.2f}x |" for r in rows]
+  table = "\n".join(lines)
+  with open(os.path.join(args.out, "step_time.md"), "w") as f:
+    f.write(table + "\n")
+  print(table)
+
+
+if __name__ == "__main__":
+  main()
