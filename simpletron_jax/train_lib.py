@@ -139,14 +139,17 @@ def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
     apply_fn: ``model.apply``.
     batch: ``inputs`` ``[B, L]`` int32, ``mask`` ``[B, L]`` bool, ``targets``
       ``[B]`` int32, ``weights`` ``[B]`` float32.
-    dropout_rng: key for dropout.
+    dropout_rng: key for dropout; a key folded from it feeds the
+      ``random_features`` collection (Performer with ``redraw=True``).
     deterministic: disables dropout.
 
   Returns:
     ``(loss scalar, metric_sums dict)``.
   """
   logits = apply_fn({"params": params}, batch["inputs"], batch["mask"],
-                    deterministic=deterministic, rngs={"dropout": dropout_rng})
+                    deterministic=deterministic,
+                    rngs={"dropout": dropout_rng,
+                          "random_features": jax.random.fold_in(dropout_rng, 0x5EED)})
   sums = metric_sums(logits, batch["targets"], batch["weights"])
   return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 

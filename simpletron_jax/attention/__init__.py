@@ -13,6 +13,10 @@ from typing import Any, Mapping
 
 import flax.linen as nn
 
+from simpletron_jax.attention.aft import AFTAttention
+from simpletron_jax.attention.linear import LinearAttention
+from simpletron_jax.attention.linformer import LinformerAttention
+from simpletron_jax.attention.performer import PerformerAttention
 from simpletron_jax.attention.simple import SimpleAttention
 from simpletron_jax.attention.softmax import SoftmaxAttention
 
@@ -113,3 +117,14 @@ register(AttentionSpec("simple_res", SimpleAttention, {"use_output_proj": False}
                        double_skip=True, paper=_SIMPLETRON))
 register(AttentionSpec("simple_resl", SimpleAttention, {"use_output_proj": True},
                        double_skip=True, paper=_SIMPLETRON))
+register(AttentionSpec("linear", LinearAttention,
+                       paper="Katharopoulos et al., Transformers are RNNs (2020)"))
+register(AttentionSpec("performer", PerformerAttention,
+                       paper="Choromanski et al., Rethinking Attention with Performers (2021)"))
+_AFT = "Zhai et al., An Attention Free Transformer (2021)"
+register(AttentionSpec("aft_full", AFTAttention, {"variant": "full"}, quadratic=True,
+                       paper=_AFT))
+register(AttentionSpec("aft_simple", AFTAttention, {"variant": "simple"}, paper=_AFT))
+register(AttentionSpec("aft_local", AFTAttention, {"variant": "local"}, paper=_AFT))
+register(AttentionSpec("linformer", LinformerAttention,
+                       paper="Wang et al., Linformer (2020)"))
