@@ -15,6 +15,7 @@ import pytest
 
 from simpletron_jax import attention
 from simpletron_jax.attention import performer as performer_lib
+from tests.test_attention import _build, _proj  # same shapes (B, L, E, H) as this file
 
 B, L, E, H = 2, 12, 16, 4
 K = E // H
@@ -28,14 +29,6 @@ def _mask(length=L, lengths=(L, 9)):
   return jnp.arange(length)[None, :] < jnp.array(lengths)[:, None]
 
 
-def _build(name, **kwargs):
-  return attention.get(name).build(num_heads=H, qkv_dim=E, out_dim=E, dropout_rate=0.0,
-                                   dtype=jnp.float32, **kwargs)
-
-
-def _proj(params, name, x):
-  p = params[name]
-  return jnp.einsum("ble,ehk->blhk", x, p["kernel"]) + p["bias"]
 
 
 def _qkv(p, x):

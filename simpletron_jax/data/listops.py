@@ -31,6 +31,7 @@ directory from :func:`ensure_generated`, or from the user, for example LRA's
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -564,38 +565,29 @@ def write_tsv(examples: Iterable[tuple[str, int]], path: str) -> int:
     ValueError: if a source holds a tab or a newline, or a label is not in
       0..9. ``path`` is then left as it was.
   """
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
   count = 0
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-      f.write("Source\tTarget\n")
-      for source, label in examples:
-        if "\t" in source or "\n" in source or "\r" in source:
-          raise ValueError(f"example {count}: source contains a tab or newline")
-        label = int(label)
-        if not 0 <= label < NUM_CLASSES:
-          raise ValueError(f"example {count}: label {label} is not in 0..{NUM_CLASSES - 1}")
-        f.write(f"{source}\t{label}\n")
-        count += 1
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    try:
-      os.unlink(tmp)
-    except FileNotFoundError:
-      pass
-    raise
+  with _atomic_open(path) as f:
+    f.write("Source\tTarget\n")
+    for source, label in examples:
+      if "\t" in source or "\n" in source or "\r" in source:
+        raise ValueError(f"example {count}: source contains a tab or newline")
+      label = int(label)
+      if not 0 <= label < NUM_CLASSES:
+        raise ValueError(f"example {count}: label {label} is not in 0..{NUM_CLASSES - 1}")
+      f.write(f"{source}\t{label}\n")
+      count += 1
   return count
 
 
-def _write_json(obj: Any, path: str) -> None:
+@contextlib.contextmanager
+def _atomic_open(path: str) -> Iterator[Any]:
+  """Opens a temp file beside ``path`` for text writing; on a clean exit it
+  replaces ``path``, on an exception it is deleted and ``path`` is untouched."""
   directory = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
   try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      json.dump(obj, f, indent=2, sort_keys=True)
-      f.write("\n")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+      yield f
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
   except BaseException:
@@ -604,6 +596,12 @@ def _write_json(obj: Any, path: str) -> None:
     except FileNotFoundError:
       pass
     raise
+
+
+def _write_json(obj: Any, path: str) -> None:
+  with _atomic_open(path) as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+    f.write("\n")
 
 
 _META_FORMAT = "simpletron_jax.data.listops/1"
