@@ -4,6 +4,7 @@ reproduces the test accuracy; a bad config field fails with a clear message."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -50,7 +51,7 @@ def test_bad_config_is_reported(tmp_path, override, message):
               str(tmp_path / "run"), f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL,
               override, check=False)
   assert proc.returncode != 0
-  assert __import__("re").search(message, proc.stderr), proc.stderr[-2000:]
+  assert re.search(message, proc.stderr), proc.stderr[-2000:]
 
 
 def test_missing_data_dir_is_reported(tmp_path):

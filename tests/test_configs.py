@@ -5,7 +5,6 @@ import importlib.util
 import os
 
 import pytest
-from ml_collections import config_flags  # noqa: F401  (the loader train.py uses)
 
 from simpletron_jax import models, train_lib
 from tests.conftest import ROOT
