@@ -1,7 +1,7 @@
 """Speed and memory of every attention variant: LRA Table 2 (Tay et al., 2020), reproduced.
 
     python benchmarks/speed_memory.py                       # GPU/TPU: lengths 1K..32K, batch 32
-    python benchmarks/speed_memory.py --quick               # CPU: lengths 256..2048, batch 2
+    python benchmarks/speed_memory.py --quick               # CPU: lengths 1K, 2K, 4K, batch 2
     python benchmarks/speed_memory.py --quick --variants softmax simple --lengths 256 512 \
         --out /tmp/speed_memory
 
@@ -101,7 +101,7 @@ BASELINE = "softmax"       # einsum softmax: the ratio baseline (LRA's Transform
 FUSED = "softmax_fused"
 SOFTMAX_LABELS = (BASELINE, FUSED)
 DEFAULT_LENGTHS = (1024, 2048, 3072, 4096, 8192, 16384, 32768)
-QUICK_LENGTHS = (256, 512, 1024, 2048)
+QUICK_LENGTHS = (1024, 2048, 4096)
 LRA_SHORT, LRA_LONG = 1024, 4096   # LRA Table 2 reports time(4K) / time(1K)
 RESULT_MARK = "SPEED_MEMORY_RESULT "
 GIB = 2.0 ** 30
@@ -525,7 +525,8 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
                   max_memory_gb: float | None = None, in_process: bool = False,
                   timeout_s: float | None = None, matmul_n: int | None = None,
                   model_overrides: dict[str, Any] | None = None,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+                  log: Callable[[str], None] = print,
+                  partial_path: str | None = None, resume: bool = False) -> dict[str, Any]:
   """Measures every (variant, length) and returns the ``speed_memory.json`` payload.
 
   Lengths run in the outer loop, so a slow spell on a shared machine hits all variants of a
@@ -543,6 +544,11 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
     matmul_n: matrix side of the matmul-peak measurement.
     model_overrides: extra ``model.*`` fields (tests shrink the model).
     log: progress sink, one line per config.
+    partial_path: a JSONL file that gets each record as soon as it is measured; a
+      ``{device}`` in it becomes the machine's ``device_slug``. None: no such file.
+    resume: reuse the records already in ``partial_path`` that have the same batch, dtype,
+      steps and model overrides instead of measuring them again (their ``resumed`` field is
+      True), so a killed run goes on where it stopped. False: an old file is deleted first.
 
   Returns:
     The ``speed_memory.json`` payload; its schema is in the module docstring.
@@ -568,11 +574,26 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
     max_memory_bytes = 0.8 * machine["host_ram_bytes"]
   results: list[dict[str, Any]] = []
   blocked: dict[str, str] = {}
+  key = {"batch": batch, "dtype": dtype, "steps": steps, "model_overrides": model_overrides}
+  earlier = {}
+  if partial_path:
+    partial_path = partial_path.replace("{device}", machine["device_slug"])
+    os.makedirs(os.path.dirname(os.path.abspath(partial_path)), exist_ok=True)
+    if resume:
+      earlier = load_partial(partial_path, key)
+    elif os.path.exists(partial_path):
+      os.remove(partial_path)
+  if earlier:
+    log(f"resuming: {len(earlier)} records from {partial_path}")
   total, done = len(labels) * len(lengths), 0
   for length in lengths:
     for label in labels:
       done += 1
-      if label in blocked:
+      if (label, length) in earlier:
+        record = {**earlier[(label, length)], "resumed": True}
+        if record["status"] in ("OOM", "timeout"):
+          blocked[label] = f"{record['status']} at length {length}"
+      elif label in blocked:
         record = {"label": label, "length": length, "batch": batch, "status": "skipped",
                   "reason": blocked[label]}
       else:
@@ -585,6 +606,9 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
         record["wall_s"] = time.perf_counter() - start
         if record["status"] in ("OOM", "timeout"):
           blocked[label] = f"{record['status']} at length {length}"
+        if partial_path:
+          with open(partial_path, "a") as f:
+            f.write(json.dumps({**key, "record": record}) + "\n")
       if record["status"] == "ok" and record.get("flops_per_step_per_device"):
         record["achieved_flops_per_s_per_device"] = (record["flops_per_step_per_device"]
                                                      * record["steps_per_sec"])
@@ -615,6 +639,27 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
       "baseline": BASELINE, "results": results,
       "time_ratio": {"short": short, "long": long_, "by_label": growth},
   }
+
+
+def load_partial(path: str, key: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+  """The records of an interrupted run in ``path`` (JSONL) measured with settings ``key``.
+
+  Returns:
+    ``{(label, length): record}``; empty if the file does not exist. Lines written with other
+    settings are ignored; a truncated last line (a run killed mid-write) is skipped.
+  """
+  found: dict[tuple[str, int], dict[str, Any]] = {}
+  if not os.path.exists(path):
+    return found
+  with open(path) as f:
+    for line in f:
+      try:
+        entry = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if all(entry.get(k) == v for k, v in key.items()):
+        found[(entry["record"]["label"], entry["record"]["length"])] = entry["record"]
+  return found
 
 
 def _progress(record: dict[str, Any]) -> str:
@@ -821,6 +866,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="matrix side for the matmul peak (default 8192; CPU 1024)")
   parser.add_argument("--in-process", action="store_true",
                       help="no subprocess per cell (GPU memory becomes cumulative)")
+  parser.add_argument("--resume", action="store_true",
+                      help="reuse the records of an interrupted run with the same settings "
+                      "(<out>/speed_memory.partial.jsonl)")
   parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
@@ -831,19 +879,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   if args._worker is not None:
     _worker_main(args._worker)
     return {}
+  out = args.out or os.path.join(ROOT, "benchmarks", "results", "{device}")
+  partial = os.path.join(out, "speed_memory.partial.jsonl")
   payload = run_benchmark(
       labels=args.variants, lengths=args.lengths or (QUICK_LENGTHS if args.quick
                                                      else DEFAULT_LENGTHS),
       batch=args.batch or (2 if args.quick else 32), dtype=args.dtype,
       steps=args.steps or (5 if args.quick else 10), max_memory_gb=args.max_memory_gb,
       in_process=args.in_process, timeout_s=args.timeout_s, matmul_n=args.matmul_n,
-      log=lambda line: print(line, file=sys.stderr, flush=True))
+      log=lambda line: print(line, file=sys.stderr, flush=True), partial_path=partial,
+      resume=args.resume)
   payload["argv"] = sys.argv if argv is None else [sys.argv[0], *argv]
   payload["command"] = "python " + shlex.join(payload["argv"])
   payload["settings"]["quick"] = args.quick
-  out = args.out or os.path.join(ROOT, "benchmarks", "results",
-                                 payload["machine"]["device_slug"])
+  out = out.replace("{device}", payload["machine"]["device_slug"])
   paths = write_outputs(payload, out)
+  os.remove(partial.replace("{device}", payload["machine"]["device_slug"]))
   print(markdown_report(payload))
   print("wrote " + ", ".join(paths.values()), file=sys.stderr)
   if "png" not in paths:

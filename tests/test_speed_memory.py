@@ -108,6 +108,36 @@ def test_oom_is_recorded_and_longer_lengths_skipped():
   assert "OOM" in sm.markdown_report(out)
 
 
+def test_partial_records_let_a_killed_run_resume(tmp_path, monkeypatch):
+  partial = str(tmp_path / "{device}" / "speed_memory.partial.jsonl")
+  kwargs = dict(labels=["simple", "linear"], lengths=[32], batch=2, steps=1, in_process=True,
+                matmul_n=64, max_memory_gb=1e-6, model_overrides=TINY, log=lambda _: None,
+                partial_path=partial)
+  first = sm.run_benchmark(**kwargs)
+  path = partial.replace("{device}", first["machine"]["device_slug"])
+  with open(path) as f:
+    lines = f.readlines()
+  assert [json.loads(line)["record"]["label"] for line in lines] == ["simple", "linear"]
+  with open(path, "w") as f:   # killed while writing the second record
+    f.write(lines[0] + lines[1][:20])
+  calls = []
+  real = sm.measure_config
+
+  def counting(**task):
+    calls.append((task["label"], task["length"]))
+    return real(**task)
+  monkeypatch.setattr(sm, "measure_config", counting)
+  resumed = sm.run_benchmark(**kwargs, resume=True)
+  assert calls == [("linear", 32)]
+  assert [r.get("resumed", False) for r in resumed["results"]] == [True, False]
+  assert resumed["results"][0]["status"] == first["results"][0]["status"] == "OOM"
+  # Other settings do not reuse the file's records; without resume the file starts over.
+  assert sm.load_partial(path, {"batch": 4, "dtype": "float32", "steps": 1,
+                                "model_overrides": TINY}) == {}
+  sm.run_benchmark(**kwargs)
+  assert len(calls) == 3
+
+
 def test_ratios_against_fastest_softmax_and_missing_baseline():
   def ok(label, length, sps, mem):
     return {"label": label, "length": length, "status": "ok", "steps_per_sec": sps,
