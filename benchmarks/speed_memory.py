@@ -46,6 +46,7 @@ against length) to ``--out`` (default ``benchmarks/results/<device>/``).
   ``max_memory_bytes``, ``in_process``, ``timeout_s``, ``model`` (``config.model``),
   ``vocab_size``, ``num_classes``.
 * ``machine``: ``platform``, ``device_kind``, ``device_slug``, ``n_devices``, ``cpu_count``,
+  ``cpus_usable`` (the process's CPU affinity, e.g. under ``taskset``),
   ``host_ram_bytes``, ``device_bytes_limit``, ``python``, ``jax``, ``jaxlib``, ``flax``,
   ``numpy``, ``os``, ``XLA_FLAGS``, ``XLA_PYTHON_CLIENT_MEM_FRACTION`` and ``matmul_peak``
   ``{dtype: {n, dtype, median_s, flops, flops_per_s}}`` for float32 and bfloat16.
@@ -287,7 +288,7 @@ def machine_info(matmul_n: int | None = None) -> dict[str, Any]:
 
   Returns:
     A JSON-ready dict: ``platform``, ``device_kind``, ``device_slug`` (``"cpu"`` or e.g.
-    ``"nvidia-h200"``), ``n_devices``, ``cpu_count``, ``host_ram_bytes``,
+    ``"nvidia-h200"``), ``n_devices``, ``cpu_count``, ``cpus_usable``, ``host_ram_bytes``,
     ``device_bytes_limit`` (accelerators), versions, ``XLA_FLAGS`` and ``matmul_peak``
     (one entry per dtype).
   """
@@ -303,6 +304,8 @@ def machine_info(matmul_n: int | None = None) -> dict[str, Any]:
   return {
       "platform": device.platform, "device_kind": device.device_kind, "device_slug": slug,
       "n_devices": jax.local_device_count(), "cpu_count": os.cpu_count(),
+      "cpus_usable": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count()),
       "host_ram_bytes": ram, "device_bytes_limit": (stats or {}).get("bytes_limit"),
       "python": platform.python_version(), "jax": jax.__version__,
       "jaxlib": jaxlib.__version__, "flax": flax.__version__, "numpy": np.__version__,
@@ -676,6 +679,12 @@ def _progress(record: dict[str, Any]) -> str:
 # Reports.
 
 
+def _affinity_note(machine: dict[str, Any]) -> str:
+  """``", pinned to N"`` when the process could use fewer CPUs than the machine has."""
+  usable = machine.get("cpus_usable")
+  return f", pinned to {usable}" if usable and usable < (machine["cpu_count"] or 0) else ""
+
+
 def _num(x: float) -> str:
   return f"{x:.3g}"
 
@@ -738,7 +747,7 @@ def markdown_report(payload: dict[str, Any]) -> str:
   lines = [
       "# Speed and memory of the attention variants (LRA Table 2 layout)", "",
       f"Device: {machine['device_kind']} x{machine['n_devices']} ({machine['platform']}, "
-      f"{machine['cpu_count']} CPUs); jax {machine['jax']}, flax {machine['flax']}. "
+      f"{machine['cpu_count']} CPUs{_affinity_note(machine)}); jax {machine['jax']}, flax {machine['flax']}. "
       f"Created {payload['created']}.", "",
       f"Model: LRA text classifier, {model['num_layers']} layers, emb {model['emb_dim']}, "
       f"{model['num_heads']} heads, qkv {model['qkv_dim']}, mlp {model['mlp_dim']}, byte "
