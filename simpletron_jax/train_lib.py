@@ -14,6 +14,7 @@ Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -291,19 +292,25 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
   :func:`eval_batches`).
 
   Returns:
-    ``{"accuracy", "loss", "count"}`` with count in examples.
+    ``{"accuracy", "loss", "count", "majority_rate"}``: count in examples, and
+    majority_rate the share of the most frequent label among the examples read (this host's
+    rows), the accuracy of always answering that label.
   """
   n_dev = jax.local_device_count()
   batch_size = config.get("eval_batch_size") or config.batch_size // config.grad_accum_steps
   batch_size = -(-batch_size // (n_dev * jax.process_count())) * n_dev * jax.process_count()
   totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+  label_counts: collections.Counter = collections.Counter()
   for batch in eval_batches(examples, config, batch_size, num_batches):
     sums = p_eval_step(params_repl, shard(batch, n_dev))
     for k, v in jax.device_get(unreplicate(sums)).items():
       totals[k] += float(v)
+    label_counts.update(batch["targets"][batch["weights"] > 0].tolist())
   count = max(totals["count"], 1.0)
+  read = sum(label_counts.values())
   return {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count,
-          "count": totals["count"]}
+          "count": totals["count"],
+          "majority_rate": max(label_counts.values()) / read if read else 0.0}
 
 
 # ----------------------------------------------------------------------------
@@ -381,7 +388,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   Returns:
     The contents of ``results.json``: test accuracy and loss of the
     best-validation checkpoint, its step and validation accuracy, the
-    majority-class rates of val and test, steps/s and wall time in seconds.
+    majority-class rates of the val and test examples evaluated, steps/s and wall time in seconds.
 
   Raises:
     ValueError: for an inconsistent config (see :func:`validate_config`).
@@ -417,6 +424,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
   window_sums, window_steps = [], 0
   window_start, window_excluded = time.time(), 0.0
+  val_majority = None   # majority rate of the examples the last validation read
   train_seconds = float(meta["train_seconds"])
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start_step, desc="train",
                   dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 30.0,
@@ -455,6 +463,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       val = evaluate(p_eval, state_repl.params, data.val, config,
                      config.get("num_eval_steps", -1))
       logger.write(step, val, "val")
+      val_majority = val["majority_rate"]
       bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
       if val["accuracy"] > meta["best_val_accuracy"]:
         meta.update(best_val_accuracy=val["accuracy"], best_step=step)
@@ -484,8 +493,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   results = {
       "task": config.task, "attention": config.model.attention,
       "test_accuracy": test["accuracy"], "test_loss": test["loss"],
-      "test_majority_rate": data.test.majority_rate(),
-      "val_majority_rate": data.val.majority_rate(),
+      "test_majority_rate": test["majority_rate"],
+      "val_majority_rate": (val_majority if val_majority is not None
+                            else data.val.majority_rate()),
       "best_step": best_step, "best_val_accuracy": best_meta["best_val_accuracy"],
       "num_train_steps": config.num_train_steps, "last_step": last_step,
       "steps_per_sec": last_step / max(train_seconds, 1e-9),

@@ -163,6 +163,14 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   test = train_lib.evaluate(p_eval, flax.jax_utils.replicate(state.params), presence_task.test,
                             config)
   assert test["accuracy"] == results["test_accuracy"] and test["count"] == 200
+  assert test["majority_rate"] == pytest.approx(presence_task.test.majority_rate())
+  # A subset evaluation reports the majority rate of the examples it read.
+  sub = train_lib.evaluate(p_eval, flax.jax_utils.replicate(state.params), presence_task.test,
+                           config, num_batches=2)
+  k = int(sub["count"])
+  assert 0 < k < 200
+  read = presence_task.test.labels[np.random.default_rng(config.seed).permutation(200)[:k]]
+  assert sub["majority_rate"] == pytest.approx(np.bincount(read).max() / k)
 
 
 def test_batch_size_must_split_over_devices_and_micro_steps():
