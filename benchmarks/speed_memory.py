@@ -747,7 +747,8 @@ def markdown_report(payload: dict[str, Any]) -> str:
   lines = [
       "# Speed and memory of the attention variants (LRA Table 2 layout)", "",
       f"Device: {machine['device_kind']} x{machine['n_devices']} ({machine['platform']}, "
-      f"{machine['cpu_count']} CPUs{_affinity_note(machine)}); jax {machine['jax']}, flax {machine['flax']}. "
+      f"{machine['cpu_count']} CPUs{_affinity_note(machine)}); jax {machine['jax']}, "
+      f"flax {machine['flax']}. "
       f"Created {payload['created']}.", "",
       f"Model: LRA text classifier, {model['num_layers']} layers, emb {model['emb_dim']}, "
       f"{model['num_heads']} heads, qkv {model['qkv_dim']}, mlp {model['mlp_dim']}, byte "
@@ -862,7 +863,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--steps", type=int, default=None,
                       help="timed steps per cell (default 10; --quick: 5)")
   parser.add_argument("--quick", action="store_true",
-                      help="CPU mode: batch 2, short lengths, 5 steps; minutes")
+                      help="CPU mode: batch 2, lengths 1K, 2K and 4K, 5 steps (every variant: "
+                      "about an hour on one core; a few variants: minutes)")
   parser.add_argument("--out", default=None,
                       help="results folder (default benchmarks/results/<device>/)")
   parser.add_argument("--max-memory-gb", type=float, default=None,
@@ -903,7 +905,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   payload["settings"]["quick"] = args.quick
   out = out.replace("{device}", payload["machine"]["device_slug"])
   paths = write_outputs(payload, out)
-  os.remove(partial.replace("{device}", payload["machine"]["device_slug"]))
+  partial = partial.replace("{device}", payload["machine"]["device_slug"])
+  if os.path.exists(partial):   # every record is in speed_memory.json now
+    os.remove(partial)
   print(markdown_report(payload))
   print("wrote " + ", ".join(paths.values()), file=sys.stderr)
   if "png" not in paths:
