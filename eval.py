@@ -24,16 +24,19 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
-  from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
+  from simpletron_jax import run_guard, train_lib  # pylint: disable=import-outside-toplevel
   flag_values = flags.FLAGS
-  result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
-                                        which=flag_values.which, step=flag_values.step,
-                                        config=flag_values.config)
+  try:
+    result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
+                                          which=flag_values.which, step=flag_values.step,
+                                          config=flag_values.config)
+  except run_guard.RunError as e:  # a named cause: the message, no traceback, exit 1
+    raise SystemExit(f"eval.py: {type(e).__name__}: {e}") from None
   out = os.path.join(flag_values.workdir,
                      f"eval_{flag_values.which if flag_values.step is None else flag_values.step}"
                      f"_{flag_values.split}.json")
   with open(out, "w") as f:
-    json.dump(result, f, indent=2)
+    json.dump(run_guard.json_safe(result), f, indent=2, allow_nan=False)
   print(f"{flag_values.split} accuracy {result['accuracy']:.4f} on {int(result['count'])} "
         f"examples (checkpoint step {result['step']}); written to {out}")
 

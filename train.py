@@ -8,6 +8,7 @@ with the same workdir resumes from its newest checkpoint.
 """
 
 import os
+import re
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -16,8 +17,16 @@ config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. "
                                 "configs/listops/simple.py:tiny.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Output directory (checkpoints, metrics, results). "
                     "Default: runs/<task>_<attention>_seed<seed>.")
-flags.DEFINE_bool("jax_distributed", False, "Call jax.distributed.initialize() first "
-                  "(multi-host TPU VM pods).")
+flags.DEFINE_bool("jax_distributed", False, "Join a multi-host run first "
+                  "(jax.distributed.initialize): TPU VM pods, several GPU hosts. Without the "
+                  "three flags below, JAX finds the cluster itself (Cloud TPU, SLURM, Open "
+                  "MPI).")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0, the same on every "
+                    "host (implies --jax_distributed); default: $JAX_COORDINATOR_ADDRESS.")
+flags.DEFINE_integer("num_processes", None, "Processes (hosts) in the run.")
+flags.DEFINE_integer("process_id", None, "This process's index, 0 on the coordinator.")
+flags.DEFINE_float("distributed_timeout", 300.0, "Seconds to wait for the coordinator and "
+                   "for every process to join.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -27,18 +36,43 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
-  if flags.FLAGS.jax_distributed:
-    jax.distributed.initialize()
+  from simpletron_jax import distributed  # pylint: disable=import-outside-toplevel
+  fl = flags.FLAGS
+  if fl.jax_distributed or fl.coordinator_address:
+    distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,
+                           timeout_s=fl.distributed_timeout)
   config = flags.FLAGS.config
   workdir = flags.FLAGS.workdir or os.path.join(
       "runs", f"{config.task}_{config.model.attention}_seed{config.seed}")
   print(f"devices: {jax.devices()}; workdir: {workdir}")
-  results = train_lib.train_and_evaluate(config, workdir)
+  from simpletron_jax import run_guard  # pylint: disable=import-outside-toplevel
+  try:
+    results = train_lib.train_and_evaluate(config, workdir)
+  except run_guard.RunError as e:  # a named cause: the message, no traceback, exit 1
+    raise SystemExit(f"train.py: {type(e).__name__}: {e}") from None
   print(f"test accuracy {results['test_accuracy']:.4f} (majority class "
         f"{results['test_majority_rate']:.4f}) at best-validation step "
-        f"{results['best_step']}; {results['steps_per_sec']:.2f} steps/s; "
+        f"{results['best_step']}, {results['test_accuracy_final']:.4f} at the final step "
+        f"{results['final_step']}; {results['steps_per_sec']:.2f} steps/s; "
         f"results in {os.path.join(workdir, 'results.json')}")
 
 
+def parse_flags(argv):
+  """absl's flag parsing, except that a ``--config.<field>`` override of a field the config
+  lacks exits with status 1 naming the overrides, instead of ml_collections' traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as e:
+    given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+    field = re.search(r"'(\w+)", str(e))
+    hint = re.search(r'Did you mean "(\w+)"', str(e))
+    raise SystemExit(
+        f"train.py: the config has no field {field.group(1) if field else e!r}"
+        f"{f' (did you mean {hint.group(1)!r}?)' if hint else ''}; overrides: "
+        f"{', '.join(given)}. The options "
+        "of a variant are listed under model.attention_kwargs in its config, e.g. python -c "
+        "\"from configs.listops import simple; print(simple.get_config('tiny').model)\"") from None
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -1,65 +1,71 @@
 """Speed and memory of every attention variant: LRA Table 2 (Tay et al., 2020), reproduced.
 
     python benchmarks/speed_memory.py                       # GPU/TPU: lengths 1K..32K, batch 32
+    python benchmarks/speed_memory.py --dtype bfloat16      # the same in bfloat16
     python benchmarks/speed_memory.py --quick               # CPU: lengths 1K, 2K, 4K, batch 2
     python benchmarks/speed_memory.py --quick --variants softmax simple --lengths 256 512 \
         --out /tmp/speed_memory
+    python benchmarks/speed_memory.py --variants simple --set last_block_cls_only=true
 
 The model is LRA's byte-level text classifier (``text_classification/configs/base_tc_config.py``
 of the LRA code): 4 layers, emb 256, 4 heads, qkv 256, mlp 1024, byte vocabulary 257, 2
 classes, CLS pooling, sinusoidal positions, dropout and attention dropout 0.1, AdamW. Every
 registered variant of :mod:`simpletron_jax.attention` is measured (``attention.names()`` at run
-time), and ``softmax`` twice: ``softmax`` (the LRA einsum form, the ratio baseline) and
-``softmax_fused`` (``jax.nn.dot_product_attention``; it has no attention dropout, so that row
-runs with ``attention_dropout_rate = 0``). A variant whose module has a ``max_length`` field
-(AFT full/local, Linformer, ...) gets ``attention_kwargs.max_length = length + 1`` (CLS).
+time), and ``softmax`` three times: ``softmax`` (the LRA einsum form, the ratio baseline),
+``softmax_xla`` (``jax.nn.dot_product_attention(implementation="xla")``) and
+``softmax_flash`` (``implementation="cudnn"``, cuDNN flash attention, with the key lengths
+taken from the padding mask; off a GPU or in float32 it falls back to XLA and the record's
+``fallbacks`` says why). The fused rows have no attention dropout, so they run with
+``attention_dropout_rate = 0``. A variant whose module has a ``max_length`` field (AFT
+full/local, Linformer, ...) gets ``attention_kwargs.max_length = length + 1`` (CLS).
 
-Per (variant, length), in a fresh subprocess (so GPU peak memory starts from zero and an
-out-of-memory crash cannot take the run down):
+Every (variant, length) cell runs in this one process:
 
+* memory: the compiled step's ``memory_analysis()`` per device, ``argument + output + temp -
+  alias`` bytes (alias = the donated train state). It matched the allocator's
+  ``peak_bytes_in_use`` to 0.01% on an H100 (issue 10), and unlike that peak it is not
+  cumulative over the cells of a process. A cell whose train state or estimate exceeds the
+  memory limit (``--max-memory-gb``; default the device's ``bytes_limit``, on CPU 80% of RAM,
+  times the device count since CPU devices share RAM) is recorded as ``OOM`` before it runs,
+  and the variant's longer lengths are skipped.
 * steps/s: the real pmapped train step of :mod:`simpletron_jax.train_lib` (forward,
-  backward, AdamW update) on random full-length byte sequences. It is compiled
-  (``lower().compile()``), run once to warm up, then timed ``--steps`` times with
-  ``block_until_ready``; the median step time is reported.
-* memory: on GPU/TPU ``device.memory_stats()["peak_bytes_in_use"]`` after the timed steps
-  (largest over local devices); on CPU, which keeps no allocator statistics, the compiled
-  step's ``memory_analysis()`` estimate per device,
-  ``argument + output + temp - alias`` bytes (alias = the donated train state, which is
-  both an argument and an output). Both numbers include parameters and optimizer state.
-* FLOPs: ``compiled.cost_analysis()["flops"]`` of the per-device step; achieved FLOP/s is
-  flops x steps/s and is compared with a timed square ``jnp.dot`` (the machine's matmul
-  peak, measured once per run in the benchmark's dtype).
-
-A variant that runs out of memory at length L is recorded as ``OOM`` and skipped at longer
-lengths. On CPU a config whose train state or compiled memory estimate (times the number of
-local devices, which share host RAM) exceeds ``--max-memory-gb`` (default: 80% of RAM) is
-recorded as ``OOM`` without running it.
+  backward, AdamW) on a random full-length byte batch placed on the devices once. After
+  compiling (``lower().compile()``, through a persistent compilation cache, ``--cache-dir``)
+  and one warm-up step, ``--rounds`` timed runs of ``--steps`` back-to-back steps each block
+  once at their end; the median per-step time is reported.
+* FLOPs: analytic, from the step's jaxpr (:mod:`flops`: every ``dot_general``, 2 FLOPs per
+  multiply-add, plus cuDNN attention), per device. XLA's ``cost_analysis()`` is kept as
+  ``xla_cost_analysis_flops``; on GPU it leaves out cuBLAS and cuDNN calls. Achieved FLOP/s is
+  compared with a timed square ``jnp.dot`` (the matmul peak, measured once per run in the
+  benchmark's dtype).
 
 Writes ``speed_memory.json`` (every raw number, machine, jax version, command line),
 ``speed_memory.md`` (Table 2 layout) and ``speed_memory.png`` (log-log speed and memory
 against length) to ``--out`` (default ``benchmarks/results/<device>/``).
 
-``speed_memory.json`` (schema_version 1):
+``speed_memory.json`` (schema_version 2; version 1 files, one process per cell and XLA's
+FLOPs, still render with :func:`markdown_report`):
 
 * ``command``, ``argv``, ``created`` (UTC ISO time), ``benchmark`` = ``"speed_memory"``.
-* ``settings``: ``labels``, ``lengths``, ``batch``, ``dtype``, ``steps``, ``quick``,
-  ``max_memory_bytes``, ``in_process``, ``timeout_s``, ``model`` (``config.model``),
+* ``settings``: ``labels``, ``lengths``, ``batch``, ``dtype``, ``steps``, ``rounds``,
+  ``quick``, ``max_memory_bytes``, ``in_process`` (True), ``model`` (``config.model``),
   ``vocab_size``, ``num_classes``.
 * ``machine``: ``platform``, ``device_kind``, ``device_slug``, ``n_devices``, ``cpu_count``,
   ``cpus_usable`` (the process's CPU affinity, e.g. under ``taskset``),
   ``host_ram_bytes``, ``device_bytes_limit``, ``python``, ``jax``, ``jaxlib``, ``flax``,
   ``numpy``, ``os``, ``XLA_FLAGS``, ``XLA_PYTHON_CLIENT_MEM_FRACTION`` and ``matmul_peak``
   ``{dtype: {n, dtype, median_s, flops, flops_per_s}}`` for float32 and bfloat16.
-* ``memory_metric`` (what ``memory_bytes`` means), ``baseline`` = ``"softmax"``.
+* ``memory_metric``, ``flops_metric`` (what the numbers mean), ``baseline`` = ``"softmax"``.
 * ``results``: one record per (label, length): ``label``, ``length``, ``batch``, ``status``
-  (``ok`` / ``OOM`` / ``skipped`` / ``timeout`` / ``error``), ``reason``, ``wall_s``; once
-  built also ``attention``, ``attention_kwargs``, ``note``, ``model``,
-  ``train_state_bytes``, ``compile_s``, ``memory_analysis`` (the XLA fields and
-  ``estimate_bytes``), ``flops_per_step_per_device``; when ``ok`` also
-  ``median_s_per_step``, ``steps_per_sec``, ``step_times_s``, ``memory_bytes``,
-  ``memory_source``, ``peak_bytes_in_use``, ``n_devices``, ``final_loss``,
-  ``achieved_flops_per_s_per_device``, ``achieved_fraction_of_peak``, ``fastest_softmax``,
-  ``speedup_vs_softmax``, ``memory_ratio_vs_softmax``, ``speedup_vs_fastest_softmax``,
+  (``ok`` / ``OOM`` / ``skipped`` / ``error``), ``reason``, ``wall_s``; once built also
+  ``attention``, ``attention_kwargs``, ``note``, ``model``, ``train_state_bytes``; once
+  compiled ``compile_s``, ``fallbacks``, ``memory_analysis`` (the XLA fields and
+  ``estimate_bytes``), ``flops_per_step_per_device``, ``flop_count``,
+  ``xla_cost_analysis_flops``; when ``ok`` also ``median_s_per_step``, ``steps_per_sec``,
+  ``step_times_s``, ``memory_bytes``, ``memory_source``, ``peak_bytes_in_use``,
+  ``n_devices``, ``final_loss``, ``achieved_flops_per_s_per_device``,
+  ``achieved_fraction_of_peak``, ``fastest_softmax``, ``speedup_vs_softmax``,
+  ``memory_ratio_vs_softmax``, ``speedup_vs_fastest_softmax``,
   ``memory_ratio_vs_fastest_softmax`` (None where the baseline did not run).
 * ``time_ratio``: ``short``, ``long`` (1024 and 4096 when both run, else the shortest and
   longest lengths) and ``by_label`` ``{label: t(long) / t(short) or None}``.
@@ -71,12 +77,12 @@ import argparse
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import platform
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable
@@ -93,20 +99,29 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
+import flops  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax import attention, models, train_lib  # noqa: E402
+from simpletron_jax.attention import softmax as softmax_attention  # noqa: E402
 
 BYTE_VOCAB = 257           # LRA text: byte ids 1..256, 0 = pad
 NUM_CLASSES = 2
 BASELINE = "softmax"       # einsum softmax: the ratio baseline (LRA's Transformer)
-FUSED = "softmax_fused"
-SOFTMAX_LABELS = (BASELINE, FUSED)
+XLA = "softmax_xla"        # jax.nn.dot_product_attention(implementation="xla")
+FLASH = "softmax_flash"    # jax.nn.dot_product_attention(implementation="cudnn")
+SOFTMAX_LABELS = (BASELINE, XLA, FLASH)
+LEGACY_LABELS = {"softmax_fused": XLA}   # rows of older result files
+FUSED_IMPLEMENTATIONS = {XLA: "xla", FLASH: "flash", "softmax_fused": "xla"}
 DEFAULT_LENGTHS = (1024, 2048, 3072, 4096, 8192, 16384, 32768)
 QUICK_LENGTHS = (1024, 2048, 4096)
 LRA_SHORT, LRA_LONG = 1024, 4096   # LRA Table 2 reports time(4K) / time(1K)
-RESULT_MARK = "SPEED_MEMORY_RESULT "
 GIB = 2.0 ** 30
-STATUSES = ("ok", "OOM", "skipped", "timeout", "error")
+MEMORY_METRIC = ("compiled.memory_analysis() of the pmapped step, argument + output + temp "
+                 "- alias bytes per device (it matched the allocator's peak_bytes_in_use to "
+                 "0.01% on an H100, issue 10)")
+FLOPS_METRIC = ("analytic: the step's dot_general FLOPs (2 per multiply-add) plus cuDNN "
+                "attention, from its jaxpr (benchmarks/flops.py), per device")
+STATUSES = ("ok", "OOM", "skipped", "error")
 
 
 # ----------------------------------------------------------------------------
@@ -163,6 +178,7 @@ def lra_text_config(length: int, attention_name: str, attention_kwargs: dict[str
   config.model.attention_dropout_rate = 0.1
   config.model.learn_pos_emb = False
   config.model.classifier_pool = "CLS"
+  config.model.last_block_cls_only = False
   config.model.dtype = dtype
   for field, value in (model_overrides or {}).items():
     if field not in config.model:
@@ -173,12 +189,13 @@ def lra_text_config(length: int, attention_name: str, attention_kwargs: dict[str
 
 
 def variant_labels() -> list[str]:
-  """Every benchmark row label: the registry names, with ``softmax_fused`` after ``softmax``."""
+  """Every benchmark row label: the registry names, with ``softmax_xla`` and
+  ``softmax_flash`` after ``softmax``."""
   labels = []
   for name in attention.names():
     labels.append(name)
     if name == BASELINE:
-      labels.append(FUSED)
+      labels += [XLA, FLASH]
   return labels
 
 
@@ -204,16 +221,24 @@ class VariantSetup:
 def variant_setup(label: str, length: int) -> VariantSetup:
   """The config of row ``label`` at input ``length`` (tokens, CLS excluded).
 
+  ``softmax_xla`` and ``softmax_flash`` run with ``attention_dropout_rate = 0``: the fused
+  implementations have no attention dropout (``softmax_fused``, the row name of older
+  result files, is ``softmax_xla``).
+
   Raises:
-    ValueError: for a label that is neither a registered attention nor ``softmax_fused``;
+    ValueError: for a label that is neither a registered attention nor a softmax row;
       the message lists the known labels.
   """
   if label == BASELINE:
     return VariantSetup(label, "softmax", {"implementation": "einsum"}, {})
-  if label == FUSED:
-    return VariantSetup(label, "softmax", {"implementation": "fused"},
+  if label in FUSED_IMPLEMENTATIONS:
+    impl = FUSED_IMPLEMENTATIONS[label]
+    what = ("implementation='cudnn', cuDNN flash attention with key lengths from the mask; "
+            "falls back to XLA where it cannot run (logged, see fallbacks)" if impl == "flash"
+            else "implementation='xla'")
+    return VariantSetup(label, "softmax", {"implementation": impl},
                         {"attention_dropout_rate": 0.0},
-                        "jax.nn.dot_product_attention; no attention dropout "
+                        f"jax.nn.dot_product_attention, {what}; no attention dropout "
                         "(attention_dropout_rate=0)")
   if label not in attention.names():
     raise ValueError(f"unknown variant {label!r} (flag --variants); known: "
@@ -344,10 +369,66 @@ def _flops(compiled) -> float | None:
   return float(flops) if flops is not None and flops >= 0 else None
 
 
+def _device_batch(batch: int, length: int, n_dev: int) -> dict[str, jax.Array]:
+  """A random full-length byte batch, sharded onto the local devices once (resident)."""
+  data = step_time.random_batch(np.random.default_rng(0), batch, length, BYTE_VOCAB, n_dev,
+                                NUM_CLASSES)
+  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("devices",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices"))
+  return {k: jax.device_put(v, sharding) for k, v in data.items()}
+
+
+class _FallbackLog(logging.Handler):
+  """Collects the softmax module's fallback warnings while one config compiles."""
+
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.messages: list[str] = []
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.messages.append(record.getMessage())
+
+
+def _compile(p_train, state, data, key, record: dict[str, Any]):
+  """Compiles the pmapped step; records compile time, the softmax fallbacks and FLOPs."""
+  log = _FallbackLog()
+  softmax_logger = logging.getLogger(softmax_attention.__name__)
+  softmax_logger.addHandler(log)
+  softmax_attention._LOGGED_REASONS.clear()   # each config reports its own fallbacks
+  try:
+    start = time.perf_counter()
+    compiled = p_train.lower(state, data, key).compile()
+    record["compile_s"] = time.perf_counter() - start
+    count = flops.function_flops(p_train, state, data, key)
+  finally:
+    softmax_logger.removeHandler(log)
+  record["fallbacks"] = sorted(set(log.messages))
+  record["flop_count"] = dataclasses.asdict(count)
+  record["flops_per_step_per_device"] = count.total
+  record["xla_cost_analysis_flops"] = _flops(compiled)
+  return compiled
+
+
+def _timed_rounds(compiled, state, data, keys, steps: int, rounds: int):
+  """Runs ``rounds`` timed runs of ``steps`` back-to-back steps, blocking once per run.
+
+  Returns:
+    ``(state, sums, per-step seconds of each run)``.
+  """
+  times = []
+  for r in range(rounds):
+    start = time.perf_counter()
+    for i in range(steps):
+      state, sums = compiled(state, data, keys[r * steps + i])
+    jax.block_until_ready((state, sums))
+    times.append((time.perf_counter() - start) / steps)
+  return state, sums, times
+
+
 def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
                    max_memory_bytes: float | None = None,
                    model_overrides: dict[str, Any] | None = None,
-                   in_process: bool = False) -> dict[str, Any]:
+                   rounds: int = 3) -> dict[str, Any]:
   """Steps/s, memory and FLOPs of one (variant, length) in the current process.
 
   Args:
@@ -355,25 +436,27 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
     length: input tokens per example, CLS excluded.
     batch: global batch, split over the local devices by ``pmap``.
     dtype: ``model.dtype``.
-    steps: timed train steps after the warm-up step.
+    steps: train steps per timed run; each run blocks once, at its end.
     max_memory_bytes: if set, a config whose train state or compiled memory estimate
       (times the local device count on CPU, where devices share RAM) exceeds it is recorded
       as ``OOM`` without running.
     model_overrides: extra ``model.*`` fields (tests shrink the model).
-    in_process: recorded in ``memory_source``; on accelerators the allocator peak is then
-      cumulative over earlier configs of the process.
+    rounds: timed runs after the warm-up step; the median per-step time is reported.
 
   Returns:
     A JSON-ready record: ``label``, ``length``, ``batch``, ``status`` (``"ok"``, ``"OOM"``
-    or ``"error"``), ``reason``, and for ``ok``: ``median_s_per_step``,
-    ``steps_per_sec``, ``step_times_s``, ``compile_s``, ``memory_bytes``,
-    ``memory_source``, ``memory_analysis``, ``peak_bytes_in_use``,
-    ``train_state_bytes``, ``flops_per_step_per_device``. Never raises for a failing
-    config; the failure is the record's ``status`` and ``reason``.
+    or ``"error"``), ``reason``; once compiled ``compile_s``, ``memory_analysis``,
+    ``flops_per_step_per_device`` (analytic, :mod:`flops`), ``flop_count``,
+    ``xla_cost_analysis_flops``, ``fallbacks`` (the softmax module's logged fallbacks);
+    for ``ok`` also ``median_s_per_step``, ``steps_per_sec``, ``step_times_s`` (per-step
+    seconds of each timed run), ``memory_bytes`` (the compiled estimate),
+    ``memory_source``, ``peak_bytes_in_use`` (allocator peak, cumulative in a process),
+    ``train_state_bytes``, ``final_loss``. Never raises for a failing config; the failure
+    is the record's ``status`` and ``reason``.
   """
   record: dict[str, Any] = {"label": label, "length": length, "batch": batch,
                             "status": "error", "reason": ""}
-  state = compiled = None
+  state = compiled = data = None
   try:
     setup = variant_setup(label, length)
     overrides = {**setup.model_overrides, **(model_overrides or {})}
@@ -384,9 +467,7 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
     n_dev = jax.local_device_count()
     if batch % n_dev:
       raise ValueError(f"--batch {batch} is not divisible by the {n_dev} local devices")
-    device = jax.local_devices()[0]
-    on_cpu = device.platform == "cpu"
-    host_share = n_dev if on_cpu else 1   # CPU "devices" share one RAM
+    host_share = n_dev if jax.local_devices()[0].platform == "cpu" else 1  # CPUs share RAM
     model = models.build_classifier(config.model, vocab_size=BYTE_VOCAB,
                                     num_classes=NUM_CLASSES)
     rng = jax.random.PRNGKey(config.seed)
@@ -395,51 +476,36 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
     record["train_state_bytes"] = state_bytes
     if max_memory_bytes and state_bytes * host_share > max_memory_bytes:
       record.update(status="OOM", reason=f"train state {state_bytes / GIB:.2f} GiB x "
-                    f"{host_share} exceeds --max-memory-gb {max_memory_bytes / GIB:.2f}")
+                    f"{host_share} exceeds the memory limit {max_memory_bytes / GIB:.2f} GiB")
       return record
     state = flax.jax_utils.replicate(train_lib.create_train_state(config, model, rng))
     p_train, _ = train_lib.pmap_steps(model.apply)
-    data = step_time.random_batch(np.random.default_rng(0), batch, length, BYTE_VOCAB, n_dev,
-                                  NUM_CLASSES)
-    start = time.perf_counter()
-    compiled = p_train.lower(state, data, jax.random.PRNGKey(0)).compile()
-    record["compile_s"] = time.perf_counter() - start
+    data = _device_batch(batch, length, n_dev)
+    keys = jax.random.split(jax.random.PRNGKey(1), 1 + steps * rounds)
+    compiled = _compile(p_train, state, data, keys[0], record)
     analysis = _memory_analysis(compiled)
     record["memory_analysis"] = analysis
-    record["flops_per_step_per_device"] = _flops(compiled)
     if (max_memory_bytes and analysis is not None
         and analysis["estimate_bytes"] * host_share > max_memory_bytes):
       record.update(status="OOM", reason=f"compiled memory estimate "
                     f"{analysis['estimate_bytes'] / GIB:.2f} GiB x {host_share} exceeds "
-                    f"--max-memory-gb {max_memory_bytes / GIB:.2f}")
+                    f"the memory limit {max_memory_bytes / GIB:.2f} GiB")
       return record
-    state, sums = compiled(state, data, jax.random.PRNGKey(0))   # warm-up step
+    state, sums = compiled(state, data, keys[0])   # warm-up step
     jax.block_until_ready(sums)
-    times = []
-    for i in range(steps):
-      start = time.perf_counter()
-      state, sums = compiled(state, data, jax.random.PRNGKey(i + 1))
-      jax.block_until_ready(sums)
-      times.append(time.perf_counter() - start)
+    state, sums, times = _timed_rounds(compiled, state, data, keys[1:], steps, rounds)
     median = statistics.median(times)
     peaks = [(_memory_stats(d) or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
-    peak = max((p for p in peaks if p is not None), default=None)
-    if peak is not None and not on_cpu:
-      memory, source = int(peak), "peak_bytes_in_use"
-      if in_process:
-        source += " (in-process: cumulative over earlier configs)"
-    elif analysis is not None:
-      memory, source = analysis["estimate_bytes"], "memory_analysis"
-    else:
-      memory, source = None, "unavailable"
     record.update(status="ok", median_s_per_step=median, steps_per_sec=1.0 / median,
-                  step_times_s=times, memory_bytes=memory, memory_source=source,
-                  peak_bytes_in_use=peak, n_devices=n_dev,
+                  step_times_s=times, n_devices=n_dev,
+                  memory_bytes=analysis["estimate_bytes"] if analysis else None,
+                  memory_source="memory_analysis" if analysis else "unavailable",
+                  peak_bytes_in_use=max((p for p in peaks if p is not None), default=None),
                   final_loss=float(np.asarray(sums["loss"])[0] / np.asarray(sums["count"])[0]))
   except Exception as error:  # noqa: BLE001  (any failure is this config's result)
     record.update(status="OOM" if _is_oom(error) else "error", reason=_first_line(error))
   finally:
-    del state, compiled
+    del state, compiled, data
   return record
 
 
@@ -447,55 +513,13 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
 # Orchestration.
 
 
-def _worker_env() -> dict[str, str]:
-  env = dict(os.environ)
-  # Let a worker's allocator use most of an accelerator (JAX's default is 75%).
-  env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
-  return env
-
-
-def _run_worker(task: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
-  """Runs ``task`` (``{"task": "machine" | "config", ...}``) in a fresh Python process.
-
-  Returns:
-    The worker's result dict, or for a config that crashed or hung a record with status
-    ``OOM`` (killed by SIGKILL, as the host OOM killer does), ``timeout`` or ``error``.
-  """
-  cmd = [sys.executable, os.path.abspath(__file__), "--_worker", json.dumps(task)]
-  base = {k: task[k] for k in ("label", "length", "batch") if k in task}
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
-                          env=_worker_env(), check=False)
-  except subprocess.TimeoutExpired:
-    return {**base, "status": "timeout", "reason": f"worker exceeded --timeout-s {timeout_s}"}
-  for line in reversed(proc.stdout.splitlines()):
-    if line.startswith(RESULT_MARK):
-      return json.loads(line[len(RESULT_MARK):])
-  if proc.returncode in (-9, 137):
-    return {**base, "status": "OOM", "reason": "worker killed by SIGKILL (host out of memory?)"}
-  tail = " | ".join(proc.stderr.strip().splitlines()[-3:])[-500:]
-  if task["task"] == "machine":
-    raise RuntimeError(f"the machine-info worker failed (exit {proc.returncode}): {tail}")
-  return {**base, "status": "OOM" if "RESOURCE_EXHAUSTED" in proc.stderr else "error",
-          "reason": f"worker exit {proc.returncode}: {tail}"}
-
-
-def _worker_main(task_json: str) -> None:
-  task = json.loads(task_json)
-  kind = task.pop("task")
-  if kind == "machine":
-    result = machine_info(task.get("matmul_n"))
-  else:
-    result = measure_config(**task)
-  print(RESULT_MARK + json.dumps(result), flush=True)
-
-
 def add_ratios(results: list[dict[str, Any]]) -> None:
   """Adds, in place, each ok record's ratios to the softmax rows at the same length.
 
   ``speedup_vs_softmax`` = steps/s over einsum softmax's, ``memory_ratio_vs_softmax`` =
-  memory over its memory; ``*_vs_fastest_softmax`` use whichever of ``softmax`` and
-  ``softmax_fused`` has the most steps/s at that length (named in ``fastest_softmax``).
+  memory over its memory; ``*_vs_fastest_softmax`` use whichever of ``softmax``,
+  ``softmax_xla`` and ``softmax_flash`` (or an older file's ``softmax_fused``) has the most
+  steps/s at that length (named in ``fastest_softmax``).
   A ratio is None where its baseline did not run.
   """
   by_key = {(r["label"], r["length"]): r for r in results if r["status"] == "ok"}
@@ -504,7 +528,8 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
       continue
     length = record["length"]
     base = by_key.get((BASELINE, length))
-    softmaxes = [by_key[(s, length)] for s in SOFTMAX_LABELS if (s, length) in by_key]
+    softmaxes = [by_key[(s, length)] for s in (*SOFTMAX_LABELS, *LEGACY_LABELS)
+                 if (s, length) in by_key]
     fastest = max(softmaxes, key=lambda r: r["steps_per_sec"], default=None)
     record["fastest_softmax"] = fastest["label"] if fastest else None
     for suffix, ref in (("softmax", base), ("fastest_softmax", fastest)):
@@ -523,27 +548,33 @@ def time_ratio_lengths(lengths: list[int]) -> tuple[int, int]:
   return min(lengths), max(lengths)
 
 
+def default_memory_limit(machine: dict[str, Any]) -> float | None:
+  """The OOM threshold when ``--max-memory-gb`` is not given: the accelerator's
+  ``bytes_limit`` (``device.memory_stats()``), or 80% of RAM on CPU; None if unknown."""
+  if machine["platform"] != "cpu":
+    return machine.get("device_bytes_limit")
+  return 0.8 * machine["host_ram_bytes"] if machine.get("host_ram_bytes") else None
+
+
 def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = None,
                   batch: int = 32, dtype: str = "float32", steps: int = 10,
-                  max_memory_gb: float | None = None, in_process: bool = False,
-                  timeout_s: float | None = None, matmul_n: int | None = None,
+                  max_memory_gb: float | None = None, matmul_n: int | None = None,
                   model_overrides: dict[str, Any] | None = None,
                   log: Callable[[str], None] = print,
-                  partial_path: str | None = None, resume: bool = False) -> dict[str, Any]:
-  """Measures every (variant, length) and returns the ``speed_memory.json`` payload.
+                  partial_path: str | None = None, resume: bool = False,
+                  rounds: int = 3) -> dict[str, Any]:
+  """Measures every (variant, length) in this process and returns the JSON payload.
 
   Lengths run in the outer loop, so a slow spell on a shared machine hits all variants of a
-  length alike. Once a variant is ``OOM`` (or ``timeout``) at a length, its longer lengths
-  are recorded as ``skipped``.
+  length alike. A config is recorded as ``OOM`` before it runs when its train state or its
+  compiled memory estimate exceeds the memory limit; an ``OOM`` (estimated or raised) at a
+  length marks the variant's longer lengths ``skipped``.
 
   Args:
     labels: row labels (default :func:`variant_labels`, read from the registry now).
     lengths: input lengths in tokens (default ``DEFAULT_LENGTHS``).
-    batch, dtype, steps: see :func:`measure_config`.
-    max_memory_gb: CPU guard (see :func:`measure_config`); default on CPU: 80% of RAM.
-    in_process: measure in this process instead of one subprocess per config (tests; GPU
-      memory is then cumulative and an OOM may leave the process unstable).
-    timeout_s: per-config wall-clock limit of a subprocess (None: no limit).
+    batch, dtype, steps, rounds: see :func:`measure_config`.
+    max_memory_gb: the memory limit in GiB; default :func:`default_memory_limit`.
     matmul_n: matrix side of the matmul-peak measurement.
     model_overrides: extra ``model.*`` fields (tests shrink the model).
     log: progress sink, one line per config.
@@ -557,27 +588,25 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
     The ``speed_memory.json`` payload; its schema is in the module docstring.
 
   Raises:
-    ValueError: for an unknown label, a non-positive length, batch or steps.
+    ValueError: for an unknown label, a non-positive length, batch, steps or rounds.
   """
   labels = list(labels or variant_labels())
   lengths = sorted(set(lengths or DEFAULT_LENGTHS))
   for label in labels:
     variant_setup(label, lengths[0])   # fail fast on unknown labels
-  if min(lengths) <= 0 or batch <= 0 or steps <= 0:
-    raise ValueError(f"--lengths, --batch and --steps must be positive; got {lengths}, "
-                     f"{batch}, {steps}")
+  if min(lengths) <= 0 or batch <= 0 or steps <= 0 or rounds <= 0:
+    raise ValueError(f"--lengths, --batch, --steps and --rounds must be positive; got "
+                     f"{lengths}, {batch}, {steps}, {rounds}")
   log("measuring the machine (matmul peak) ...")
-  machine = (machine_info(matmul_n) if in_process
-             else _run_worker({"task": "machine", "matmul_n": matmul_n}, None))
+  machine = machine_info(matmul_n)
   peak = machine["matmul_peak"][dtype]["flops_per_s"]
   log(f"device {machine['device_kind']} x{machine['n_devices']} ({machine['platform']}), "
       f"jax {machine['jax']}; {dtype} matmul peak {peak / 1e12:.3g} TFLOP/s")
-  max_memory_bytes = max_memory_gb * GIB if max_memory_gb else None
-  if max_memory_bytes is None and machine["platform"] == "cpu" and machine["host_ram_bytes"]:
-    max_memory_bytes = 0.8 * machine["host_ram_bytes"]
+  max_memory_bytes = max_memory_gb * GIB if max_memory_gb else default_memory_limit(machine)
   results: list[dict[str, Any]] = []
   blocked: dict[str, str] = {}
-  key = {"batch": batch, "dtype": dtype, "steps": steps, "model_overrides": model_overrides}
+  key = {"batch": batch, "dtype": dtype, "steps": steps, "rounds": rounds,
+         "model_overrides": model_overrides}
   earlier = {}
   if partial_path:
     partial_path = partial_path.replace("{device}", machine["device_slug"])
@@ -594,31 +623,37 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
       done += 1
       if (label, length) in earlier:
         record = {**earlier[(label, length)], "resumed": True}
-        if record["status"] in ("OOM", "timeout"):
-          blocked[label] = f"{record['status']} at length {length}"
       elif label in blocked:
         record = {"label": label, "length": length, "batch": batch, "status": "skipped",
                   "reason": blocked[label]}
       else:
-        task = {"label": label, "length": length, "batch": batch, "dtype": dtype,
-                "steps": steps, "max_memory_bytes": max_memory_bytes,
-                "model_overrides": model_overrides}
         start = time.perf_counter()
-        record = (measure_config(**task, in_process=True) if in_process
-                  else _run_worker({"task": "config", **task}, timeout_s))
+        record = measure_config(label=label, length=length, batch=batch, dtype=dtype,
+                                steps=steps, max_memory_bytes=max_memory_bytes,
+                                model_overrides=model_overrides, rounds=rounds)
         record["wall_s"] = time.perf_counter() - start
-        if record["status"] in ("OOM", "timeout"):
-          blocked[label] = f"{record['status']} at length {length}"
         if partial_path:
           with open(partial_path, "a") as f:
             f.write(json.dumps({**key, "record": record}) + "\n")
-      if record["status"] == "ok" and record.get("flops_per_step_per_device"):
-        record["achieved_flops_per_s_per_device"] = (record["flops_per_step_per_device"]
-                                                     * record["steps_per_sec"])
-        record["achieved_fraction_of_peak"] = record["achieved_flops_per_s_per_device"] / peak
+      if record["status"] == "OOM":
+        blocked.setdefault(label, f"OOM at length {length}")
+      _add_achieved_flops(record, peak)
       results.append(record)
       log(f"[{done}/{total}] {_progress(record)}")
   add_ratios(results)
+  return _payload(labels, lengths, batch, dtype, steps, rounds, max_memory_bytes, machine,
+                  model_overrides, results)
+
+
+def _add_achieved_flops(record: dict[str, Any], peak: float) -> None:
+  if record["status"] == "ok" and record.get("flops_per_step_per_device"):
+    record["achieved_flops_per_s_per_device"] = (record["flops_per_step_per_device"]
+                                                 * record["steps_per_sec"])
+    record["achieved_fraction_of_peak"] = record["achieved_flops_per_s_per_device"] / peak
+
+
+def _payload(labels, lengths, batch, dtype, steps, rounds, max_memory_bytes, machine,
+             model_overrides, results) -> dict[str, Any]:
   short, long_ = time_ratio_lengths(lengths)
   ok = {(r["label"], r["length"]): r for r in results if r["status"] == "ok"}
   growth = {label: (ok[(label, long_)]["median_s_per_step"] / ok[(label, short)]
@@ -626,19 +661,17 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
                     if (label, short) in ok and (label, long_) in ok and short != long_
                     else None) for label in labels}
   return {
-      "schema_version": 1, "benchmark": "speed_memory",
+      "schema_version": 2, "benchmark": "speed_memory",
       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "settings": {"labels": labels, "lengths": lengths, "batch": batch, "dtype": dtype,
-                   "steps": steps, "max_memory_bytes": max_memory_bytes,
-                   "in_process": in_process, "timeout_s": timeout_s, "quick": False,
+                   "steps": steps, "rounds": rounds, "max_memory_bytes": max_memory_bytes,
+                   "in_process": True, "quick": False,
                    "model": lra_text_config(lengths[0], "softmax", {}, batch, dtype,
                                             model_overrides).model.to_dict(),
                    "vocab_size": BYTE_VOCAB, "num_classes": NUM_CLASSES},
       "machine": machine,
-      "memory_metric": (
-          "accelerators: max over local devices of device.memory_stats()['peak_bytes_in_use'] "
-          "after the timed steps (fresh process per config); CPU: compiled.memory_analysis() "
-          "argument + output + temp - alias bytes per device"),
+      "memory_metric": MEMORY_METRIC,
+      "flops_metric": FLOPS_METRIC,
       "baseline": BASELINE, "results": results,
       "time_ratio": {"short": short, "long": long_, "by_label": growth},
   }
@@ -703,6 +736,19 @@ def _cell(record: dict[str, Any] | None, value_key: str, ratio_key: str | None,
   return f"{text} ({ratio:.2f}x)" if ratio is not None else text
 
 
+_OLD_FLOPS_METRIC = ("XLA's `cost_analysis()` of the compiled step, which leaves out custom "
+                     "calls (cuBLAS, cuDNN) and may count loops once")
+
+
+def _timing_text(settings: dict[str, Any]) -> str:
+  if "rounds" not in settings:   # schema 1: one block per step, a process per cell
+    return (f"median of {settings['steps']} timed steps after a warm-up step, one fresh "
+            "process per cell" + (" (here: in-process)" if settings["in_process"] else ""))
+  return (f"median over {settings['rounds']} timed runs of {settings['steps']} back-to-back "
+          "steps (one block per run, batch resident on the device) after a warm-up step, "
+          "every cell in one process")
+
+
 def markdown_report(payload: dict[str, Any]) -> str:
   """The ``speed_memory.md`` text: LRA Table 2 layout (rows = variants, columns = lengths)."""
   settings, machine = payload["settings"], payload["machine"]
@@ -755,9 +801,7 @@ def markdown_report(payload: dict[str, Any]) -> str:
       f"vocabulary {settings['vocab_size']}, {settings['num_classes']} classes, CLS pooling, "
       f"sinusoidal positions, dropout {model['dropout_rate']}; batch {settings['batch']}, "
       f"{settings['dtype']}. Each cell is the full pmapped train step (forward, backward, "
-      f"AdamW) on random full-length byte sequences: median of {settings['steps']} timed "
-      "steps after a warm-up step, one fresh process per cell"
-      + (" (here: in-process)" if settings["in_process"] else "") + ".", "",
+      f"AdamW) on random full-length byte sequences: {_timing_text(settings)}.", "",
       *([f"Command: `{payload['command']}`", ""] if payload.get("command") else []),
       f"## Training steps per second (speed-up vs `{payload['baseline']}`)", "",
       *speed, "",
@@ -770,14 +814,18 @@ def markdown_report(payload: dict[str, Any]) -> str:
       f"## Achieved TFLOP/s per device (share of the measured {settings['dtype']} matmul peak, "
       f"{peak['flops_per_s'] / 1e12:.3g} TFLOP/s at n={peak['n']})", "",
       head, rule, *rows(flops_cell), "",
-      "FLOPs per step are XLA's `cost_analysis()` of the compiled step; XLA does not count "
-      "custom calls (e.g. cuDNN fused attention), so `softmax_fused` on GPU is undercounted, "
-      "and loops (`while`/`scan`) may be counted once.", "",
-      "Cells: `OOM` = out of memory (or over `--max-memory-gb` on CPU), `-` = skipped after "
-      "an OOM or timeout at a shorter length, `error` = see `reason` in speed_memory.json.",
+      "FLOPs per step: " + payload.get("flops_metric", _OLD_FLOPS_METRIC) + ".", "",
+      "Cells: `OOM` = out of memory, or estimated over the memory limit before running, "
+      "`-` = skipped after an OOM at a shorter length, `error` = see `reason` in "
+      "speed_memory.json.",
   ]
   if notes:
     lines += ["", "Variant settings: " + "; ".join(notes) + "."]
+  fallbacks = sorted({f"`{r['label']}`: {m}" for r in payload["results"]
+                      for m in r.get("fallbacks", ())})
+  if fallbacks:
+    lines += ["", "Implementation fallbacks logged while compiling (the function is "
+              "unchanged): " + "; ".join(fallbacks) + "."]
   return "\n".join(lines) + "\n"
 
 
@@ -852,7 +900,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--variants", nargs="+", default=None,
                       help="row labels (default: every registered attention plus "
-                      "softmax_fused)")
+                      "softmax_xla and softmax_flash)")
   parser.add_argument("--lengths", nargs="+", type=int, default=None,
                       help=f"input lengths (default {' '.join(map(str, DEFAULT_LENGTHS))}; "
                       f"--quick: {' '.join(map(str, QUICK_LENGTHS))})")
@@ -861,45 +909,74 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="model.dtype")
   parser.add_argument("--steps", type=int, default=None,
-                      help="timed steps per cell (default 10; --quick: 5)")
+                      help="steps per timed run (default 10; --quick: 2)")
+  parser.add_argument("--rounds", type=int, default=3,
+                      help="timed runs per cell; each blocks once (default 3)")
+  parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
+                      help="model.* overrides for every cell, e.g. last_block_cls_only=true "
+                      "(values parsed as JSON, else kept as strings)")
+  parser.add_argument("--cache-dir", default=os.path.join(
+      os.path.expanduser("~"), ".cache", "simpletron_jax", "jax_compilation_cache"),
+                      help="persistent XLA compilation cache ('' to disable)")
   parser.add_argument("--quick", action="store_true",
-                      help="CPU mode: batch 2, lengths 1K, 2K and 4K, 5 steps (every variant: "
-                      "about an hour on one core; a few variants: minutes)")
+                      help="CPU mode: batch 2, lengths 1K, 2K and 4K, 2 steps x 3 runs "
+                      "(every variant: most of an hour on one core; a few: minutes)")
   parser.add_argument("--out", default=None,
                       help="results folder (default benchmarks/results/<device>/)")
   parser.add_argument("--max-memory-gb", type=float, default=None,
-                      help="record OOM for a config whose train state or compiled memory "
-                      "estimate exceeds this (default on CPU: 80%% of RAM)")
-  parser.add_argument("--timeout-s", type=float, default=None,
-                      help="per-cell wall-clock limit; a cell over it is 'timeout' and the "
-                      "variant's longer lengths are skipped")
+                      help="record OOM, without running it, for a config whose train state "
+                      "or compiled memory estimate exceeds this (default: the device's "
+                      "bytes_limit; CPU: 80%% of RAM)")
   parser.add_argument("--matmul-n", type=int, default=None,
                       help="matrix side for the matmul peak (default 8192; CPU 1024)")
   parser.add_argument("--in-process", action="store_true",
-                      help="no subprocess per cell (GPU memory becomes cumulative)")
+                      help="accepted for old commands; every cell runs in this process")
   parser.add_argument("--resume", action="store_true",
                       help="reuse the records of an interrupted run with the same settings "
                       "(<out>/speed_memory.partial.jsonl)")
-  parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
   return parser.parse_args(argv)
+
+
+def parse_overrides(items) -> dict[str, Any]:
+  """``["last_block_cls_only=true", ...]`` -> ``{"last_block_cls_only": True}`` (JSON values).
+
+  Raises:
+    ValueError: for an item without ``=`` (flag --set).
+  """
+  out = {}
+  for item in items:
+    field, sep, value = item.partition("=")
+    if not sep:
+      raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+    try:
+      out[field] = json.loads(value)
+    except json.JSONDecodeError:
+      out[field] = value
+  return out
+
+
+def enable_compilation_cache(path: str) -> None:
+  """Turns on JAX's persistent compilation cache in ``path`` (every compile is cached)."""
+  if path:
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   """Runs the benchmark from the command line, writes the outputs, prints the tables."""
   args = parse_args(argv)
-  if args._worker is not None:
-    _worker_main(args._worker)
-    return {}
+  enable_compilation_cache(args.cache_dir)
   out = args.out or os.path.join(ROOT, "benchmarks", "results", "{device}")
   partial = os.path.join(out, "speed_memory.partial.jsonl")
   payload = run_benchmark(
       labels=args.variants, lengths=args.lengths or (QUICK_LENGTHS if args.quick
                                                      else DEFAULT_LENGTHS),
       batch=args.batch or (2 if args.quick else 32), dtype=args.dtype,
-      steps=args.steps or (5 if args.quick else 10), max_memory_gb=args.max_memory_gb,
-      in_process=args.in_process, timeout_s=args.timeout_s, matmul_n=args.matmul_n,
+      steps=args.steps or (2 if args.quick else 10), max_memory_gb=args.max_memory_gb,
+      matmul_n=args.matmul_n, model_overrides=parse_overrides(args.set) or None,
       log=lambda line: print(line, file=sys.stderr, flush=True), partial_path=partial,
-      resume=args.resume)
+      resume=args.resume, rounds=args.rounds)
   payload["argv"] = sys.argv if argv is None else [sys.argv[0], *argv]
   payload["command"] = "python " + shlex.join(payload["argv"])
   payload["settings"]["quick"] = args.quick

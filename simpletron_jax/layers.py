@@ -13,6 +13,7 @@ from simpletron_jax import attention
 from simpletron_jax.attention.base import BIAS_INIT, KERNEL_INIT
 
 LN_EPSILON = 1e-6
+POS_EMB_INITS = {"normal": nn.initializers.normal(stddev=0.02), "zeros": nn.initializers.zeros}
 
 
 def sinusoidal_table(max_len: int, dim: int) -> np.ndarray:
@@ -41,17 +42,21 @@ class AddPositionEmbs(nn.Module):
 
   Attributes:
     max_len: positions available, in tokens (``max_length + 1`` with CLS).
-    learned: learned table initialised normal(0.02) (SimpleTRON, LRA
-      ``learn_pos_emb``) instead of the fixed sinusoidal one (LRA default).
+    learned: learned table (SimpleTRON, LRA ``learn_pos_emb``) instead of the fixed
+      sinusoidal one (LRA default).
+    init: initialiser of the learned table: ``"normal"`` (normal(0.02), as LRA's
+      ``AddPositionEmbs``) or ``"zeros"`` (the SimpleTRON authors' ``TEmbedding``).
 
   Call: ``x_BxLxE -> x_BxLxE`` with positions ``0..L-1`` added.
 
   Raises:
-    ValueError: if ``L > max_len``.
+    ValueError: if ``L > max_len``, or for an unknown ``init`` (config field
+      ``model.pos_emb_init``).
   """
 
   max_len: int
   learned: bool = False
+  init: str = "normal"
 
   @nn.compact
   def __call__(self, x_BxLxE):
@@ -59,9 +64,11 @@ class AddPositionEmbs(nn.Module):
     if length > self.max_len:
       raise ValueError(f"sequence of {length} positions exceeds max_len={self.max_len} "
                        "(config field model.max_length)")
+    if self.init not in POS_EMB_INITS:
+      raise ValueError(f"model.pos_emb_init={self.init!r}; expected one of "
+                       f"{sorted(POS_EMB_INITS)}")
     if self.learned:
-      table = self.param("pos_embedding", nn.initializers.normal(stddev=0.02),
-                         (self.max_len, dim))
+      table = self.param("pos_embedding", POS_EMB_INITS[self.init], (self.max_len, dim))
     else:
       table = jnp.asarray(sinusoidal_table(self.max_len, dim))
     return x_BxLxE + table[None, :length].astype(x_BxLxE.dtype)
@@ -101,9 +108,18 @@ class EncoderBlock(nn.Module):
     num_heads, qkv_dim, mlp_dim: sizes.
     dropout_rate: residual and MLP dropout.
     attention_dropout_rate: dropout inside attention.
+    attention_branch_dropout: True (default, LRA) applies ``Dropout`` to the attention
+      branch as above; False leaves it out (the SimpleTRON authors' ``TBlock``).
+    num_queries: 0 (default): every position. N > 0: only the first N positions are
+      updated and returned, ``[B, N, E]``: attention still reads every position as keys
+      and values, while the residuals, the second LayerNorm and the MLP run on N
+      positions (the last block under CLS pooling, which reads position 0 only). Variants
+      with a ``num_queries`` field compute only N query rows; the others compute every
+      row and slice, so the output is exact for every variant.
     dtype: computation dtype.
 
-  Call: ``(x_BxLxE, mask_BxL, deterministic) -> x_BxLxE``.
+  Call: ``(x_BxLxE, mask_BxL, deterministic) -> x_BxLxE`` (``[B, N, E]`` with
+  ``num_queries``).
   """
 
   attention: str
@@ -113,18 +129,25 @@ class EncoderBlock(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   attention_kwargs: Mapping[str, Any] | None = None
+  attention_branch_dropout: bool = True
+  num_queries: int = 0
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x0_BxLxE, mask_BxL, *, deterministic: bool):
     spec = attention.get(self.attention)
     emb_dim = x0_BxLxE.shape[-1]
+    kwargs = dict(self.attention_kwargs or {})
+    if self.num_queries and "num_queries" in spec.module_fields():
+      kwargs["num_queries"] = self.num_queries
     y = nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype)(x0_BxLxE)
     y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=emb_dim,
                    dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-                   name="attention", **dict(self.attention_kwargs or {}))(
-                       y, mask_BxL, deterministic=deterministic)
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+                   name="attention", **kwargs)(y, mask_BxL, deterministic=deterministic)
+    if self.num_queries:
+      y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
+    if self.attention_branch_dropout:
+      y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     x1_BxLxE = x0_BxLxE + y
     y = nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype)(x1_BxLxE)
     y = MlpBlock(self.mlp_dim, dropout_rate=self.dropout_rate, dtype=self.dtype)(

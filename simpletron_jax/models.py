@@ -13,6 +13,11 @@ import ml_collections
 from simpletron_jax import attention, layers
 
 POOLINGS = ("CLS", "MEAN")
+# Classifier-head activations: LRA's ReLU, or the SimpleTRON authors' torch ``nn.GELU``
+# (the exact erf form).
+HEAD_ACTIVATIONS = {"relu": nn.relu, "gelu": lambda x: nn.gelu(x, approximate=False)}
+# Retrieval: how the two pooled documents u, v meet (LRA ``classifier_head_dual``).
+INTERACTIONS = ("concat", "nli")
 
 
 class Encoder(nn.Module):
@@ -23,11 +28,29 @@ class Encoder(nn.Module):
     emb_dim, num_heads, qkv_dim, mlp_dim, num_layers: sizes (LRA names).
     max_length: longest input in tokens, excluding CLS.
     attention: registry name; see ``simpletron_jax.attention.names()``.
-    attention_kwargs: variant options.
+    attention_per_layer: one registry name per block (length ``num_layers``), or empty
+      for ``attention`` in every block (the attention swaps of Chan & Ong's linear-attention
+      study).
+    attention_kwargs: options of ``attention``; blocks of another attention (through
+      ``attention_per_layer``) use that variant's defaults.
     dropout_rate, attention_dropout_rate: dropout rates.
     learn_pos_emb: learned (True) or sinusoidal (False) positions.
     classifier_pool: ``"CLS"`` (a learned zero-initialised token prepended,
       its final state pooled) or ``"MEAN"`` (mean over real tokens only).
+    pos_emb_init: learned positions' initialiser, ``"normal"`` (LRA) or ``"zeros"``
+      (the SimpleTRON authors); see :class:`layers.AddPositionEmbs`.
+    embedding_dropout: dropout on the embeddings (LRA, default) or none (the authors).
+    attention_branch_dropout: see :class:`layers.EncoderBlock` (False: the authors).
+    final_layer_norm: LayerNorm after the blocks (LRA, default); the authors' matching
+      model has none.
+    zero_pad_embedding: if True, token id 0 embeds to the zero vector, as the authors'
+      ``nn.Embedding(padding_idx=0)`` (their pads then carry only their positions).
+      Tokens only: the CLS vector is unaffected.
+    last_block_cls_only: with CLS pooling, the last block updates position 0 only (its
+      attention still reads every position as keys and values; see
+      :class:`layers.EncoderBlock` ``num_queries``). The logits are those of the full
+      block; only the random dropout masks of that block are drawn for the smaller shape.
+      Saves the last block's MLP and residual work on L - 1 positions. Ignored for MEAN.
     dtype: activation dtype, e.g. ``jnp.float32`` or ``jnp.bfloat16``.
 
   Call: ``(tokens_BxL int, mask_BxL bool | None, deterministic) -> [B, E]``
@@ -43,11 +66,18 @@ class Encoder(nn.Module):
   num_layers: int
   max_length: int
   attention: str = "softmax"
+  attention_per_layer: tuple[str, ...] = ()
   attention_kwargs: Mapping[str, Any] | None = None
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   learn_pos_emb: bool = False
   classifier_pool: str = "CLS"
+  pos_emb_init: str = "normal"
+  embedding_dropout: bool = True
+  attention_branch_dropout: bool = True
+  final_layer_norm: bool = True
+  zero_pad_embedding: bool = False
+  last_block_cls_only: bool = False
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -58,6 +88,8 @@ class Encoder(nn.Module):
     x_BxLxE = nn.Embed(self.vocab_size, self.emb_dim,
                        embedding_init=nn.initializers.normal(stddev=1.0),
                        name="embed")(tokens_BxL.astype(jnp.int32))
+    if self.zero_pad_embedding:
+      x_BxLxE = x_BxLxE * (tokens_BxL != 0)[..., None].astype(x_BxLxE.dtype)
     max_len = self.max_length
     if self.classifier_pool == "CLS":
       cls_1x1xE = self.param("cls", nn.initializers.zeros, (1, 1, self.emb_dim))
@@ -66,22 +98,35 @@ class Encoder(nn.Module):
       mask_BxL = jnp.concatenate([jnp.ones_like(mask_BxL[:, :1]), mask_BxL], axis=1)
       max_len += 1
     x_BxLxE = layers.AddPositionEmbs(max_len, learned=self.learn_pos_emb,
-                                     name="posembed")(x_BxLxE)
-    x_BxLxE = nn.Dropout(self.dropout_rate)(x_BxLxE, deterministic=deterministic)
+                                     init=self.pos_emb_init, name="posembed")(x_BxLxE)
+    if self.embedding_dropout:
+      x_BxLxE = nn.Dropout(self.dropout_rate)(x_BxLxE, deterministic=deterministic)
     x_BxLxE = x_BxLxE.astype(self.dtype)
+    names = layer_attentions(self.attention, self.attention_per_layer, self.num_layers)
     for i in range(self.num_layers):
       x_BxLxE = layers.EncoderBlock(
-          attention=self.attention, attention_kwargs=self.attention_kwargs,
+          attention=names[i],
+          attention_kwargs=self.attention_kwargs if names[i] == self.attention else None,
           num_heads=self.num_heads, qkv_dim=self.qkv_dim, mlp_dim=self.mlp_dim,
           dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+          attention_branch_dropout=self.attention_branch_dropout,
+          num_queries=self._block_queries(i),
           name=f"encoderblock_{i}")(x_BxLxE, mask_BxL, deterministic=deterministic)
-    x_BxLxE = nn.LayerNorm(epsilon=layers.LN_EPSILON, dtype=self.dtype,
-                           name="encoder_norm")(x_BxLxE).astype(jnp.float32)
+    if self.final_layer_norm:
+      x_BxLxE = nn.LayerNorm(epsilon=layers.LN_EPSILON, dtype=self.dtype,
+                             name="encoder_norm")(x_BxLxE)
+    x_BxLxE = x_BxLxE.astype(jnp.float32)
     if self.classifier_pool == "CLS":
       return x_BxLxE[:, 0]
     m_BxLx1 = mask_BxL[..., None].astype(jnp.float32)
     return (x_BxLxE * m_BxLx1).sum(1) / jnp.maximum(m_BxLx1.sum(1), 1.0)
+
+  def _block_queries(self, i: int) -> int:
+    """Positions block ``i`` updates: 1 (CLS) for the last block with
+    ``last_block_cls_only`` and CLS pooling, else 0 (all)."""
+    cls_only = self.last_block_cls_only and self.classifier_pool == "CLS"
+    return 1 if cls_only and i == self.num_layers - 1 else 0
 
 
 class ClassificationEncoder(nn.Module):
@@ -90,35 +135,41 @@ class ClassificationEncoder(nn.Module):
   Attributes:
     encoder: the :class:`Encoder` settings.
     num_classes: number of labels.
+    head_activation: a key of :data:`HEAD_ACTIVATIONS`: ``"relu"`` (LRA) or ``"gelu"``
+      (the SimpleTRON authors' ``TClassifier``).
 
   Call: ``(tokens_BxL, mask_BxL | None, deterministic) -> logits_BxC`` float32.
   """
 
   encoder: Encoder
   num_classes: int
+  head_activation: str = "relu"
 
   @nn.compact
   def __call__(self, tokens_BxL, mask_BxL=None, *, deterministic: bool = True):
     pooled_BxE = self.encoder(tokens_BxL, mask_BxL, deterministic=deterministic)
     h = nn.Dense(self.encoder.mlp_dim, kernel_init=layers.KERNEL_INIT,
                  bias_init=layers.BIAS_INIT, name="head_hidden")(pooled_BxE)
-    h = nn.relu(h)
+    h = HEAD_ACTIVATIONS[self.head_activation](h)
     return nn.Dense(self.num_classes, kernel_init=layers.KERNEL_INIT,
                     bias_init=layers.BIAS_INIT, name="head_logits")(h)
 
 
 class DualEncoderClassifier(nn.Module):
-  """LRA's matching model: one shared encoder for both documents and an NLI-style head.
+  """LRA's matching model: one shared encoder for both documents and a two-layer head.
 
   Follows LRA ``models/transformer/transformer.py`` (``TransformerDualEncoder``) with
-  ``models/layers/common_layers.py`` ``classifier_head_dual(interaction="NLI")``: the pooled
-  encodings ``u``, ``v`` of the two documents are concatenated as ``[u, v, u * v, u - v]``
-  (``[B, 4E]``) and fed to Dense(mlp_dim) -> ReLU -> Dense(mlp_dim // 2) -> ReLU ->
-  Dense(num_classes).
+  ``models/layers/common_layers.py`` ``classifier_head_dual``: the pooled encodings ``u``,
+  ``v`` of the two documents are combined by ``interaction`` and fed to Dense(mlp_dim) ->
+  act -> Dense(mlp_dim // 2) -> act -> Dense(num_classes).
 
   Attributes:
     encoder: the :class:`Encoder` settings, shared by both documents.
     num_classes: number of labels.
+    interaction: ``"concat"`` (default): ``[u, v]`` (``[B, 2E]``), what LRA's code ran
+      (``interaction=None``) and the SimpleTRON authors' ``DualClassifier``; ``"nli"``:
+      ``[u, v, u * v, u - v]`` (``[B, 4E]``), the LRA paper's text.
+    head_activation: a key of :data:`HEAD_ACTIVATIONS` (ReLU in LRA and the authors).
 
   Call: ``(tokens1_BxL, mask1_BxL | None, tokens2_BxL2, mask2_BxL2 | None,
   deterministic) -> logits_BxC`` float32. ``L`` and ``L2`` may differ.
@@ -129,6 +180,8 @@ class DualEncoderClassifier(nn.Module):
 
   encoder: Encoder
   num_classes: int
+  interaction: str = "concat"
+  head_activation: str = "relu"
 
   @nn.compact
   def __call__(self, tokens1_BxL, mask1_BxL=None, tokens2_BxL=None, mask2_BxL=None, *,
@@ -137,16 +190,42 @@ class DualEncoderClassifier(nn.Module):
       raise ValueError("the dual encoder needs two documents (batch keys inputs and inputs2)")
     u_BxE = self.encoder(tokens1_BxL, mask1_BxL, deterministic=deterministic)
     v_BxE = self.encoder(tokens2_BxL, mask2_BxL, deterministic=deterministic)
-    h = jnp.concatenate([u_BxE, v_BxE, u_BxE * v_BxE, u_BxE - v_BxE], axis=-1)
+    parts = [u_BxE, v_BxE]
+    if self.interaction == "nli":
+      parts += [u_BxE * v_BxE, u_BxE - v_BxE]
+    h = jnp.concatenate(parts, axis=-1)
     for name, width in (("head_hidden", self.encoder.mlp_dim),
                         ("head_hidden2", self.encoder.mlp_dim // 2)):
-      h = nn.relu(nn.Dense(width, kernel_init=layers.KERNEL_INIT,
-                           bias_init=layers.BIAS_INIT, name=name)(h))
+      dense = nn.Dense(width, kernel_init=layers.KERNEL_INIT, bias_init=layers.BIAS_INIT,
+                       name=name)
+      h = HEAD_ACTIVATIONS[self.head_activation](dense(h))
     return nn.Dense(self.num_classes, kernel_init=layers.KERNEL_INIT,
                     bias_init=layers.BIAS_INIT, name="head_logits")(h)
 
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def layer_attentions(attention_name: str, per_layer, num_layers: int) -> tuple[str, ...]:
+  """The attention name of each block: ``per_layer`` if given, else ``attention_name`` repeated.
+
+  Args:
+    attention_name: ``model.attention``.
+    per_layer: ``model.attention_per_layer``, a sequence of names or empty/None.
+    num_layers: ``model.num_layers``.
+
+  Returns:
+    A tuple of ``num_layers`` registry names.
+
+  Raises:
+    ValueError: if ``per_layer`` is non-empty and its length is not ``num_layers``.
+  """
+  if not per_layer:
+    return (attention_name,) * num_layers
+  if len(per_layer) != num_layers:
+    raise ValueError(f"model.attention_per_layer has {len(per_layer)} names "
+                     f"({list(per_layer)}) but model.num_layers={num_layers}")
+  return tuple(per_layer)
 
 
 def validate_model_config(model: ml_collections.ConfigDict) -> None:
@@ -155,9 +234,12 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: naming the offending ``model.*`` field: an unknown attention or
       pooling or dtype, non-positive sizes, ``qkv_dim`` not divisible by
-      ``num_heads``, or ``qkv_dim != emb_dim`` for an attention without an
-      output projection (``simple``, ``simple_res``).
+      ``num_heads``, ``qkv_dim != emb_dim`` for an attention without an
+      output projection (``simple``, ``simple_res``), or a ``model.attention_per_layer``
+      whose length is not ``num_layers`` or that holds an unknown name; an unknown
+      ``model.head_activation``, ``model.interaction`` or ``model.pos_emb_init``.
   """
+  _validate_choices(model)
   spec = attention.get(model.attention)
   for field in ("emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_layers", "max_length"):
     if int(model[field]) <= 0:
@@ -170,11 +252,44 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
                      f"{POOLINGS}")
   if model.dtype not in _DTYPES:
     raise ValueError(f"model.dtype={model.dtype!r}; expected one of {sorted(_DTYPES)}")
-  if spec.fixed_kwargs.get("use_output_proj") is False and model.qkv_dim != model.emb_dim:
-    raise ValueError(
-        f"attention {model.attention!r} has no output projection, so model.qkv_dim "
-        f"({model.qkv_dim}) must equal model.emb_dim ({model.emb_dim}); use "
-        "'simple_resl' to decouple them")
+  if "num_queries" in (model.get("attention_kwargs") or {}):
+    raise ValueError("model.attention_kwargs.num_queries is set by the encoder; use "
+                     "model.last_block_cls_only instead")
+  names = layer_attentions(model.attention, model.get("attention_per_layer", ()),
+                           model.num_layers)
+  for i, name in enumerate(names):
+    try:
+      spec = attention.get(name)
+    except ValueError as e:
+      raise ValueError(f"model.attention_per_layer[{i}]: {e}") from None
+    if spec.fixed_kwargs.get("use_output_proj") is False and model.qkv_dim != model.emb_dim:
+      raise ValueError(
+          f"attention {name!r} has no output projection, so model.qkv_dim "
+          f"({model.qkv_dim}) must equal model.emb_dim ({model.emb_dim}); use "
+          "'simple_resl' to decouple them")
+
+
+# Model options of config.model with their defaults (LRA's function); configs that predate
+# them build as before.
+OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
+                   "attention_branch_dropout": True, "final_layer_norm": True,
+                   "zero_pad_embedding": False, "head_activation": "relu",
+                   "interaction": "concat"}
+
+
+def _option(model: ml_collections.ConfigDict, field: str):
+  """``model.<field>``, or its :data:`OPTION_DEFAULTS` value when the config lacks it."""
+  return model.get(field, OPTION_DEFAULTS[field])
+
+
+def _validate_choices(model: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming ``model.head_activation``, ``model.interaction`` or
+  ``model.pos_emb_init`` when it is not one of the known choices."""
+  for field, choices in (("head_activation", sorted(HEAD_ACTIVATIONS)),
+                         ("interaction", list(INTERACTIONS)),
+                         ("pos_emb_init", sorted(layers.POS_EMB_INITS))):
+    if _option(model, field) not in choices:
+      raise ValueError(f"model.{field}={_option(model, field)!r}; expected one of {choices}")
 
 
 def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
@@ -199,10 +314,19 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
       vocab_size=vocab_size, emb_dim=model.emb_dim, num_heads=model.num_heads,
       qkv_dim=model.qkv_dim, mlp_dim=model.mlp_dim, num_layers=model.num_layers,
       max_length=model.max_length, attention=model.attention,
+      attention_per_layer=tuple(model.get("attention_per_layer", ()) or ()),
       attention_kwargs=dict(model.get("attention_kwargs", {}) or {}),
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       learn_pos_emb=model.learn_pos_emb, classifier_pool=model.classifier_pool,
-      dtype=_DTYPES[model.dtype])
+      dtype=_DTYPES[model.dtype],
+      last_block_cls_only=bool(model.get("last_block_cls_only", False)),
+      **{f: _option(model, f) for f in ("pos_emb_init", "embedding_dropout",
+                                        "attention_branch_dropout", "final_layer_norm",
+                                        "zero_pad_embedding")})
+  head_activation = _option(model, "head_activation")
   if dual:
-    return DualEncoderClassifier(encoder=encoder, num_classes=num_classes)
-  return ClassificationEncoder(encoder=encoder, num_classes=num_classes)
+    return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,
+                                 interaction=_option(model, "interaction"),
+                                 head_activation=head_activation)
+  return ClassificationEncoder(encoder=encoder, num_classes=num_classes,
+                               head_activation=head_activation)

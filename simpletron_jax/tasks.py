@@ -72,9 +72,31 @@ def _load_text(config: ml_collections.ConfigDict) -> TaskData:
   data_dir, tfds_dir = _optional_dir(config, "data_dir"), _optional_dir(config, "tfds_data_dir")
   kind, where = text.find_source(data_dir, tfds_dir)
   splits = text.load_text(data_dir=data_dir, tfds_data_dir=tfds_dir,
-                          max_length=int(config.model.max_length), seed=int(config.data.seed))
+                          max_length=int(config.model.max_length), seed=int(config.data.seed),
+                          val_fraction=float(config.data.get("val_fraction", 0.1)))
   return TaskData(**splits, vocab_size=text.VOCAB_SIZE, num_classes=text.NUM_CLASSES,
                   source=_describe(kind, where))
+
+
+def apply_lra_pixel_mask(config: ml_collections.ConfigDict,
+                         splits: dict[str, RaggedExamples]) -> dict[str, RaggedExamples]:
+  """With ``config.data.lra_pixel_mask`` (default False), drops the explicit all-real mask.
+
+  LRA's image and Pathfinder models mask ``token > 0`` (DESIGN.md section 7), so black
+  pixels (value 0) are treated as padding; True reproduces that, False keeps every pixel
+  real. Applies to the ``image``, ``pathfinder`` and ``pathx`` loaders.
+
+  Args:
+    config: the run config; reads ``data.lra_pixel_mask``.
+    splits: split name -> examples with ``explicit_mask=True``.
+
+  Returns:
+    ``splits``, with ``explicit_mask=False`` when the option is on.
+  """
+  if not config.data.get("lra_pixel_mask", False):
+    return splits
+  return {name: dataclasses.replace(split, explicit_mask=False)
+          for name, split in splits.items()}
 
 
 def _load_image(config: ml_collections.ConfigDict) -> TaskData:
@@ -84,6 +106,7 @@ def _load_image(config: ml_collections.ConfigDict) -> TaskData:
   splits = image.load_image(data_dir=data_dir, tfds_data_dir=tfds_dir,
                             seed=int(config.data.seed),
                             val_fraction=float(config.data.val_fraction))
+  splits = apply_lra_pixel_mask(config, splits)
   return TaskData(**splits, vocab_size=image.VOCAB_SIZE, num_classes=image.NUM_CLASSES,
                   source=_describe(kind, where))
 
@@ -116,6 +139,7 @@ def _load_pathfinder(config: ml_collections.ConfigDict) -> TaskData:
   splits = pathfinder.load_pathfinder(data_dir, resolution=int(data.resolution),
                                       level=data.level, seed=int(data.seed),
                                       split_fractions=tuple(data.split_fractions))
+  splits = apply_lra_pixel_mask(config, splits)
   return TaskData(**splits, vocab_size=pathfinder.VOCAB_SIZE,
                   num_classes=pathfinder.NUM_CLASSES, source=data_dir)
 

@@ -4,8 +4,8 @@ The recipe follows LRA ``utils/train_utils.py`` and ``listops/train.py``
 (Tay et al., 2020), with these changes: optax AdamW instead of flax.optim,
 seeded data order, batches padded to a length bucket instead of to
 ``max_length``, metrics as sums over real examples, orbax checkpoints that a
-killed run resumes from, and a test evaluation of the best-validation
-checkpoint.
+killed run resumes from, and test evaluations of both the final parameters
+(LRA's protocol) and the best-validation checkpoint (SimpleTRON's).
 
 Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
 ``config.grad_accum_steps = A`` it is made of A *micro-steps* of
@@ -18,6 +18,7 @@ import collections
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from typing import Any, Callable, Iterator
@@ -33,7 +34,8 @@ import orbax.checkpoint as ocp
 import tqdm
 from flax.training import train_state
 
-from simpletron_jax import models, schedules, tasks
+from simpletron_jax import distributed, lora, models, run_guard, schedules, tasks, transfer
+from simpletron_jax.data import grouping
 from simpletron_jax.data.common import PairedExamples, Split, bucketed_length, make_batch
 from simpletron_jax.metric_logging import MetricLogger
 
@@ -49,8 +51,14 @@ class TrainState(train_state.TrainState):
 # Config checks, optimizer, state.
 
 
-def validate_config(config: ml_collections.ConfigDict, n_devices: int) -> None:
+def validate_config(config: ml_collections.ConfigDict, n_devices: int,
+                    n_hosts: int = 1) -> None:
   """Checks the training fields of ``config`` against the device count.
+
+  Args:
+    config: the run config.
+    n_devices: devices over all hosts (``jax.device_count()``).
+    n_hosts: processes of a multi-host run (``jax.process_count()``), for the message.
 
   Raises:
     ValueError: naming the field: ``batch_size`` not divisible by
@@ -62,9 +70,11 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int) -> None:
   if config.grad_accum_steps < 1:
     raise ValueError(f"grad_accum_steps={config.grad_accum_steps} must be >= 1")
   if config.batch_size % (config.grad_accum_steps * n_devices):
+    hosts = (f" of all hosts ({n_hosts} host(s) x {n_devices // n_hosts} local device(s))"
+             if n_hosts > 1 else "")
     raise ValueError(
         f"batch_size={config.batch_size} must be divisible by grad_accum_steps="
-        f"{config.grad_accum_steps} times the {n_devices} device(s)")
+        f"{config.grad_accum_steps} times the {n_devices} device(s){hosts}")
   for field in ("num_train_steps", "eval_frequency", "checkpoint_every", "log_every"):
     if config[field] <= 0:
       raise ValueError(f"{field}={config[field]} must be positive")
@@ -81,14 +91,21 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   """AdamW with LRA's decoupled decay ``p -= lr * wd * p`` on every parameter.
 
   Preceded by global-norm gradient clipping when ``config.grad_clip_norm > 0`` (LRA's
-  Path-X recipe), and wrapped in ``optax.MultiSteps`` when ``config.grad_accum_steps > 1``,
-  so the schedule advances once per optimizer update.
+  Path-X recipe). Parameters matching a ``config.freeze`` regex, and the base parameters
+  of a LoRA run (``config.lora.rank > 0``), get zero updates (:func:`transfer.freeze`).
+  Wrapped in ``optax.MultiSteps`` when ``config.grad_accum_steps > 1``, so the schedule
+  advances once per optimizer update.
   """
   tx = optax.adamw(make_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
                    eps=config.adam_eps, weight_decay=config.weight_decay)
   clip = float(config.get("grad_clip_norm", 0.0) or 0.0)
   if clip > 0:
     tx = optax.chain(optax.clip_by_global_norm(clip), tx)
+  frozen = tuple(config.get("freeze", ()) or ())
+  if config.get("lora", {}).get("rank", 0) > 0:
+    frozen += (f"^{lora.BASE}/",)
+  if frozen:
+    tx = transfer.freeze(tx, frozen)
   if config.grad_accum_steps > 1:
     tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps)
   return tx
@@ -104,15 +121,19 @@ def create_train_state(config: ml_collections.ConfigDict, model: flax.linen.Modu
     rng: the parameter-init key.
 
   Returns:
-    A TrainState at step 0.
+    A TrainState at step 0. With ``config.lora.rank > 0`` its params are the LoRA tree
+    ``{"base", "lora"}`` and its ``apply_fn`` merges them (:mod:`simpletron_jax.lora`).
   """
   length = min(config.model.max_length, 16)
   tokens = jnp.ones((1, length), jnp.int32)
   second = (tokens, None) if isinstance(model, models.DualEncoderClassifier) else ()
   params = jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
-                                        deterministic=True))(rng)
-  return TrainState.create(apply_fn=model.apply, params=params["params"],
-                           tx=make_optimizer(config))
+                                        deterministic=True))(rng)["params"]
+  apply_fn, rank = model.apply, config.get("lora", {}).get("rank", 0)
+  if rank > 0:
+    params = lora.wrap(params, config.lora.targets, rank, jax.random.fold_in(rng, 0x10A))
+    apply_fn = lora.wrap_apply(model.apply, lora.scale_of(rank, config.lora.alpha))
+  return TrainState.create(apply_fn=apply_fn, params=params, tx=make_optimizer(config))
 
 
 # ----------------------------------------------------------------------------
@@ -169,13 +190,15 @@ def train_step(state: TrainState, batch: Batch, dropout_rng):
   Gradients are ``pmean``ed and metric sums ``psum``med over the devices.
 
   Returns:
-    ``(new_state, metric sums over the global micro-batch)``.
+    ``(new_state, metrics)``: the metric sums over the global micro-batch, and
+    ``grad_norm``, the global L2 norm of the averaged gradient (the non-finite guard reads it).
   """
   dropout_rng = jax.random.fold_in(dropout_rng, jax.lax.axis_index(AXIS))
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   (_, sums), grads = grad_fn(state.params, state.apply_fn, batch, dropout_rng, False)
   grads = jax.lax.pmean(grads, AXIS)
-  return state.apply_gradients(grads=grads), jax.lax.psum(sums, AXIS)
+  metrics = {**jax.lax.psum(sums, AXIS), "grad_norm": optax.tree.norm(grads)}
+  return state.apply_gradients(grads=grads), metrics
 
 
 def eval_step(params, apply_fn, batch: Batch):
@@ -241,7 +264,9 @@ def train_batches(examples: Split, config: ml_collections.ConfigDict,
   The order is a pure function of ``config.seed``: a grain index dataset
   reshuffled every epoch, batched to ``batch_size / grad_accum_steps``
   examples. Micro-batch ``i`` is the same whether a run starts at 0 or
-  resumes at ``i``.
+  resumes at ``i``. With ``config.data.group_by_length`` (default False) each
+  epoch's permutation is grouped by length in pools of ``data.group_pool_batches``
+  micro-batches (:mod:`simpletron_jax.data.grouping`), which cuts padding.
 
   Yields:
     Host-local batches (see :func:`simpletron_jax.data.common.make_batch`).
@@ -250,9 +275,13 @@ def train_batches(examples: Split, config: ml_collections.ConfigDict,
   if len(examples) < micro:
     raise ValueError(f"the training split has {len(examples)} examples, fewer than one "
                      f"micro-batch of {micro} (config fields batch_size, grad_accum_steps)")
-  ds = (grain.MapDataset.range(len(examples)).shuffle(seed=int(config.seed)).repeat()
-        .batch(micro, drop_remainder=True)
-        .map(lambda idx: _host_batch(examples, np.asarray(idx), config)))
+  if config.data.get("group_by_length", False):
+    ds = grain.MapDataset.source(grouping.GroupedBatches(
+        examples.lengths, int(config.seed), micro, config.data.get("group_pool_batches", 50)))
+  else:
+    ds = (grain.MapDataset.range(len(examples)).shuffle(seed=int(config.seed)).repeat()
+          .batch(micro, drop_remainder=True))
+  ds = ds.map(lambda idx: _host_batch(examples, np.asarray(idx), config))
   ds = ds[start_micro_step:]
   return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=8)))
 
@@ -293,19 +322,23 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
 
   Returns:
     ``{"accuracy", "loss", "count", "majority_rate"}``: count in examples, and
-    majority_rate the share of the most frequent label among the examples read (this host's
-    rows), the accuracy of always answering that label.
+    majority_rate the share of the most frequent label among the examples read (by all
+    hosts), the accuracy of always answering that label. Equal on every host.
   """
   n_dev = jax.local_device_count()
   batch_size = config.get("eval_batch_size") or config.batch_size // config.grad_accum_steps
   batch_size = -(-batch_size // (n_dev * jax.process_count())) * n_dev * jax.process_count()
-  totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+  device_sums = None   # summed on the device; read once, after the last batch
   label_counts: collections.Counter = collections.Counter()
   for batch in eval_batches(examples, config, batch_size, num_batches):
     sums = p_eval_step(params_repl, shard(batch, n_dev))
-    for k, v in jax.device_get(unreplicate(sums)).items():
-      totals[k] += float(v)
+    device_sums = sums if device_sums is None else jax.tree_util.tree_map(jnp.add,
+                                                                          device_sums, sums)
     label_counts.update(batch["targets"][batch["weights"] > 0].tolist())
+  totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+  if device_sums is not None:
+    totals.update({k: float(v) for k, v in jax.device_get(unreplicate(device_sums)).items()})
+  label_counts = distributed.sum_label_counts(label_counts)
   count = max(totals["count"], 1.0)
   read = sum(label_counts.values())
   return {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count,
@@ -318,46 +351,253 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
 
 
 def _ckpt_tree(state: TrainState) -> dict[str, Any]:
-  return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+  """Step, params and optimizer state as host numpy arrays.
+
+  Numpy, not jax arrays: on several hosts, orbax refuses the host-local arrays that
+  ``pmap`` returns ("Cannot serialize host local jax.Array"), while numpy arrays are
+  written once, by process 0, and read by every host (orbax ``NumpyHandler``).
+  """
+  return jax.device_get({"step": state.step, "params": state.params,
+                         "opt_state": state.opt_state})
 
 
-def checkpoint_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
-  """An orbax manager keeping the newest ``max_to_keep`` checkpoints in ``directory``."""
+def checkpoint_manager(directory: str, max_to_keep: int | None) -> ocp.CheckpointManager:
+  """An orbax manager keeping the newest ``max_to_keep`` checkpoints in ``directory``
+  (None: all). Saves are synchronous, so a failed save raises in :func:`save_checkpoint`."""
   return ocp.CheckpointManager(
       os.path.abspath(directory),
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=False))
+
+
+def model_config_dict(model_config) -> dict[str, Any]:
+  """``config.model`` as the plain JSON dict that checkpoints record (references resolved)."""
+  if isinstance(model_config, ml_collections.ConfigDict):
+    model_config = model_config.to_dict()
+  return json.loads(json.dumps(model_config))
+
+
+def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
+  return os.path.join(str(manager.directory), str(step))
 
 
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState,
                     meta: dict[str, Any]) -> None:
-  """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``."""
-  manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_ckpt_tree(state)),
-                                             meta=ocp.args.JsonSave(meta)))
+  """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``.
+
+  ``meta`` is stored with ``state_crc32`` (:func:`run_guard.state_crc32` of the params and
+  optimizer state) added, which :func:`restore_checkpoint` verifies.
+
+  Raises:
+    run_guard.NonFiniteError: ``state`` holds NaN or inf; nothing is saved.
+    run_guard.CheckpointError: naming the path and the reason, when the save fails (e.g. a
+      read-only folder) or when orbax skips it because the folder already holds a step at
+      or after ``step``.
+  """
+  tree = _ckpt_tree(state)
+  where = _step_dir(manager, step)
+  if not run_guard.tree_is_finite(tree):
+    raise run_guard.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
+  meta = {**meta, "state_crc32": run_guard.state_crc32((tree["params"], tree["opt_state"]))}
+  try:
+    saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
+                                                       meta=ocp.args.JsonSave(meta)))
+    manager.wait_until_finished()
+  except Exception as e:  # any failure of the library or the file system stops the run
+    raise run_guard.CheckpointError(
+        f"saving step {step} to {where} failed: {type(e).__name__}: {_first_line(e)}") from e
+  if not saved:
+    raise run_guard.CheckpointError(
+        f"orbax skipped saving step {step} to {manager.directory}: the folder holds step "
+        f"{manager.latest_step()}, and orbax only saves newer steps")
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+  text = str(error).strip().splitlines()
+  return (text[0] if text else "")[:limit]
+
+
+def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: int,
+                      model_config) -> tuple[TrainState, dict[str, Any], int]:
+  """Restores one step and checks its model config, CRC and finiteness (see below)."""
+  where = _step_dir(manager, step)
+  meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+  if model_config is not None and "model_config" in meta:
+    diff = run_guard.flat_diff(meta["model_config"], model_config_dict(model_config))
+    if diff:
+      raise run_guard.ConfigMismatchError(
+          f"{where} was saved with another model config: {'; '.join(diff)}. Resume with the "
+          "checkpoint's values, or use another --workdir.")
+  target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _ckpt_tree(state))
+  tree = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(target)))["state"]
+  crc = run_guard.state_crc32((tree["params"], tree["opt_state"]))
+  if "state_crc32" in meta and crc != meta["state_crc32"]:
+    raise run_guard.CheckpointError("its arrays do not match the CRC-32 saved with them")
+  if not run_guard.tree_is_finite(tree):
+    raise run_guard.NonFiniteError("it holds NaN or inf")
+  state = state.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"])
+  return state, meta, step
+
+
+def _quarantine(manager: ocp.CheckpointManager, step: int, quarantine_dir: str) -> str:
+  """Moves a damaged step folder out of the manager's directory; returns its new path.
+
+  Every host reads the same files and so finds the same damage; only process 0 moves the
+  folder (a shared workdir), and the others wait for it before they reload.
+  """
+  target = os.path.join(quarantine_dir, f"{os.path.basename(str(manager.directory))}_{step}")
+  if jax.process_index() == 0:
+    os.makedirs(quarantine_dir, exist_ok=True)
+    target += f"_{time.strftime('%Y%m%d-%H%M%S')}"
+    shutil.move(_step_dir(manager, step), target)
+  distributed.barrier(f"quarantine_{step}")
+  manager.reload()
+  return target
 
 
 def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
-                       step: int | None = None) -> tuple[TrainState, dict[str, Any], int]:
-  """Restores ``step`` (default: the newest) into the structure of ``state``.
+                       step: int | None = None, model_config=None,
+                       quarantine_dir: str | None = None
+                       ) -> tuple[TrainState, dict[str, Any], int]:
+  """Restores ``step`` (default: the newest intact one) into the structure of ``state``.
+
+  A checkpoint is intact when its meta loads, its arrays load into ``state``'s structure,
+  they match the CRC-32 saved with them (checkpoints that carry one) and they are finite.
+  With ``step=None`` a checkpoint that is not intact is skipped with a
+  :class:`run_guard.RunWarning` naming it, moved to ``quarantine_dir`` when given (so the
+  run can save that step again), and the next older one is tried.
+
+  Args:
+    manager: the checkpoint folder.
+    state: a TrainState giving the structure, shapes and dtypes.
+    step: restore exactly this optimizer step (no fallback).
+    model_config: ``config.model``; when given, a checkpoint saved with another model config
+      is an error rather than a damaged checkpoint.
+    quarantine_dir: where damaged checkpoints go; None: they stay.
 
   Returns:
     ``(state, meta, step)``.
 
   Raises:
-    FileNotFoundError: if the manager's directory holds no checkpoint.
+    FileNotFoundError: the folder holds no checkpoint, or not ``step``.
+    run_guard.ConfigMismatchError: listing every ``model.*`` field that differs.
+    run_guard.CheckpointError: ``step`` is damaged, or no checkpoint is intact (each one
+      named with its problem).
   """
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {manager.directory}")
-  target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _ckpt_tree(state))
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-  tree = restored["state"]
-  state = state.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"])
-  return state, dict(restored["meta"]), step
+  available = sorted(manager.all_steps(), reverse=True)
+  if not available or (step is not None and step not in available):
+    raise FileNotFoundError(f"no checkpoint{'' if step is None else f' at step {step}'} in "
+                            f"{manager.directory} (it holds steps {sorted(available)})")
+  problems = []
+  for candidate in ([step] if step is not None else available):
+    try:
+      return _restore_verified(manager, state, candidate, model_config)
+    except run_guard.ConfigMismatchError:
+      raise
+    except Exception as e:  # a damaged checkpoint fails in many ways; each is reported
+      problem = f"{_step_dir(manager, candidate)}: {type(e).__name__}: {_first_line(e)}"
+      if step is not None:
+        raise run_guard.CheckpointError(f"damaged checkpoint {problem}") from e
+      problems.append(problem)
+      moved = _quarantine(manager, candidate, quarantine_dir) if quarantine_dir else None
+      run_guard.warn(f"skipping damaged checkpoint {problem}"
+                     + (f"; moved to {moved}" if moved else ""))
+  raise run_guard.CheckpointError(f"no intact checkpoint in {manager.directory}: "
+                                  + " | ".join(problems))
+
+
+def _best_run_id(best: ocp.CheckpointManager, step: int) -> str | None:
+  meta = best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  return meta.get("run_id")
+
+
+def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any], resume_step: int,
+                   legacy: bool = False) -> dict[str, Any]:
+  """Makes ``best/`` hold only checkpoints of this run's lineage, up to ``resume_step``.
+
+  The lineage is ``meta["run_id"]`` (:func:`run_guard.lineage_id`): every checkpoint of a
+  run, in ``checkpoints/`` and ``best/``, carries it. At start-up:
+
+  * a ``best/`` step of another lineage is an error: ``best/`` never reports another run;
+  * ``best/`` steps after ``resume_step`` were saved by this lineage after the checkpoint
+    the run resumes from (at a fresh start, ``resume_step`` 0, by an earlier start killed
+    before its first checkpoint, or kept after ``checkpoints/`` was deleted). They are
+    removed with a warning; the run recomputes them;
+  * a damaged ``best/`` step is removed with a warning;
+  * if ``meta["best_step"]`` is then missing, the best so far is reset with a warning.
+
+  Args:
+    best: the ``best/`` manager (``max_to_keep=None``; :func:`prune_best` trims it).
+    meta: the resumed checkpoint's meta, with ``run_id`` set.
+    resume_step: the step the run resumes from (0: fresh start).
+    legacy: the resumed checkpoint predates run ids; ``best/`` steps without one are kept.
+
+  Returns:
+    ``meta``, with ``best_val_accuracy`` and ``best_step`` reset if their checkpoint is gone.
+
+  Raises:
+    run_guard.CheckpointError: naming a ``best/`` step of another lineage.
+  """
+  for step in best.all_steps():
+    where = _step_dir(best, step)
+    try:
+      run_id = _best_run_id(best, step)
+    except Exception as e:  # unreadable meta: a damaged checkpoint
+      run_guard.warn(f"removing damaged best checkpoint {where}: {_first_line(e)}")
+      best.delete(step)
+      continue
+    if run_id != meta["run_id"] and not (legacy and run_id is None):
+      raise run_guard.CheckpointError(
+          f"{where} belongs to run {run_id}, not to this workdir's run {meta['run_id']}; "
+          f"best/ must come from the run in checkpoints/. Move {best.directory} away or use "
+          "another --workdir.")
+    if step > resume_step:
+      run_guard.warn(f"removing {where}: saved after step {resume_step}, where this run "
+                     "(re)starts; it will be recomputed")
+      best.delete(step)
+  best.reload()
+  if meta["best_step"] >= 0 and meta["best_step"] not in best.all_steps():
+    run_guard.warn(f"the best checkpoint of step {meta['best_step']} is missing from "
+                   f"{best.directory}; the best validation restarts from this run's next one")
+    meta.update(best_val_accuracy=-1.0, best_step=-1)
+  return meta
+
+
+def prune_best(best: ocp.CheckpointManager, keep_step: int) -> None:
+  """Deletes every ``best/`` step but ``keep_step``; call after a regular checkpoint."""
+  for step in best.all_steps():
+    if step != keep_step:
+      best.delete(step)
 
 
 # ----------------------------------------------------------------------------
 # The loop.
+
+
+def check_finite(unchecked: list, state_repl: TrainState, last_good: str) -> None:
+  """Stops a run whose training went non-finite, before anything is logged or saved.
+
+  Args:
+    unchecked: ``(optimizer step, metrics)`` of the micro-steps since the last check, as
+      returned by the pmapped train step (``loss`` sums and ``grad_norm``).
+    state_repl: the replicated state after the last of them.
+    last_good: the newest checkpoint saved, for the message.
+
+  Raises:
+    run_guard.NonFiniteError: naming the first step whose loss or gradient norm is NaN or
+      inf (or the last step, when only the parameters are), and ``last_good``.
+  """
+  bad = run_guard.first_nonfinite(jax.device_get(unchecked))
+  if bad is None and not run_guard.tree_is_finite(unreplicate(state_repl.params)):
+    bad = (unchecked[-1][0] if unchecked else -1, {"params": float("nan")})
+  if bad is not None:
+    step, values = bad
+    shown = ", ".join(f"{k} {v}" for k, v in values.items())
+    raise run_guard.NonFiniteError(
+        f"step {step}: training became non-finite ({shown}). The run stopped without saving "
+        f"this state; the last good checkpoint is {last_good}. Lower learning_rate, raise "
+        "warmup or set grad_clip_norm, then resume or start a new workdir.")
 
 
 def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
@@ -367,10 +607,34 @@ def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
                                  dual=isinstance(data.train, PairedExamples))
 
 
+def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
+                    workdir: str) -> TrainState:
+  """Starts ``state`` from ``config.init_from``'s best checkpoint (weight surgery).
+
+  Copies every parameter whose path and shape the source run shares with this model (only
+  those matching ``config.init_include`` when set; :func:`transfer.transfer_params`) and
+  writes what was copied, newly initialised and dropped to ``workdir/transfer.json``.
+
+  Returns:
+    ``state`` unchanged when ``config.init_from`` is empty, else with the new params.
+
+  Raises:
+    FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
+  """
+  params, report = transfer.init_from_config(config, state.params)
+  if report is None:
+    return state
+  print(f"init_from {config.init_from}: {report.summary()}", file=sys.stderr)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "transfer.json"), "w") as f:
+      json.dump({"init_from": config.init_from, **report.to_dict()}, f, indent=2)
+  return state.replace(params=params)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        step_hook: Callable[[int], None] | None = None,
                        data: tasks.TaskData | None = None) -> dict[str, Any]:
-  """Trains, evaluates every ``eval_frequency`` steps, then tests the best checkpoint.
+  """Trains, evaluates every ``eval_frequency`` steps, then tests the final and best parameters.
 
   Resumes from the newest checkpoint in ``workdir/checkpoints`` if there is
   one, and continues exactly as an uninterrupted run would (same data order,
@@ -386,29 +650,57 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     data: preloaded task data; loaded from ``config`` when None.
 
   Returns:
-    The contents of ``results.json``: test accuracy and loss of the
-    best-validation checkpoint, its step and validation accuracy, the
+    The contents of ``results.json``: test accuracy and loss under two protocols,
+    ``test_{accuracy,loss}_best_val`` for the best-validation checkpoint (its step
+    ``best_step``, its ``best_val_accuracy``; SimpleTRON's protocol; also kept as
+    ``test_accuracy``/``test_loss``) and ``test_{accuracy,loss}_final`` for the
+    parameters after ``final_step`` (LRA's ``--test_only`` protocol), the
     majority-class rates of the val and test examples evaluated, steps/s and wall time in seconds.
 
+  Faults are never silent (README "When things go wrong"): ``workdir/run.lock`` keeps a
+  second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
+  the run resumes from the newest intact one; ``best/`` only ever holds checkpoints of this
+  run's lineage (``workdir/run_id``, see :func:`reconcile_best`); ``results.json`` and
+  ``metrics.jsonl`` are strict JSON (non-finite values are ``null``).
+
   Raises:
-    ValueError: for an inconsistent config (see :func:`validate_config`).
+    ValueError: for an inconsistent config (see :func:`validate_config` and
+      :func:`run_guard.check_settings`) or an empty split (:func:`run_guard.check_splits`).
+    run_guard.WorkdirLockedError: another run holds the workdir.
+    run_guard.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
+    run_guard.CheckpointError: a save failed, no checkpoint is intact, or ``best/`` holds
+      another run's checkpoint.
+    run_guard.ConfigMismatchError: the model config differs from the checkpoint's.
   """
   wall_start = time.time()
   n_dev = jax.local_device_count()
-  validate_config(config, jax.device_count())
+  validate_config(config, jax.device_count(), jax.process_count())
+  run_guard.check_settings(config)
   os.makedirs(workdir, exist_ok=True)
+  lock = run_guard.acquire_lock(workdir) if jax.process_index() == 0 else None
   data = data or tasks.load_task(config)
+  distributed.check_hosts_agree(config, data)  # every host: process 0's config and data
+  run_guard.check_splits(data, config)
   model = build_model(config, data)
 
   init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
   state = create_train_state(config, model, init_rng)
   ckpts = checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep)
-  best_ckpts = checkpoint_manager(os.path.join(workdir, "best"), 1)
+  best_ckpts = checkpoint_manager(os.path.join(workdir, "best"), None)  # see prune_best
+  distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
   meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
   start_step = 0
-  if ckpts.latest_step() is not None:
-    state, meta, start_step = restore_checkpoint(ckpts, state)
+  if ckpts.all_steps():
+    state, meta, start_step = restore_checkpoint(
+        ckpts, state, model_config=config.model, quarantine_dir=os.path.join(workdir, "damaged"))
     print(f"Resumed from {workdir}/checkpoints at step {start_step}", file=sys.stderr)
+  else:
+    state = apply_init_from(config, state, workdir)
+  legacy = start_step > 0 and "run_id" not in meta  # saved before run ids existed
+  meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
+              model_config=model_config_dict(config.model))
+  meta = reconcile_best(best_ckpts, meta, start_step, legacy)
+  last_good = _step_dir(ckpts, start_step) if start_step else "none (nothing saved yet)"
   accum = config.grad_accum_steps
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -417,12 +709,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   logger.write(start_step, {"params": sum(x.size for x in jax.tree_util.tree_leaves(state.params))},
                "info")
 
-  p_train, p_eval = pmap_steps(model.apply)
+  p_train, p_eval = pmap_steps(state.apply_fn)
   state_repl = flax.jax_utils.replicate(state)
   schedule = make_schedule(config)
   batches = train_batches(data.train, config, start_step * accum)
   window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
   window_sums, window_steps = [], 0
+  unchecked = []        # (step, metrics) of the micro-steps since the last finiteness check
   window_start, window_excluded = time.time(), 0.0
   val_majority = None   # majority rate of the examples the last validation read
   train_seconds = float(meta["train_seconds"])
@@ -437,11 +730,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
       state_repl, sums = p_train(state_repl, batch, rng)
       window_sums.append(sums)
+      unchecked.append((step, sums))
     window_steps += 1
     bar.update(1)
-    out_of_time = bool(budget_s) and time.time() - wall_start > budget_s
+    out_of_time = bool(budget_s) and distributed.agree_on_flag(
+        time.time() - wall_start > budget_s)
     final = step == config.num_train_steps or out_of_time
 
+    if final or not (step % config.log_every and step % config.eval_frequency
+                     and step % config.checkpoint_every):
+      check_finite(unchecked, state_repl, last_good)  # before anything is logged or saved
+      unchecked = []
     if step % config.log_every == 0 or final:
       for sums in jax.device_get(window_sums):
         for k in window:
@@ -463,6 +762,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       val = evaluate(p_eval, state_repl.params, data.val, config,
                      config.get("num_eval_steps", -1))
       logger.write(step, val, "val")
+      if not math.isfinite(val["loss"]):
+        raise run_guard.NonFiniteError(
+            f"step {step}: the validation loss is {val['loss']}; the run stopped without "
+            f"saving this state. The last good checkpoint is {last_good}.")
       val_majority = val["majority_rate"]
       bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
       if val["accuracy"] > meta["best_val_accuracy"]:
@@ -472,6 +775,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if step % config.checkpoint_every == 0 or final:
       meta["train_seconds"] = train_seconds
       save_checkpoint(ckpts, step, unreplicate(state_repl), meta)
+      last_good = _step_dir(ckpts, step)
+      prune_best(best_ckpts, meta["best_step"])
     if step_hook is not None:
       ckpts.wait_until_finished()
       best_ckpts.wait_until_finished()
@@ -486,13 +791,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   ckpts.wait_until_finished()
   best_ckpts.wait_until_finished()
 
-  best_state, best_meta, best_step = restore_checkpoint(best_ckpts, state)
-  params_repl = flax.jax_utils.replicate(best_state.params)
-  test = evaluate(p_eval, params_repl, data.test, config, config.get("num_test_steps", -1))
+  # Two protocols: the final parameters (LRA's --test_only) and the best-validation
+  # checkpoint (SimpleTRON's); the two coincide when the last validation was the best.
+  test_limit = config.get("num_test_steps", -1)
+  final_test = evaluate(p_eval, state_repl.params, data.test, config, test_limit)
+  logger.write(last_step, final_test, "test_final")
+  best_state, best_meta, best_step = restore_checkpoint(
+      best_ckpts, state, step=meta["best_step"], model_config=config.model)
+  test = final_test if best_step == last_step else evaluate(
+      p_eval, flax.jax_utils.replicate(best_state.params), data.test, config, test_limit)
   logger.write(best_step, test, "test")
   results = {
       "task": config.task, "attention": config.model.attention,
       "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+      "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
+      "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
+      "final_step": last_step,
       "test_majority_rate": test["majority_rate"],
       "val_majority_rate": (val_majority if val_majority is not None
                             else data.val.majority_rate()),
@@ -505,8 +819,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   }
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(results, f, indent=2)
+      json.dump(run_guard.json_safe(results), f, indent=2, allow_nan=False)
   logger.close()
+  run_guard.release_lock(lock)
   return results
 
 
@@ -551,8 +866,8 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
   state = create_train_state(config, model, jax.random.PRNGKey(0))
   sub = "best" if which == "best" and step is None else "checkpoints"
   manager = checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
-  state, _, restored_step = restore_checkpoint(manager, state, step)
-  _, p_eval = pmap_steps(model.apply)
+  state, _, restored_step = restore_checkpoint(manager, state, step, model_config=config.model)
+  _, p_eval = pmap_steps(state.apply_fn)
   limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
   metrics = evaluate(p_eval, flax.jax_utils.replicate(state.params), getattr(data, split),
                      config, limit)

@@ -13,8 +13,14 @@ from tests.conftest import ROOT
 
 CONFIG_FILES = sorted(f for f in glob.glob(os.path.join(ROOT, "configs", "*", "*.py"))
                       if os.path.basename(f) != "__init__.py")
+def _attention(path):
+  name = os.path.basename(path)[:-3]
+  return "softmax" if name == "transformer" else name
+
+
 CASES = [(path, variant) for path in CONFIG_FILES
-         for variant in (None,) + lra.VARIANTS[os.path.basename(os.path.dirname(path))]]
+         for variant in (None,) + lra.variants(os.path.basename(os.path.dirname(path)),
+                                               _attention(path))]
 
 
 def _load(path):
@@ -58,8 +64,9 @@ def test_lra_and_paper_settings():
   paper = get("listops", "simple_res")
   assert (paper.learning_rate, paper.num_train_steps, paper.adam_b2) == (0.005, 15000, 0.999)
   assert (paper.model.num_layers, paper.model.mlp_dim, paper.model.learn_pos_emb) == (6, 2048, True)
-  text = get("text", "transformer")
-  assert (text.model.max_length, text.warmup, text.num_train_steps) == (4000, 8000, 20000)
+  text = get("text", "transformer")  # LRA's code: 1000 (the paper's 4000 for simple*)
+  assert (text.model.max_length, text.warmup, text.num_train_steps) == (1000, 8000, 20000)
+  assert get("text", "simple").model.max_length == 4000
   assert (text.model.emb_dim, text.model.num_heads, text.model.mlp_dim) == (256, 4, 1024)
   matching = get("retrieval", "simple")
   assert (matching.num_train_steps, matching.model.emb_dim, matching.model.learn_pos_emb) == (
@@ -90,3 +97,7 @@ def test_unknown_variant():
     _load("configs/listops/simple.py").get_config("huge")
   with pytest.raises(ValueError, match="'tiny_lra' for task 'text'"):
     _load("configs/text/simple.py").get_config("tiny_lra")
+  with pytest.raises(ValueError, match="'authors' is the SimpleTRON authors' function"):
+    _load("configs/listops/linear.py").get_config("authors")
+  with pytest.raises(ValueError, match="'tiny_authors' for task 'image'"):
+    _load("configs/image/simple.py").get_config("tiny_authors")

@@ -39,7 +39,8 @@ def _jsonl_records(path):
 @pytest.fixture(scope="module")
 def imdb():
   start = time.perf_counter()
-  splits = text.load_text(data_dir=IMDB_DIR, tfds_data_dir=None, max_length=MAX_LENGTH, seed=0)
+  splits = text.load_text(data_dir=IMDB_DIR, tfds_data_dir=None, max_length=MAX_LENGTH, seed=0,
+                          val_fraction=0.0)  # LRA's split: validation is the test split
   LOAD_SECONDS["imdb"] = time.perf_counter() - start
   return splits
 
@@ -127,9 +128,8 @@ def test_encode_decode_round_trip():
 
 def test_jsonl_seed_and_truncation(tmp_path):
   data_dir = _write_jsonl(tmp_path / "imdb", {"train": _rows(40), "test": _rows(6, 100)})
-  a = text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=9, seed=1)
-  b = text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=9, seed=1)
-  c = text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=9, seed=2)
+  a, b, c = (text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=9, seed=seed,
+                            val_fraction=0.0) for seed in (1, 1, 2))
   np.testing.assert_array_equal(a["train"].tokens, b["train"].tokens)
   assert not np.array_equal(a["train"].tokens, c["train"].tokens)
 
@@ -145,6 +145,29 @@ def test_jsonl_seed_and_truncation(tmp_path):
                         shuffle_train=False)
   assert text.decode(long["train"].example(2)) == "review 2 \u00e9\u00e8"
   np.testing.assert_array_equal(long["train"].labels, [0, 1, 0])
+
+
+def test_text_validation_is_a_seeded_holdout_of_train(tmp_path):
+  data_dir = _write_jsonl(tmp_path / "imdb", {"train": _rows(40), "test": _rows(6, 100)})
+  out = text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=20, seed=3)
+  assert [len(out[s]) for s in ("train", "val", "test")] == [36, 4, 6]
+  assert out["val"] is not out["test"]
+
+  def reviews(split):
+    return [(text.decode(split.example(i)), int(split.labels[i])) for i in range(len(split))]
+
+  held, kept = reviews(out["val"]), reviews(out["train"])
+  assert sorted(held + kept) == sorted((r["text"], r["label"]) for r in _rows(40))
+  again = text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=20, seed=3)
+  assert reviews(again["val"]) == held
+  other = text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=20, seed=4)
+  assert sorted(reviews(other["val"])) != sorted(held)
+  lra = text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=20, seed=3,
+                       val_fraction=0.0)
+  assert lra["val"] is lra["test"] and len(lra["train"]) == 40
+  with pytest.raises(ValueError, match="data.val_fraction"):
+    text.load_text(data_dir=data_dir, tfds_data_dir=None, max_length=20, seed=3,
+                   val_fraction=1.5)
 
 
 @pytest.mark.parametrize("line,match", [
@@ -234,7 +257,7 @@ def test_text_from_fake_tfds(tmp_path):
   tfds_dir = _prepare_fake_tfds(tmp_path, "imdb_reviews", "plain_text", features, rows)
   assert text.find_source(str(tmp_path / "nothing"), tfds_dir)[0] == "tfds"
   out = text.load_text(data_dir=str(tmp_path / "nothing"), tfds_data_dir=tfds_dir,
-                       max_length=100, seed=0)
+                       max_length=100, seed=0, val_fraction=0.0)
   for split in ("train", "test"):
     got = sorted((text.decode(out[split].example(i)), int(out[split].labels[i]))
                  for i in range(len(out[split])))

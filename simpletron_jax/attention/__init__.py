@@ -21,6 +21,10 @@ from simpletron_jax.attention.simple import SimpleAttention
 from simpletron_jax.attention.softmax import SoftmaxAttention
 
 
+# Constructor arguments the encoder block passes to every variant (not config options).
+ENCODER_ARGS = ("num_heads", "qkv_dim", "out_dim", "dropout_rate", "dtype", "num_queries")
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
   """How to build and wire one registered attention variant.
@@ -43,6 +47,19 @@ class AttentionSpec:
   quadratic: bool = False
   paper: str = ""
 
+  def module_fields(self) -> set[str]:
+    """The module's constructor fields (``parent`` and ``name`` excluded)."""
+    return {f.name for f in dataclasses.fields(self.module)} - {"parent", "name"}
+
+  def options(self) -> dict[str, Any]:
+    """The variant's options with their module defaults, in field order: the fields a
+    config may set in ``model.attention_kwargs`` (not those the encoder passes,
+    :data:`ENCODER_ARGS`, nor ``fixed_kwargs``). ``configs/lra.make_config`` stores them so
+    that ``--config.model.attention_kwargs.<option>=...`` overrides work."""
+    skip = set(ENCODER_ARGS) | set(self.fixed_kwargs) | {"parent", "name"}
+    return {f.name: f.default for f in dataclasses.fields(self.module)
+            if f.name not in skip and f.default is not dataclasses.MISSING}
+
   def build(self, *, num_heads: int, qkv_dim: int, out_dim: int, dropout_rate: float,
             dtype, name: str | None = None, **kwargs) -> nn.Module:
     """Instantiates the module.
@@ -58,13 +75,18 @@ class AttentionSpec:
 
     Raises:
       ValueError: if ``kwargs`` tries to change a defining argument or names a
-        field the module does not have.
+        field the module does not have. An option of another registered variant
+        left at that variant's default is dropped instead: a config switched to
+        this variant with ``--config.model.attention`` keeps the old one's defaults.
     """
     clash = set(kwargs) & set(self.fixed_kwargs)
     if clash:
       raise ValueError(f"model.attention_kwargs may not set {sorted(clash)} for attention "
                        f"{self.name!r}; they define the variant")
     fields = {f.name for f in dataclasses.fields(self.module)}
+    # Another variant's option at its default (left by --config.model.attention=...).
+    inherited = {k for k in set(kwargs) - fields if _default_elsewhere(k, kwargs[k])}
+    kwargs = {k: v for k, v in kwargs.items() if k not in inherited}
     unknown = set(kwargs) - fields
     if unknown:
       raise ValueError(f"model.attention_kwargs has {sorted(unknown)}, unknown to attention "
@@ -75,6 +97,12 @@ class AttentionSpec:
 
 
 REGISTRY: dict[str, AttentionSpec] = {}
+
+
+def _default_elsewhere(option: str, value: Any) -> bool:
+  """True when some registered variant has ``option`` with default ``value``."""
+  return any(option in spec.options() and spec.options()[option] == value
+             and type(spec.options()[option]) is type(value) for spec in REGISTRY.values())
 
 
 def register(spec: AttentionSpec) -> AttentionSpec:

@@ -122,3 +122,20 @@ def default_mask(x_BxLxE: jnp.ndarray, mask_BxL: jnp.ndarray | None) -> jnp.ndar
   if mask_BxL is None:
     return jnp.ones(x_BxLxE.shape[:2], dtype=bool)
   return mask_BxL.astype(bool)
+
+
+def lra_mask(mask_BxL: jnp.ndarray, lra_masking: bool) -> jnp.ndarray:
+  """The key mask a variant uses: ``mask_BxL``, or with ``lra_masking`` all True.
+
+  LRA's linear, Performer and Linformer attentions never apply the padding mask
+  (DESIGN.md section 7), so their pads act as keys; ``lra_masking=True`` (config field
+  ``model.attention_kwargs.lra_masking``) reproduces that.
+
+  Args:
+    mask_BxL: bool ``[B, L]``, True for real tokens.
+    lra_masking: reproduce LRA's missing mask.
+
+  Returns:
+    bool ``[B, L]``.
+  """
+  return jnp.ones_like(mask_BxL) if lra_masking else mask_BxL

@@ -139,6 +139,9 @@ class LinearAttention(nn.Module):
       form, never an ``L x L`` array).
     chunk_size: chunk length in tokens for the causal form.
     eps: added to the normaliser, as in the paper's code (1e-6).
+    lra_masking: False (default): pads are left out of both sums. True: LRA's
+      ``models/linear_transformer/linear_attention.py``, which never applies the padding
+      mask, so pads enter both sums (outputs then depend on the padding).
     dtype: computation dtype of the projections; the feature maps and sums
       are computed in float32 and cast back.
 
@@ -156,12 +159,13 @@ class LinearAttention(nn.Module):
   causal: bool = False
   chunk_size: int = 128
   eps: float = 1e-6
+  lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     del deterministic  # no dropout inside linear attention
-    mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
+    mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
     phi_q_BxLxHxK = elu_feature_map(q.astype(jnp.float32))
     phi_k_BxLxHxK = elu_feature_map(k.astype(jnp.float32))

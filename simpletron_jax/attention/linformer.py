@@ -43,6 +43,9 @@ class LinformerAttention(nn.Module):
       must set ``model.attention_kwargs.max_length = model.max_length + 1``.
     share_kv: if True (default) ``E`` projects both keys and values; if
       False a separate ``F`` projects the values.
+    lra_masking: False (default): K and V are zeroed at pads before the projection.
+      True: LRA's ``models/linformer/linformer_attention.py``, which projects the pads
+      too (its dot product gets ``bias=None``), so outputs depend on the padding.
     dtype: computation dtype; the softmax is computed in float32.
 
   Parameters besides ``query``/``key``/``value``/``out``: ``proj_E``
@@ -64,6 +67,7 @@ class LinformerAttention(nn.Module):
   k: int = 256
   max_length: int = 2048
   share_kv: bool = True
+  lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
 
   @nn.compact
@@ -72,7 +76,7 @@ class LinformerAttention(nn.Module):
     base.check_max_length("linformer", length, self.max_length)
     if self.k < 1:
       raise ValueError(f"model.attention_kwargs.k={self.k} must be >= 1 for linformer")
-    mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
+    mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
     init = nn.initializers.normal(stddev=self.k ** -0.5)
     e_MxR = self.param("proj_E", init, (self.max_length, self.k), jnp.float32)

@@ -166,6 +166,10 @@ class PerformerAttention(nn.Module):
     softmax_eps: FAVOR+'s numerical stabiliser for the softmax kernel.
     relu_eps: the epsilon added to ReLU features (Performer's
       ``kernel_epsilon``, 1e-3).
+    lra_masking: False (default): pads are left out of the key sums and of the keys'
+      stabiliser. True: LRA's ``models/performer/performer.py``, whose FAVOR+ attention
+      function ignores the padding mask ``nn.SelfAttention`` passes it, so pads enter
+      both (outputs then depend on the padding).
     dtype: computation dtype of the projections; features and sums are
       float32 and cast back.
 
@@ -189,6 +193,7 @@ class PerformerAttention(nn.Module):
   feature_seed: int = 0
   softmax_eps: float = 1e-6
   relu_eps: float = 1e-3
+  lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
 
   def _projection(self, head_dim: int, deterministic: bool):
@@ -207,7 +212,7 @@ class PerformerAttention(nn.Module):
     if self.kernel not in KERNELS:
       raise ValueError(f"unknown performer kernel {self.kernel!r} "
                        f"(model.attention_kwargs.kernel); expected one of {KERNELS}")
-    mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
+    mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
     q, k, v = q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)
     w_MxK = self._projection(q.shape[-1], deterministic)

@@ -11,6 +11,15 @@ cost is O(L d^2) time and O(L d) memory; no softmax and no 1/sqrt(d) term.
 length: padded positions are zeroed in Q, K and V and so drop out of
 ``K^T V`` (the authors' later fixed code masks q, k and v).
 
+The function behind the published numbers is reachable by options (DESIGN.md section 7,
+the authors' ``SimpleAttention`` in ``vladyorsh/lra_efficient_transformers``,
+``lra/notebooks/listops_setup_simple_2.ipynb``): ``normalizer="padded"`` divides by
+``sqrt`` of the padded length ``x.shape[1]`` (a constant ``max_length + 1`` when every
+batch is padded to ``max_length``), ``mask_pads=False`` lets the pads enter ``K^T V``, and
+``kv_dropout_rate=0.1`` drops out entries of ``K^T V``. The authors computed
+``Q dropout(K^T V / sqrt(L))``; dropout scales entries, so that equals the
+``Q dropout(K^T V) / sqrt(L)`` computed here.
+
 Paper Table 1 variants are built from this one module by the registry
 (``simpletron_jax.attention``): ``simple`` has no output projection and
 needs ``qkv_dim == out_dim``; ``simple_res`` adds the encoder's double skip;
@@ -19,32 +28,60 @@ needs ``qkv_dim == out_dim``; ``simple_res`` adds the encoder's double skip;
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax.numpy as jnp
 
 from simpletron_jax.attention import base
 
 
-def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL):
+NORMALIZERS = ("real", "padded")
+
+
+def _check_normalizer(normalizer: str) -> None:
+  if normalizer not in NORMALIZERS:
+    raise ValueError(f"model.attention_kwargs.normalizer={normalizer!r}; expected one of "
+                     f"{NORMALIZERS}")
+
+
+def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: str = "real",
+                     mask_pads: bool = True, kv_dropout=None):
   """Non-causal SimpleAttention on projected heads.
 
   Args:
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK: per-head queries, keys, values.
     mask_BxL: bool, True for real tokens.
+    normalizer: ``"real"``: divide by ``sqrt`` of each example's number of real tokens;
+      ``"padded"``: by ``sqrt(L)``, the padded length (the authors' code).
+    mask_pads: True zeroes Q, K and V at pads, so pads stay out of ``K^T V``; False lets
+      them in (the authors' code).
+    kv_dropout: optional callable applied to ``K^T V`` (``[B, H, K, K]``), e.g. dropout.
 
   Returns:
-    ``[B, L, H, K]``; rows at padded positions are 0. No ``L x L`` array is
-    built: the largest intermediate is ``K^T V`` of shape ``[B, H, K, K]``.
+    ``[B, L, H, K]``; rows at padded positions are 0 when ``mask_pads``. No ``L x L``
+    array is built: the largest intermediate is ``K^T V`` of shape ``[B, H, K, K]``.
+
+  Raises:
+    ValueError: for an unknown ``normalizer``.
   """
-  m_BxLx1x1 = mask_BxL[:, :, None, None].astype(q_BxLxHxK.dtype)
-  q, k, v = q_BxLxHxK * m_BxLx1x1, k_BxLxHxK * m_BxLx1x1, v_BxLxHxK * m_BxLx1x1
+  _check_normalizer(normalizer)
+  q, k, v = q_BxLxHxK, k_BxLxHxK, v_BxLxHxK
+  if mask_pads:
+    m_BxLx1x1 = mask_BxL[:, :, None, None].astype(q_BxLxHxK.dtype)
+    q, k, v = q * m_BxLx1x1, k * m_BxLx1x1, v * m_BxLx1x1
   kv_BxHxKxK = jnp.einsum("blhd,blhe->bhde", k, v)
+  if kv_dropout is not None:
+    kv_BxHxKxK = kv_dropout(kv_BxHxKxK)
   y_BxLxHxK = jnp.einsum("blhd,bhde->blhe", q, kv_BxHxKxK)
+  if normalizer == "padded":
+    return y_BxLxHxK / jnp.sqrt(jnp.asarray(q.shape[1], y_BxLxHxK.dtype))
   n_B = jnp.maximum(mask_BxL.sum(axis=-1), 1).astype(y_BxLxHxK.dtype)
   return y_BxLxHxK / jnp.sqrt(n_B)[:, None, None, None]
 
 
-def causal_simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, chunk_size: int):
+def causal_simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, chunk_size: int, *,
+                            normalizer: str = "real", mask_pads: bool = True):
   """Causal SimpleAttention: ``y_i = q_i (sum_{j<=i} k_j^T v_j) / sqrt(n_i)``.
 
   ``n_i`` is the number of real tokens at positions ``<= i``. The sequence is
@@ -57,17 +94,26 @@ def causal_simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, chunk_siz
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK: per-head queries, keys, values.
     mask_BxL: bool, True for real tokens.
     chunk_size: C in tokens.
+    normalizer: ``"real"`` (``n_i`` as above) or ``"padded"`` (``n_i = i + 1``, every
+      position counted, the causal analogue of the authors' constant).
+    mask_pads: False lets pads enter the prefix sums (the authors' code).
 
   Returns:
     ``[B, L, H, K]``.
+
+  Raises:
+    ValueError: for an unknown ``normalizer``.
   """
+  _check_normalizer(normalizer)
   b, length, h, d = q_BxLxHxK.shape
   c = min(chunk_size, length)
   n_chunks = -(-length // c)
   pad = n_chunks * c - length
   m = mask_BxL.astype(q_BxLxHxK.dtype)
+  if normalizer == "padded":
+    m = jnp.ones_like(m)
   count_BxL = jnp.maximum(jnp.cumsum(m, axis=1), 1.0)
-  m_BxLx1x1 = m[:, :, None, None]
+  m_BxLx1x1 = m[:, :, None, None] if mask_pads else jnp.ones_like(m)[:, :, None, None]
 
   def chunked(t):
     t = jnp.pad(t * m_BxLx1x1, ((0, 0), (0, pad), (0, 0), (0, 0)))
@@ -98,13 +144,24 @@ class SimpleAttention(nn.Module):
       Simple-ResL.
     causal: if True, position i sees positions j <= i only.
     chunk_size: chunk length in tokens for the causal form.
+    normalizer: ``"real"`` (default): ``L`` is each example's number of real tokens,
+      CLS included; ``"padded"``: ``L`` is the padded length ``x.shape[1]``, which is
+      ``model.max_length + 1`` when ``data.bucket=0`` (the authors' code). Causal:
+      ``n_i = i + 1``.
+    mask_pads: True (default) zeroes Q, K, V at pads; False lets pads enter ``K^T V``
+      as the authors' code did (outputs then depend on the padding).
+    kv_dropout_rate: dropout on the entries of ``K^T V`` in training (the authors used
+      0.1); 0 (default): none. Non-causal only.
     dtype: computation dtype.
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
 
   Raises:
     ValueError: if ``use_output_proj`` is False and ``qkv_dim != out_dim``
-      (config fields ``model.qkv_dim`` and ``model.emb_dim``).
+      (config fields ``model.qkv_dim`` and ``model.emb_dim``); for an unknown
+      ``normalizer``; for ``kv_dropout_rate > 0`` with ``causal`` (the causal form has
+      one ``K^T V`` state per chunk, not one per sequence); each naming its
+      ``model.attention_kwargs`` field.
   """
 
   num_heads: int
@@ -114,11 +171,16 @@ class SimpleAttention(nn.Module):
   use_output_proj: bool = False
   causal: bool = False
   chunk_size: int = 128
+  normalizer: str = "real"
+  mask_pads: bool = True
+  kv_dropout_rate: float = 0.0
   dtype: base.Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
-    del deterministic  # no dropout inside SimpleAttention
+    if self.causal and self.kv_dropout_rate > 0:
+      raise ValueError("model.attention_kwargs.kv_dropout_rate > 0 needs causal=False: the "
+                       "causal form has no single K^T V to drop out")
     if not self.use_output_proj and self.qkv_dim != self.out_dim:
       raise ValueError(
           f"attention 'simple' and 'simple_res' have no output projection, so "
@@ -127,9 +189,15 @@ class SimpleAttention(nn.Module):
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
     if self.causal:
-      y_BxLxHxK = causal_simple_attention(q, k, v, mask_BxL, self.chunk_size)
+      y_BxLxHxK = causal_simple_attention(q, k, v, mask_BxL, self.chunk_size,
+                                          normalizer=self.normalizer, mask_pads=self.mask_pads)
     else:
-      y_BxLxHxK = simple_attention(q, k, v, mask_BxL)
+      kv_dropout = None
+      if self.kv_dropout_rate > 0:
+        kv_dropout = functools.partial(nn.Dropout(self.kv_dropout_rate, name="kv_dropout"),
+                                       deterministic=deterministic)
+      y_BxLxHxK = simple_attention(q, k, v, mask_BxL, normalizer=self.normalizer,
+                                   mask_pads=self.mask_pads, kv_dropout=kv_dropout)
     if self.use_output_proj:
       return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
     return y_BxLxHxK.reshape(*y_BxLxHxK.shape[:2], self.qkv_dim)

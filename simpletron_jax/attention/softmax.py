@@ -1,16 +1,134 @@
 """Softmax dot-product attention: the LRA Transformer baseline.
 
 ``softmax(Q K^T / sqrt(d)) V`` per head (Vaswani et al., 2017), as used by LRA
-``models/transformer/transformer.py``. Quadratic in time and memory.
+``models/transformer/transformer.py``. Quadratic in time; the ``flash`` implementation
+(cuDNN flash attention) is linear in memory.
+
+Three implementations compute the same function:
+
+* ``einsum``: the explicit ``[B, H, L, L]`` weights of LRA's code, with attention dropout.
+* ``xla``: ``jax.nn.dot_product_attention(implementation="xla")`` with a boolean key mask.
+* ``flash``: ``jax.nn.dot_product_attention(implementation="cudnn")`` with
+  ``key_value_seq_lengths`` taken from the padding mask. cuDNN masks keys by length, so the
+  mask must be right-padded (real tokens first, as every loader here and CLS at position 0
+  produce); a row whose mask is not a prefix gets NaN outputs instead of a silently
+  different function. A row with no real token at all (CLS rules it out) attends to its first
+  key, where ``einsum`` spreads its weight evenly over all keys.
+
+Where the requested implementation cannot compute the function (cuDNN needs a GPU,
+bfloat16/float16 and a head dim that is a multiple of 8 up to 128; no fused path has
+attention dropout), the module falls back (``flash`` -> ``xla``, and to ``einsum`` when
+attention dropout is active) and logs the reason once per reason.
 """
 
 from __future__ import annotations
+
+import logging
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from simpletron_jax.attention import base
+
+IMPLEMENTATIONS = ("einsum", "xla", "flash")
+# Earlier names: "fused" was jax.nn.dot_product_attention with implementation=None (XLA).
+ALIASES = {"fused": "xla", "cudnn": "flash"}
+FLASH_DTYPES = ("bfloat16", "float16")
+_LOGGED_REASONS: set[str] = set()
+logger = logging.getLogger(__name__)
+
+
+def resolve_implementation(requested: str, *, backend: str, dtype, head_dim: int,
+                           dropout_active: bool) -> tuple[str, str]:
+  """The implementation that computes ``requested``'s function here, and why it differs.
+
+  Args:
+    requested: ``"einsum"``, ``"xla"`` or ``"flash"`` (or an alias in :data:`ALIASES`).
+    backend: ``jax.default_backend()``, e.g. ``"cpu"`` or ``"gpu"``.
+    dtype: the computation dtype.
+    head_dim: per-head width K.
+    dropout_active: attention dropout is on (rate > 0 and not deterministic).
+
+  Returns:
+    ``(implementation, reason)``: ``reason`` is ``""`` when the requested one runs.
+    cuDNN shape limits beyond the head dim are found at trace time by the module.
+
+  Raises:
+    ValueError: for an unknown implementation; names
+      ``model.attention_kwargs.implementation``.
+  """
+  impl = ALIASES.get(requested, requested)
+  if impl not in IMPLEMENTATIONS:
+    raise ValueError(f"unknown softmax implementation {requested!r} "
+                     f"(model.attention_kwargs.implementation); expected one of "
+                     f"{IMPLEMENTATIONS}")
+  if impl != "einsum" and dropout_active:
+    return "einsum", (f"softmax implementation {impl!r} has no attention dropout; using "
+                      "'einsum' (set model.attention_dropout_rate=0 to use it)")
+  if impl != "flash":
+    return impl, ""
+  dtype_name = jnp.dtype(dtype).name
+  if backend != "gpu":
+    return "xla", f"cuDNN flash attention needs a GPU (backend is {backend!r}); using 'xla'"
+  if dtype_name not in FLASH_DTYPES:
+    return "xla", (f"cuDNN flash attention needs bfloat16 or float16 (model.dtype is "
+                   f"{dtype_name}); using 'xla'")
+  if head_dim % 8 or head_dim > 128:
+    return "xla", (f"cuDNN flash attention needs a head dim that is a multiple of 8 and at "
+                   f"most 128 (got {head_dim}); using 'xla'")
+  return "flash", ""
+
+
+def log_fallback_once(reason: str) -> bool:
+  """Logs ``reason`` as a warning the first time it is seen in this process.
+
+  Returns:
+    True if it was logged now, False if it had been logged before (or is empty).
+  """
+  if not reason or reason in _LOGGED_REASONS:
+    return False
+  _LOGGED_REASONS.add(reason)
+  logger.warning("SoftmaxAttention: %s", reason)
+  return True
+
+
+def key_lengths(mask_BxL: jnp.ndarray) -> jnp.ndarray:
+  """Real keys per row, at least 1 (an all-pad row keeps one key so cuDNN stays finite).
+
+  Returns:
+    ``[B]`` int32.
+  """
+  return jnp.maximum(mask_BxL.sum(axis=-1), 1).astype(jnp.int32)
+
+
+def is_right_padded(mask_BxL: jnp.ndarray) -> jnp.ndarray:
+  """``[B]`` bool: True where the row's real tokens are exactly its first positions."""
+  prefix_BxL = jnp.arange(mask_BxL.shape[1])[None, :] < mask_BxL.sum(axis=-1)[:, None]
+  return jnp.all(prefix_BxL == mask_BxL, axis=-1)
+
+
+def flash_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, causal: bool):
+  """cuDNN flash attention with the padding mask as key lengths.
+
+  Args:
+    q_BxNxHxK: queries of the first N positions (N = L for self-attention).
+    k_BxLxHxK, v_BxLxHxK: keys and values, bfloat16 or float16.
+    mask_BxL: bool, True for real tokens, right-padded.
+    causal: causal mask (only with N == L).
+
+  Returns:
+    ``[B, N, H, K]``; rows whose mask is not right-padded are NaN.
+
+  Raises:
+    NotImplementedError, RuntimeError, ValueError: from cuDNN's checks at trace time
+      (no cuDNN, unsupported shape); the module catches them and falls back to ``xla``.
+  """
+  y = jax.nn.dot_product_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=causal,
+                                   key_value_seq_lengths=key_lengths(mask_BxL),
+                                   implementation="cudnn")
+  ok_Bx1x1x1 = is_right_padded(mask_BxL)[:, None, None, None]
+  return jnp.where(ok_Bx1x1x1, y, jnp.asarray(jnp.nan, y.dtype))
 
 
 class SoftmaxAttention(nn.Module):
@@ -21,21 +139,22 @@ class SoftmaxAttention(nn.Module):
     qkv_dim: D, total width of queries, keys and values over all heads.
     out_dim: O, width of the output projection.
     dropout_rate: dropout on the attention weights (LRA's
-      ``attention_dropout_rate``); only in the ``einsum`` implementation.
+      ``attention_dropout_rate``); only ``einsum`` has it, so with dropout active the
+      other implementations fall back to ``einsum``.
     causal: if True, position i attends to positions j <= i only.
-    implementation: ``"einsum"`` (explicit ``[B, H, L, L]`` weights) or
-      ``"fused"`` (``jax.nn.dot_product_attention``: XLA on CPU, cuDNN flash
-      attention on GPU where available). ``"fused"`` has no attention
-      dropout.
+    implementation: ``"einsum"`` (default), ``"xla"`` or ``"flash"`` (module docstring);
+      ``"fused"`` is an alias of ``"xla"`` and ``"cudnn"`` of ``"flash"``.
+    num_queries: 0 (default): outputs at every position. N > 0: outputs at the first N
+      positions only, ``y_BxNxO``, while keys and values still cover all L positions
+      (the encoder's last block with CLS pooling).
     dtype: computation dtype.
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  Keys at padded positions get zero weight, so outputs at real positions do
-  not depend on padding.
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO`` (``y_BxNxO``
+  with ``num_queries``). Keys at padded positions get zero weight, so outputs at real
+  positions do not depend on padding.
 
   Raises:
-    ValueError: for an unknown ``implementation``, or ``"fused"`` with a
-      nonzero ``dropout_rate`` in training mode.
+    ValueError: for an unknown ``implementation``, or ``num_queries`` larger than L.
   """
 
   num_heads: int
@@ -44,37 +163,60 @@ class SoftmaxAttention(nn.Module):
   dropout_rate: float = 0.0
   causal: bool = False
   implementation: str = "einsum"
+  num_queries: int = 0
   dtype: base.Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
     length = x_BxLxE.shape[1]
-    # [B, 1, L(query), L(key)] keep-mask: real keys, and j <= i when causal.
-    keep_Bx1xLxL = mask_BxL[:, None, None, :]
-    if self.causal:
-      keep_Bx1xLxL = keep_Bx1xLxL & jnp.tril(jnp.ones((length, length), bool))[None, None]
+    n = self.num_queries or length
+    if n > length:
+      raise ValueError(f"num_queries={n} exceeds the sequence length {length}")
+    q = base.head_projection(x_BxLxE[:, :n], self.num_heads, self.qkv_dim, self.dtype,
+                             "query")
+    k, v = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name)
+            for name in ("key", "value"))
+    impl, reason = resolve_implementation(
+        self.implementation, backend=jax.default_backend(), dtype=self.dtype,
+        head_dim=q.shape[-1], dropout_active=self.dropout_rate > 0 and not deterministic)
+    if impl == "flash" and n != length:
+      # One query row (the CLS-only last block) needs no flash kernel: its logits are [B, H, N, L].
+      impl, reason = "xla", ("flash attention runs full self-attention only; the block with "
+                             f"num_queries={n} uses 'xla'")
+    log_fallback_once(reason)
+    y_BxNxHxK = None
+    if impl == "flash":
+      try:
+        y_BxNxHxK = flash_attention(q, k, v, mask_BxL, self.causal)
+      except (NotImplementedError, RuntimeError, ValueError) as error:
+        log_fallback_once(f"cuDNN flash attention cannot run ({error}); using 'xla'")
+        impl = "xla"
+    if y_BxNxHxK is None:
+      keep_Bx1xNxL = self._keep_mask(mask_BxL, n, length)
+      attend = self._einsum if impl == "einsum" else self._xla
+      y_BxNxHxK = attend(q, k, v, keep_Bx1xNxL, deterministic)
+    return base.output_projection(y_BxNxHxK, self.out_dim, self.dtype)
 
-    if self.implementation == "einsum":
-      q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-      logits_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-      big_neg = jnp.finfo(logits_BxHxLxL.dtype).min
-      logits_BxHxLxL = jnp.where(keep_Bx1xLxL, logits_BxHxLxL, big_neg)
-      weights_BxHxLxL = jax.nn.softmax(logits_BxHxLxL.astype(jnp.float32), axis=-1)
-      weights_BxHxLxL = weights_BxHxLxL.astype(self.dtype)
-      weights_BxHxLxL = nn.Dropout(self.dropout_rate)(weights_BxHxLxL,
-                                                      deterministic=deterministic)
-      y_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", weights_BxHxLxL, v)
-    elif self.implementation == "fused":
-      if self.dropout_rate > 0 and not deterministic:
-        raise ValueError("softmax implementation 'fused' has no attention dropout; set "
-                         "model.attention_dropout_rate=0 or use implementation 'einsum'")
-      # A padded query row has no real key; keep its diagonal so the row is finite.
-      eye = jnp.eye(length, dtype=bool)[None, None]
-      keep_Bx1xLxL = keep_Bx1xLxL | (eye & ~mask_BxL[:, None, :, None])
-      y_BxLxHxK = jax.nn.dot_product_attention(q, k, v, mask=keep_Bx1xLxL)
-    else:
-      raise ValueError(f"unknown softmax implementation {self.implementation!r}; "
-                       "expected 'einsum' or 'fused'")
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+  def _keep_mask(self, mask_BxL, n: int, length: int):
+    """``[B, 1, N, L]`` bool: real keys, and ``j <= i`` when causal."""
+    keep_Bx1xNxL = jnp.broadcast_to(mask_BxL[:, None, None, :],
+                                    (mask_BxL.shape[0], 1, n, length))
+    if self.causal:
+      keep_Bx1xNxL = keep_Bx1xNxL & jnp.tril(jnp.ones((length, length), bool))[None, None, :n]
+    return keep_Bx1xNxL
+
+  def _einsum(self, q, k, v, keep_Bx1xNxL, deterministic):
+    q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+    logits_BxHxNxL = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    big_neg = jnp.finfo(logits_BxHxNxL.dtype).min
+    logits_BxHxNxL = jnp.where(keep_Bx1xNxL, logits_BxHxNxL, big_neg)
+    weights_BxHxNxL = jax.nn.softmax(logits_BxHxNxL.astype(jnp.float32), axis=-1)
+    weights_BxHxNxL = weights_BxHxNxL.astype(self.dtype)
+    weights_BxHxNxL = nn.Dropout(self.dropout_rate)(weights_BxHxNxL,
+                                                    deterministic=deterministic)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights_BxHxNxL, v)
+
+  def _xla(self, q, k, v, keep_Bx1xNxL, deterministic):
+    del deterministic  # resolve_implementation sends active dropout to einsum
+    return jax.nn.dot_product_attention(q, k, v, mask=keep_Bx1xNxL, implementation="xla")

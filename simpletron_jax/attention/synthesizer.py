@@ -43,7 +43,8 @@ logits PLUS the dot product, and that is what LRA ran: the image configs set
 ``synthesizer_mode='factorized_random'``, ``k=32``, ``ignore_dot_product=True`` are
 top-level config fields that ``text_classification/train.py`` never passes to the
 model (only ``config.model`` is). To reproduce LRA use ``synthesizer_random`` with
-``dot_product=True``; the default here is the pure form of the paper. LRA's dense form
+``dot_product=True``, as ``configs/<task>/synthesizer_random.py`` do; the module's default
+is the pure form of the paper. LRA's dense form
 shares ``W2`` across heads and reshapes ``[B, L, H, M]`` to ``[B, H, L, M]`` without a
 transpose (mixing heads and positions); here ``W2`` is per head and the axes are kept.
 

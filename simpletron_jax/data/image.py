@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
+import zlib
 from typing import Any
 
 import numpy as np
@@ -154,20 +156,32 @@ def read_npz(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
   Raises:
     ValueError: ``{path}: ...`` if a key is missing, an array has the wrong
-      shape or dtype, a label is out of range, or ``classes`` differs from
-      :data:`CLASSES`.
+      shape or dtype, a label is out of range, ``classes`` differs from
+      :data:`CLASSES`, or the file is truncated or not an npz archive.
   """
-  with np.load(path, allow_pickle=False) as z:
-    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
-    if missing:
-      raise ValueError(f"{path}: missing array(s) {', '.join(missing)}; found {z.files}")
-    if "classes" in z.files and tuple(str(c) for c in z["classes"]) != CLASSES:
-      raise ValueError(f"{path}: classes {list(z['classes'])} differ from {list(CLASSES)}")
-    out = {}
-    for split in ("train", "test"):
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      return _read_npz_arrays(path, z)
+  except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # truncated or not a zip
+    raise ValueError(f"{path}: damaged npz file ({type(e).__name__}: {e})") from None
+
+
+def _read_npz_arrays(path: str, z) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """The checks and arrays of :func:`read_npz` from the open archive ``z``."""
+  missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
+  if missing:
+    raise ValueError(f"{path}: missing array(s) {', '.join(missing)}; found {z.files}")
+  if "classes" in z.files and tuple(str(c) for c in z["classes"]) != CLASSES:
+    raise ValueError(f"{path}: classes {list(z['classes'])} differ from {list(CLASSES)}")
+  out = {}
+  for split in ("train", "test"):
+    try:
       images, labels = z[f"x_{split}"], z[f"y_{split}"].astype(np.int64)
-      _check_arrays(images, labels, f"{path} ({split})")
-      out[split] = (images, labels.astype(np.int32))
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as e:
+      raise ValueError(f"{path}: damaged array of the {split} split "
+                       f"({type(e).__name__}: {e})") from None
+    _check_arrays(images, labels, f"{path} ({split})")
+    out[split] = (images, labels.astype(np.int32))
   return out
 
 

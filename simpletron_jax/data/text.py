@@ -5,8 +5,10 @@ with ``tokenizer='char'``. A review is encoded byte by byte with the byte
 encoder of tfds (``ByteTextEncoder``): byte ``b`` has token id ``b + 1``, so
 the ids are 1..256 and id 0 is free for padding (``VOCAB_SIZE = 257``). Each
 review keeps only its first ``max_length`` bytes. The label is 0 (negative)
-or 1 (positive). IMDB has no validation split, and LRA evaluates on the IMDB
-test split for both validation and test; :func:`load_text` does the same.
+or 1 (positive). IMDB has no validation split. LRA evaluates on the IMDB test
+split for both validation and test, so its best-validation checkpoint is chosen on
+test; :func:`load_text` instead holds out a seeded ``val_fraction`` (10% in the
+configs) of the training reviews, and ``val_fraction=0`` restores LRA's split.
 
 Sources, tried in this order by :func:`load_text`:
 
@@ -32,6 +34,7 @@ import json
 import logging
 import os
 import re
+import zlib
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -232,11 +235,15 @@ def read_jsonl(path: str) -> tuple[list[bytes], np.ndarray]:
 
   Raises:
     ValueError: ``{path}:{line}: ...`` for a line that is not JSON, not an
-      object, or lacks a string ``text`` or a 0/1 ``label``.
+      object, or lacks a string ``text`` or a 0/1 ``label``; ``{path}: ...`` for a
+      truncated or corrupt gzip file.
   """
   opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rb") as f:
-    raw = f.read()
+  try:
+    with opener(path, "rb") as f:
+      raw = f.read()
+  except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # truncated or not gzip
+    raise ValueError(f"{path}: damaged gzip file ({type(e).__name__}: {e})") from None
   texts: list[bytes] = []
   labels: list[int] = []
   for line_number, line in enumerate(raw.split(b"\n"), start=1):
@@ -366,7 +373,7 @@ def _iter_splits(kind: str, where: Any) -> Iterator[tuple[str, list[bytes], np.n
 
 
 def load_text(*, data_dir: str | None, tfds_data_dir: str | None, max_length: int, seed: int,
-              shuffle_train: bool = True) -> dict[str, RaggedExamples]:
+              shuffle_train: bool = True, val_fraction: float = 0.1) -> dict[str, RaggedExamples]:
   """Loads LRA Text (IMDB, byte level) as ragged splits.
 
   See the module docstring for the sources and their order.
@@ -377,18 +384,22 @@ def load_text(*, data_dir: str | None, tfds_data_dir: str | None, max_length: in
     tfds_data_dir: ``data.tfds_data_dir``: used first when it holds a
       prepared ``imdb_reviews/plain_text``; None skips tfds.
     max_length: ``model.max_length``: bytes kept per review.
-    seed: shuffles the train split (the files are sorted by label).
+    seed: shuffles the train split (the files are sorted by label) and draws the
+      validation reviews.
     shuffle_train: False keeps the source order (for tests).
+    val_fraction: ``data.val_fraction``: the share of the 25,000 training reviews held
+      out, seeded, for validation, so that checkpoint selection never sees the test
+      reviews. 0 reproduces LRA, which validates on the test split.
 
   Returns:
     ``{"train", "val", "test"}`` RaggedExamples with uint16 ids in 1..256
-    and labels 0/1. ``val`` and ``test`` are the same object: the 25,000
-    IMDB test reviews, as in LRA.
+    and labels 0/1. ``test`` is the 25,000 IMDB test reviews; ``val`` is the held-out
+    part of train, or with ``val_fraction=0`` the same object as ``test`` (LRA).
 
   Raises:
     FileNotFoundError: no source found (see :func:`find_source`).
     ValueError: a malformed JSONL line (``file:line``), a tfds label outside
-      0/1, or a bad ``max_length``.
+      0/1, a bad ``max_length``, or ``val_fraction`` outside [0, 1).
     RuntimeError: a tfrecord tfds copy without TensorFlow installed.
   """
   check_max_length(max_length)
@@ -403,7 +414,25 @@ def load_text(*, data_dir: str | None, tfds_data_dir: str | None, max_length: in
       order = np.random.default_rng(seed).permutation(len(texts))
       texts = [texts[i] for i in order]
       labels = labels[order]
+    if split == "train" and val_fraction:
+      texts, labels, splits["val"] = _hold_out(texts, labels, val_fraction, seed, max_length)
     splits[split] = bytes_to_examples(texts, labels, max_length)
-  splits["val"] = splits["test"]
+  splits.setdefault("val", splits["test"])
   return splits
+
+
+def _hold_out(texts: list[bytes], labels: np.ndarray, val_fraction: float, seed: int,
+              max_length: int) -> tuple[list[bytes], np.ndarray, RaggedExamples]:
+  """Holds out a seeded ``val_fraction`` of the training reviews for validation.
+
+  Returns:
+    ``(train texts, train labels, validation split)``; the kept reviews keep their order.
+
+  Raises:
+    ValueError: naming ``data.val_fraction`` if it is outside (0, 1).
+  """
+  from simpletron_jax.data import image  # pylint: disable=import-outside-toplevel
+  train_idx, val_idx = image.split_train_val(len(texts), val_fraction, seed)
+  val = bytes_to_examples([texts[i] for i in val_idx], labels[val_idx], max_length)
+  return [texts[i] for i in train_idx], labels[train_idx], val
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Issue 10's GPU measurements, one part per device call (each part fits the 10-minute limit).
+#
+# Prepare once, on the development machine, from the project root:
+#   bash ../shared/tools/device-prep.sh --no-cifar     # wheels into .whl/ (ml_collections, grain, ...)
+# Then each device call (carry [".whl"]) runs:
+#   bash .whl/setup.sh && export PYTHONPATH=$PWD/.site:$PWD PYTHONUNBUFFERED=1 && \
+#     bash benchmarks/gpu_session.sh <part>
+# Parts:
+#   check     flash == einsum softmax (bfloat16 tolerance, padding; tests/test_fast_paths.py on
+#             the GPU), the profile of simple and softmax_flash at 4K (bfloat16), and
+#             last_block_cls_only on/off for simple at 4K and 16K          (about 5 minutes)
+#   bf16      the benchmark table, bfloat16, 1K..32K, every variant       (stops at 9 minutes)
+#   fp32      the same in float32                                          (stops at 9 minutes)
+#   listops   train.py's loop on the ListOps paper config in bfloat16, 300 steps, with and
+#             without data.group_by_length (steps/s per 10-step window in metrics.jsonl)
+# A part stopped by its time limit resumes where it stopped when called again (--resume).
+# Everything is written under $OUT (default /tmp/gpu_session): at most 8 files per part, as
+# the device tool returns them; each part also packs its folder into <part>.tar.gz.
+set -uo pipefail
+part=${1:?usage: bash benchmarks/gpu_session.sh check|bf16|fp32|listops}
+OUT=${OUT:-/tmp/gpu_session}
+work=/tmp/gpu_session_work/$part
+mkdir -p "$OUT" "$work"
+export JAX_PLATFORMS=cuda                 # tests/conftest.py would otherwise pick the CPU
+export XLA_PYTHON_CLIENT_MEM_FRACTION=0.9
+log="$OUT/$part.log"
+{ echo "== $(date -u +%FT%TZ) part $part"; nvidia-smi --query-gpu=name,memory.total,driver_version \
+    --format=csv; python -c "import jax; print('jax', jax.__version__, jax.devices())"; } >"$log" 2>&1
+
+bench() {  # bench <dtype> <seconds>
+  timeout "$2" python benchmarks/speed_memory.py --dtype "$1" --out "$work" --resume \
+    --cache-dir /tmp/jax_cache >>"$log" 2>&1
+  echo "speed_memory exit $? (124 = stopped by the time limit; call the part again)" >>"$log"
+  cp "$work"/speed_memory.{json,md,png} "$OUT"/ 2>/dev/null
+  cp "$work"/speed_memory.partial.jsonl "$OUT"/ 2>/dev/null
+}
+
+case "$part" in
+  check)
+    # float32 equivalence tests compare full-precision matmuls (GPUs may use TF32 otherwise).
+    JAX_DEFAULT_MATMUL_PRECISION=highest python -m pytest tests/test_fast_paths.py -q -rs \
+      -p no:cacheprovider >"$OUT/test_fast_paths.txt" 2>&1
+    echo "pytest exit $?" >>"$OUT/test_fast_paths.txt"
+    for v in simple softmax_flash; do
+      python benchmarks/profile_step.py --variant $v --length 4096 --dtype bfloat16 \
+        --out "$work/profile_$v" >>"$log" 2>&1
+      cp "$work/profile_$v/profile_summary.txt" "$OUT/profile_${v}_4k_bf16.txt"
+    done
+    for flag in false true; do
+      python benchmarks/speed_memory.py --dtype bfloat16 --variants simple softmax_flash \
+        --lengths 4096 16384 --set last_block_cls_only=$flag --out "$work/cls_$flag" \
+        --cache-dir /tmp/jax_cache >>"$log" 2>&1
+      cp "$work/cls_$flag/speed_memory.md" "$OUT/cls_only_${flag}.md"
+    done
+    ;;
+  bf16) bench bfloat16 540 ;;
+  fp32) bench float32 540 ;;
+  listops)
+    python - >>"$log" 2>&1 <<'PY'
+from simpletron_jax.data import listops
+listops.generate_dataset("/tmp/listops_lra", seed=0, num_workers=14)
+PY
+    for grouped in False True; do
+      timeout 240 python train.py --config configs/listops/simple.py --config.model.dtype=bfloat16 \
+        --config.data.data_dir=/tmp/listops_lra --config.num_train_steps=300 \
+        --config.eval_frequency=300 --config.checkpoint_every=300 --config.num_eval_steps=8 \
+        --config.num_test_steps=8 --config.data.group_by_length=$grouped \
+        --workdir "$work/listops_grouped_$grouped" >>"$log" 2>&1
+      cp "$work/listops_grouped_$grouped/metrics.jsonl" "$OUT/listops_grouped_${grouped}.jsonl"
+    done
+    ;;
+  *) echo "unknown part $part" >&2; exit 2 ;;
+esac
+tar -czf "$OUT/$part.tar.gz" --exclude=trace -C "$work/.." "$part" 2>/dev/null
+echo "== done $(date -u +%FT%TZ)" >>"$log"

@@ -1,0 +1,178 @@
+"""Profiles the benchmark's train step with the JAX profiler and summarises the top kernels.
+
+    python benchmarks/profile_step.py --variant simple --length 4096 --dtype bfloat16 \
+        --out /tmp/profile_simple_4k
+
+The step is the one of ``benchmarks/speed_memory.py`` (LRA text model, batch 32, full pmapped
+train step on a resident random batch). After compiling and two warm-up steps, ``--steps``
+steps run under ``jax.profiler.trace(create_perfetto_trace=True)``. The Perfetto JSON trace
+is read back and every complete event ("ph": "X") on the device's tracks (GPU streams; on CPU
+the XLA threads) is summed by name. Writes ``profile_summary.txt`` (the top ``--top`` kernels
+with their share of device time, and shares by kind: matmul, attention, fusions, copies,
+random bits) and ``profile_summary.json`` to ``--out``; the raw trace stays in
+``--out/trace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import flax  # noqa: E402
+import jax  # noqa: E402
+
+import speed_memory as sm  # noqa: E402
+from simpletron_jax import models, train_lib  # noqa: E402
+
+# Kernel kinds, first match wins (names of cuBLAS/cuDNN/XLA GPU kernels and XLA CPU ops).
+KINDS = (
+    ("attention (cuDNN)", r"cudnn|flash|fmha|sdpa"),
+    ("matmul", r"gemm|cublas|cutlass|matmul|dot|sm90_xmma|nvjet"),
+    ("random bits", r"threefry|rng|random"),
+    ("copy / transpose", r"copy|transpose|memcpy|memset"),
+    ("reduction", r"reduce"),
+    ("fusion (elementwise)", r"fusion|loop|input_"),
+)
+
+
+def kind_of(name: str) -> str:
+  """The kernel kind of a trace event name (see :data:`KINDS`); ``"other"`` if none."""
+  lower = name.lower()
+  for kind, pattern in KINDS:
+    if re.search(pattern, lower):
+      return kind
+  return "other"
+
+
+def load_trace(trace_dir: str) -> dict[str, Any]:
+  """The newest ``perfetto_trace.json.gz`` under ``trace_dir``.
+
+  Raises:
+    FileNotFoundError: if the profiler wrote none.
+  """
+  paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True),
+                 key=os.path.getmtime)
+  if not paths:
+    raise FileNotFoundError(f"no Perfetto trace (*.json.gz) under {trace_dir}")
+  with gzip.open(paths[-1], "rt") as f:
+    return json.load(f)
+
+
+def device_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
+  """Complete events on device tracks: processes named like ``/device:GPU:0``, else (CPU
+  runs) every complete event that is not a Python or host-runtime frame."""
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+           if e.get("ph") == "M" and e.get("name") == "process_name"}
+  gpu = {pid for pid, name in names.items() if re.search(r"/device:(GPU|TPU)", name)}
+  complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+  if gpu:
+    return [e for e in complete if e["pid"] in gpu]
+  host_frames = re.compile(r"\$|\.py|PjitFunction|pmap|ThunkExecutor|Execute|TfrtCpu")
+  return [e for e in complete if not host_frames.search(e.get("name", ""))]
+
+
+def summarize(events: list[dict[str, Any]], steps: int, top: int) -> dict[str, Any]:
+  """Per-name and per-kind totals of ``events`` (durations in microseconds).
+
+  Returns:
+    ``{"device_us_per_step", "kernels": [{name, kind, us_per_step, share, calls_per_step}],
+    "kinds": {kind: share}}``, kernels sorted by time, the first ``top`` of them.
+  """
+  by_name: dict[str, list[float]] = collections.defaultdict(list)
+  for e in events:
+    by_name[e["name"]].append(float(e["dur"]))
+  total = sum(sum(d) for d in by_name.values()) or 1.0
+  kinds: dict[str, float] = collections.Counter()
+  for name, durs in by_name.items():
+    kinds[kind_of(name)] += sum(durs) / total
+  ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+  return {
+      "device_us_per_step": total / steps,
+      "kernels": [{"name": name, "kind": kind_of(name), "us_per_step": sum(d) / steps,
+                   "share": sum(d) / total, "calls_per_step": len(d) / steps}
+                  for name, d in ranked[:top]],
+      "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+  }
+
+
+def summary_text(summary: dict[str, Any], header: str) -> str:
+  """The ``profile_summary.txt`` table."""
+  lines = [header, "", f"device time per step: {summary['device_us_per_step'] / 1e3:.2f} ms",
+           "", "share by kind:"]
+  lines += [f"  {kind:<24} {100 * share:5.1f}%" for kind, share in summary["kinds"].items()]
+  lines += ["", f"{'share':>6} {'ms/step':>8} {'calls':>6}  kind / kernel"]
+  for k in summary["kernels"]:
+    lines.append(f"{100 * k['share']:5.1f}% {k['us_per_step'] / 1e3:8.3f} "
+                 f"{k['calls_per_step']:6.1f}  {k['kind']}: {k['name'][:110]}")
+  return "\n".join(lines) + "\n"
+
+
+def profile(variant: str, length: int, dtype: str, batch: int, steps: int, out: str,
+            model_overrides: dict[str, Any] | None = None) -> str:
+  """Compiles, warms up and traces ``steps`` train steps; returns the trace folder."""
+  setup = sm.variant_setup(variant, length)
+  config = sm.lra_text_config(length, setup.attention, setup.attention_kwargs, batch, dtype,
+                              {**setup.model_overrides, **(model_overrides or {})})
+  model = models.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
+                                  num_classes=sm.NUM_CLASSES)
+  state = flax.jax_utils.replicate(
+      train_lib.create_train_state(config, model, jax.random.PRNGKey(0)))
+  p_train, _ = train_lib.pmap_steps(model.apply)
+  data = sm._device_batch(batch, length, jax.local_device_count())
+  keys = jax.random.split(jax.random.PRNGKey(1), steps + 2)
+  for i in range(2):
+    state, sums = p_train(state, data, keys[i])
+  jax.block_until_ready((state, sums))
+  trace_dir = os.path.join(out, "trace")
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    for i in range(steps):
+      state, sums = p_train(state, data, keys[2 + i])
+    jax.block_until_ready((state, sums))
+  return trace_dir
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  """Profiles one (variant, length, dtype) and writes the summary files."""
+  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--variant", default="simple", help="a speed_memory.py row label")
+  parser.add_argument("--length", type=int, default=4096)
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--top", type=int, default=25)
+  parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
+                      help="model.* overrides, as in speed_memory.py")
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args(argv)
+  trace_dir = profile(args.variant, args.length, args.dtype, args.batch, args.steps, args.out,
+                      sm.parse_overrides(args.set))
+  summary = summarize(device_events(load_trace(trace_dir)), args.steps, args.top)
+  device = jax.local_devices()[0]
+  header = (f"{args.variant}, L={args.length}, {args.dtype}, batch {args.batch}, "
+            f"{args.steps} traced steps on {device.device_kind} ({device.platform}), "
+            f"jax {jax.__version__}" + (f", set {' '.join(args.set)}" if args.set else ""))
+  summary["header"] = header
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "profile_summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  text = summary_text(summary, header)
+  with open(os.path.join(args.out, "profile_summary.txt"), "w") as f:
+    f.write(text)
+  print(text)
+  return summary
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,205 @@
+"""Shared pieces of the papers' experiments (``scripts/experiments/*.py``): command-line
+options, configs, training through ``train_lib``, evaluating a parameter tree, and the
+JSON / markdown / PNG outputs.
+
+Every script has a CPU ``--quick`` mode on the ``:tiny`` configs and a paper-size mode (the
+configs without a suffix); ``--steps`` and ``--eval-every`` override the step counts, and
+``--override model.max_length=256`` any config field of every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+from typing import Any, Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+import flax  # noqa: E402  pylint: disable=wrong-import-position
+import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
+
+from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import tasks, train_lib  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
+
+
+def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
+  """Adds ``--quick``, ``--steps``, ``--eval-every``, ``--override``, ``--out``, ``--runs``."""
+  parser.add_argument("--quick", action="store_true",
+                      help="CPU mode: the :tiny configs and few steps")
+  parser.add_argument("--steps", type=int, default=None,
+                      help="training steps of every run (default: the mode's)")
+  parser.add_argument("--eval-every", type=int, default=None,
+                      help="steps between validations (default: the mode's)")
+  parser.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE",
+                      help="set a config field of every run, e.g. model.max_length=256")
+  parser.add_argument("--out", default=os.path.join("results", "experiments", name),
+                      help="folder for the JSON, markdown table and PNG")
+  parser.add_argument("--runs", default=os.path.join("runs", "experiments", name),
+                      help="folder for the training runs (checkpoints); a finished run "
+                           "(with results.json) is reused")
+
+
+def _set_field(config: ml_collections.ConfigDict, assignment: str) -> None:
+  """Applies one ``--override FIELD=VALUE``; VALUE is a Python literal or a string.
+
+  Raises:
+    ValueError: if the text has no ``=`` or the field does not exist.
+  """
+  if "=" not in assignment:
+    raise ValueError(f"--override {assignment!r}: expected FIELD=VALUE")
+  key, text = assignment.split("=", 1)
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    value = text
+  *path, leaf = key.split(".")
+  target = config
+  for part in path:
+    target = target[part]
+  if leaf not in target:
+    raise ValueError(f"--override {assignment!r}: config has no field {key!r}")
+  target[leaf] = value
+
+
+def make_config(args, task: str, attention: str, steps: int | None = None,
+                eval_every: int | None = None, **fields) -> ml_collections.ConfigDict:
+  """``configs/lra.make_config(task, attention, 'tiny' if --quick)`` with the run length.
+
+  Args:
+    args: the parsed options (``quick``, ``steps``, ``eval_every``, ``override``).
+    task, attention: as in ``configs/``.
+    steps, eval_every: the mode's defaults (None: the config's own), replaced by
+      ``--steps`` / ``--eval-every``.
+    **fields: further settings, dotted names written with ``__`` (``model__num_layers=2``).
+
+  Returns:
+    The config; warmup is at most a fifth of the steps, and checkpoints follow validation.
+  """
+  config = lra.make_config(task, attention, "tiny" if args.quick else None)
+  steps = args.steps or steps or config.num_train_steps
+  set_length(config, steps, args.eval_every or eval_every or config.eval_frequency)
+  for key, value in fields.items():
+    _set_field(config, f"{key.replace('__', '.')}={value!r}")
+  for assignment in args.override:
+    _set_field(config, assignment)
+  return config
+
+
+def set_length(config: ml_collections.ConfigDict, steps: int, eval_every: int) -> None:
+  """Sets ``num_train_steps``; validation and checkpoints every ``eval_every`` steps (at
+  most ``steps``); warmup at most a fifth of the steps."""
+  config.num_train_steps = steps
+  config.eval_frequency = min(eval_every, steps)
+  config.checkpoint_every = config.eval_frequency
+  config.log_every = min(config.log_every, config.eval_frequency)
+  config.warmup = min(config.warmup, max(steps // 5, 1))
+
+
+class DataCache:
+  """Task data loaded once per (task, data settings), or one preloaded task for tests."""
+
+  def __init__(self, data: tasks.TaskData | None = None):
+    self._fixed = data
+    self._cache: dict[str, tasks.TaskData] = {}
+
+  def __call__(self, config: ml_collections.ConfigDict) -> tasks.TaskData:
+    if self._fixed is not None:
+      return self._fixed
+    key = config.task + json.dumps(config.data.to_dict(), sort_keys=True, default=str)
+    if key not in self._cache:
+      self._cache[key] = tasks.load_task(config)
+    return self._cache[key]
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData) -> dict:
+  """Trains with ``train_lib.train_and_evaluate``, or reads a finished run's results.
+
+  Returns:
+    ``results.json`` plus ``"val_curve"``: ``[[step, accuracy], ...]`` from
+    ``metrics.jsonl`` and ``"workdir"``.
+
+  Raises:
+    ValueError: if ``workdir`` holds a run of another config (choose another ``--runs``).
+  """
+  path = os.path.join(workdir, "results.json")
+  saved = os.path.join(workdir, "config.json")
+  if os.path.exists(saved):
+    with open(saved) as f:
+      if json.load(f) != json.loads(config.to_json_best_effort()):
+        raise ValueError(f"{workdir} holds a run with another config; pass another --runs "
+                         "folder or delete it")
+  if os.path.exists(path):
+    with open(path) as f:
+      results = json.load(f)
+  else:
+    results = train_lib.train_and_evaluate(config, workdir, data=data)
+  records = read_records(os.path.join(workdir, "metrics.jsonl"))
+  curve = {r["step"]: r["accuracy"] for r in records if r.get("split") == "val"}
+  return {**results, "val_curve": sorted(curve.items()), "workdir": workdir}
+
+
+def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskData,
+                    split: str = "test") -> dict[str, float]:
+  """Accuracy and loss of ``params`` in the model of ``config`` on ``split``.
+
+  Reads ``num_test_steps`` batches for the test split and ``num_eval_steps`` for the
+  others, as ``train_lib.evaluate_checkpoint`` does.
+  """
+  model = train_lib.build_model(config, data)
+  _, p_eval = train_lib.pmap_steps(model.apply)
+  limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
+  return train_lib.evaluate(p_eval, flax.jax_utils.replicate(params), getattr(data, split),
+                            config, limit)
+
+
+def init_params(config: ml_collections.ConfigDict, data: tasks.TaskData):
+  """Freshly initialised parameters of the model of ``config`` (seed ``config.seed``)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  model = train_lib.build_model(config, data)
+  return train_lib.create_train_state(config, model, jax.random.PRNGKey(config.seed)).params
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+  """A GitHub markdown table; floats are written with 4 significant decimals."""
+  def cell(v):
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+  return "\n".join(lines) + "\n"
+
+
+def write_outputs(out_dir: str, name: str, payload: dict, table_md: str,
+                  plot: Callable[[Any], None]) -> dict[str, str]:
+  """Writes ``<name>.json``, ``<name>.md`` and ``<name>.png`` (matplotlib Agg) to ``out_dir``.
+
+  Args:
+    out_dir: created if missing.
+    name: the file stem.
+    payload: JSON-ready results.
+    table_md: the markdown text.
+    plot: draws on a matplotlib Figure.
+
+  Returns:
+    ``{"json", "md", "png"}`` paths.
+  """
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {ext: os.path.join(out_dir, f"{name}.{ext}") for ext in ("json", "md", "png")}
+  with open(paths["json"], "w") as f:
+    json.dump(payload, f, indent=2, default=float)
+  with open(paths["md"], "w") as f:
+    f.write(table_md)
+  fig = plt.figure(figsize=(10, 4))
+  plot(fig)
+  fig.tight_layout()
+  fig.savefig(paths["png"], dpi=110)
+  plt.close(fig)
+  return paths

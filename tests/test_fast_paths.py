@@ -1,0 +1,196 @@
+"""Issue 10's exact speed paths: softmax implementations (einsum, XLA, cuDNN flash) with
+their fallbacks, and the last encoder block on the CLS position only."""
+
+from __future__ import annotations
+
+import logging
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from simpletron_jax import attention, models
+from simpletron_jax.attention import softmax
+
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def _x_and_mask(batch=2, length=9, emb=16, lengths=(9, 5), dtype=jnp.float32):
+  x_BxLxE = jax.random.normal(jax.random.PRNGKey(0), (batch, length, emb)).astype(dtype)
+  mask_BxL = jnp.arange(length)[None, :] < jnp.asarray(lengths)[:, None]
+  return x_BxLxE, mask_BxL
+
+
+def _softmax(dtype=jnp.float32, heads=2, dim=16, **kwargs):
+  return attention.get("softmax").build(num_heads=heads, qkv_dim=dim, out_dim=dim,
+                                        dropout_rate=kwargs.pop("dropout_rate", 0.0),
+                                        dtype=dtype, **kwargs)
+
+
+@pytest.fixture
+def fresh_log(monkeypatch):
+  """An empty once-per-reason log, so each test sees its own warnings."""
+  monkeypatch.setattr(softmax, "_LOGGED_REASONS", set())
+
+
+@pytest.mark.parametrize("kwargs, expected, why", [
+    (dict(requested="einsum", backend="gpu", dtype=jnp.bfloat16, head_dim=64,
+          dropout_active=True), "einsum", ""),
+    (dict(requested="flash", backend="gpu", dtype=jnp.bfloat16, head_dim=64,
+          dropout_active=False), "flash", ""),
+    (dict(requested="flash", backend="cpu", dtype=jnp.bfloat16, head_dim=64,
+          dropout_active=False), "xla", "needs a GPU"),
+    (dict(requested="flash", backend="gpu", dtype=jnp.float32, head_dim=64,
+          dropout_active=False), "xla", "bfloat16 or float16"),
+    (dict(requested="cudnn", backend="gpu", dtype=jnp.bfloat16, head_dim=12,
+          dropout_active=False), "xla", "multiple of 8"),
+    (dict(requested="flash", backend="gpu", dtype=jnp.bfloat16, head_dim=64,
+          dropout_active=True), "einsum", "no attention dropout"),
+    (dict(requested="fused", backend="cpu", dtype=jnp.float32, head_dim=8,
+          dropout_active=True), "einsum", "no attention dropout"),
+    (dict(requested="fused", backend="cpu", dtype=jnp.float32, head_dim=8,
+          dropout_active=False), "xla", ""),
+])
+def test_resolve_implementation_falls_back_with_the_reason(kwargs, expected, why):
+  impl, reason = softmax.resolve_implementation(kwargs.pop("requested"), **kwargs)
+  assert impl == expected
+  assert (why in reason) if why else reason == ""
+
+
+def test_unknown_implementation_names_the_config_field():
+  with pytest.raises(ValueError, match="model.attention_kwargs.implementation"):
+    softmax.resolve_implementation("flashy", backend="gpu", dtype=jnp.bfloat16, head_dim=64,
+                                   dropout_active=False)
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")
+def test_flash_on_cpu_logs_once_and_computes_softmax(fresh_log, caplog):
+  x, mask = _x_and_mask()
+  reference = _softmax()
+  params = jax.jit(reference.init)(jax.random.PRNGKey(1), x, mask)
+  with caplog.at_level(logging.WARNING, logger=softmax.__name__):
+    y_flash = jax.jit(_softmax(implementation="flash").apply)(params, x, mask)
+    jax.jit(_softmax(implementation="flash").apply)(params, x, mask)
+  messages = [r.getMessage() for r in caplog.records]
+  assert len(messages) == 1 and "needs a GPU" in messages[0]
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(y_flash)[real],
+                             np.asarray(jax.jit(reference.apply)(params, x, mask))[real],
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_fused_with_active_dropout_uses_einsum_and_says_why(fresh_log, caplog):
+  x, mask = _x_and_mask()
+  module = _softmax(implementation="xla", dropout_rate=0.5)
+  params = module.init(jax.random.PRNGKey(1), x, mask)
+  rngs = {"dropout": jax.random.PRNGKey(2)}
+
+  def train_mode(m):
+    return m.apply(params, x, mask, deterministic=False, rngs=rngs)
+  with caplog.at_level(logging.WARNING, logger=softmax.__name__):
+    y = train_mode(module)
+  y_einsum = train_mode(_softmax(implementation="einsum", dropout_rate=0.5))
+  assert any("no attention dropout" in r.getMessage() for r in caplog.records)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(y_einsum), rtol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_xla_equals_einsum_with_padding(causal):
+  x, mask = _x_and_mask()
+  params = _softmax().init(jax.random.PRNGKey(1), x, mask)
+  real = np.asarray(mask)
+  y = {impl: np.asarray(_softmax(implementation=impl, causal=causal).apply(params, x, mask))
+       for impl in ("einsum", "xla")}
+  np.testing.assert_allclose(y["xla"][real], y["einsum"][real], rtol=1e-5, atol=1e-5)
+
+
+def test_right_padding_check():
+  mask = jnp.array([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], bool)
+  np.testing.assert_array_equal(np.asarray(softmax.is_right_padded(mask)),
+                                [True, False, True, True])
+  np.testing.assert_array_equal(np.asarray(softmax.key_lengths(mask)), [2, 2, 1, 4])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="cuDNN flash attention needs an NVIDIA GPU")
+def test_flash_equals_einsum_on_gpu_bfloat16_with_padding(fresh_log, caplog):
+  # B 4, L 512 (CLS-like first token always real), 4 heads of 64, right-padded rows.
+  x, mask = _x_and_mask(batch=4, length=512, emb=256, lengths=(512, 300, 17, 1),
+                        dtype=jnp.bfloat16)
+  einsum = _softmax(jnp.bfloat16, heads=4, dim=256)
+  flash = _softmax(jnp.bfloat16, heads=4, dim=256, implementation="flash")
+  params = einsum.init(jax.random.PRNGKey(1), x, mask)
+  with caplog.at_level(logging.WARNING, logger=softmax.__name__):
+    y_flash = flash.apply(params, x, mask)
+  assert not caplog.records, [r.getMessage() for r in caplog.records]
+  real = np.asarray(mask)
+  y_einsum = einsum.apply(params, x, mask)
+  np.testing.assert_allclose(np.asarray(y_flash, np.float32)[real],
+                             np.asarray(y_einsum, np.float32)[real], rtol=2e-2, atol=2e-2)
+
+  def loss(module, p):
+    y = module.apply(p, x, mask).astype(jnp.float32)
+    return jnp.sum(jnp.where(mask[..., None], y, 0.0) ** 2)
+  g_flash, g_einsum = (jax.grad(lambda p, m=m: loss(m, p))(params) for m in (flash, einsum))
+  for a, b in zip(jax.tree_util.tree_leaves(g_flash), jax.tree_util.tree_leaves(g_einsum)):
+    scale = float(jnp.abs(b.astype(jnp.float32)).max()) + 1e-6
+    np.testing.assert_allclose(np.asarray(a, np.float32) / scale,
+                               np.asarray(b, np.float32) / scale, atol=3e-2)
+
+
+# ----------------------------------------------------------------------------
+# The last block on the CLS position only.
+
+
+def _classifier(attention_name, cls_only, pool="CLS", num_layers=1, **attention_kwargs):
+  encoder = models.Encoder(vocab_size=20, emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32,
+                           num_layers=num_layers, max_length=12, attention=attention_name,
+                           attention_kwargs=attention_kwargs, classifier_pool=pool,
+                           last_block_cls_only=cls_only)
+  return models.ClassificationEncoder(encoder=encoder, num_classes=3)
+
+
+def _tokens():
+  rng = np.random.default_rng(0)
+  real = np.arange(12)[None, :] < np.array([[12], [6], [3]])
+  return jnp.asarray(rng.integers(1, 20, (3, 12)) * real, jnp.int32)
+
+
+@pytest.mark.parametrize("name, kwargs", [("softmax", {"causal": True}), ("simple", {})])
+def test_last_block_cls_only_gives_the_same_logits_and_gradients(name, kwargs):
+  tokens = _tokens()
+  full, cls_only = _classifier(name, False, **kwargs), _classifier(name, True, **kwargs)
+  params = jax.jit(full.init)(jax.random.PRNGKey(0), tokens)
+
+  def logits_and_grads(model):
+    loss = lambda p: jnp.sum(jnp.sin(model.apply(p, tokens)))  # noqa: E731
+    return jax.jit(lambda p: (model.apply(p, tokens), jax.grad(loss)(p)))(params)
+  (logits, grads), (logits_ref, grads_ref) = map(logits_and_grads, (cls_only, full))
+  chex.assert_trees_all_close(logits, logits_ref, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(grads, grads_ref, rtol=1e-4, atol=1e-6)
+
+
+def test_last_block_cls_only_skips_work_and_mean_pooling_ignores_it():
+  tokens = _tokens()
+  model = _classifier("softmax", True, num_layers=2)
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)   # shapes only
+
+  def intermediates(model):
+    return jax.eval_shape(lambda p: model.apply(p, tokens, capture_intermediates=True,
+                                                mutable="intermediates")[1], params)
+  blocks = intermediates(model)["intermediates"]["encoder"]
+  chex.assert_shape(blocks["encoderblock_0"]["__call__"][0], (3, 13, 16))
+  chex.assert_shape(blocks["encoderblock_1"]["__call__"][0], (3, 1, 16))
+  mean = _classifier("simple", True, "MEAN", num_layers=2)
+  params = jax.eval_shape(mean.init, jax.random.PRNGKey(0), tokens)
+  blocks = intermediates(mean)["intermediates"]["encoder"]
+  chex.assert_shape(blocks["encoderblock_1"]["__call__"][0], (3, 12, 16))
+
+
+def test_num_queries_is_not_a_user_option():
+  from configs import lra  # noqa: PLC0415
+  model = lra.make_config("listops", "softmax", "tiny").model
+  model.attention_kwargs.num_queries = 1
+  with pytest.raises(ValueError, match="model.last_block_cls_only"):
+    models.validate_model_config(model)

@@ -1,0 +1,236 @@
+"""Multi-host training with two processes on one machine (``jax.distributed`` over a
+localhost coordinator, gloo CPU collectives, one CPU device per process).
+
+The two-process runs (tests/multihost_worker.py) must match one process with two
+devices: parameters, each host's rows of every batch, validation metrics. Only process 0
+writes the logs; a run killed on both processes resumes to the parameters of an
+uninterrupted one; a host with another config is refused at start-up; an unreachable
+coordinator is reported within its time-out. Deselect the process-spawning tests with
+``-m "not multihost"``.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from simpletron_jax import distributed, tasks, train_lib
+from simpletron_jax.data.common import RaggedExamples
+from tests import multihost_worker as worker
+from tests.conftest import ROOT
+
+PAIR_TIMEOUT_S = 300
+# One CPU device per process; the two optimisation flags halve XLA's compile time, which
+# is most of these runs (the comparisons between two-process runs are exact anyway).
+WORKER_XLA_FLAGS = ("--xla_force_host_platform_device_count=1 "
+                    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+TRAIN, STEPS, HALF = "train", 6, 4  # worker_config: 6 steps of 8 examples, 4 per host
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _run_pair(tmp_path, workdir, name, *extra, seeds=(0, 0)):
+  """Runs the two worker processes; returns (exit codes, their records or None, logs).
+
+  ``workdir`` is shared, or a pair of folders (one per process)."""
+  workdirs = workdir if isinstance(workdir, (list, tuple)) else (workdir, workdir)
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=WORKER_XLA_FLAGS)
+  outs = [tmp_path / f"{name}_{i}.json" for i in range(2)]
+  procs = [subprocess.Popen(
+      [sys.executable, worker.__file__, f"--process_id={i}", f"--port={port}",
+       f"--workdir={workdirs[i]}", f"--out={outs[i]}", f"--seed={seeds[i]}", *extra],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    logs = [p.communicate(timeout=PAIR_TIMEOUT_S)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  records = [json.loads(o.read_text()) if o.exists() else None for o in outs]
+  return [p.returncode for p in procs], records, logs
+
+
+def _check_ok(codes, logs):
+  assert codes == [0, 0], "\n\n".join(log[-3000:] for log in logs)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  """An uninterrupted two-process run: (workdir, [record of process 0, of process 1])."""
+  tmp = tmp_path_factory.mktemp("straight")
+  codes, records, logs = _run_pair(tmp, tmp / "run", "straight")
+  _check_ok(codes, logs)
+  return tmp / "run", records
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+  """The same run in this process, on its 2 devices, with the same recording."""
+  assert jax.process_count() == 1 and jax.local_device_count() == 2
+  workdir = tmp_path_factory.mktemp("single") / "run"
+  data = worker.presence_data()
+  record = {"loads": [], "evals": []}
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(train_lib, "make_batch", train_lib.make_batch)  # restored on exit
+    mp.setattr(train_lib, "evaluate", train_lib.evaluate)
+    worker._record_loads(train_lib, data, record["loads"])  # pylint: disable=protected-access
+    worker._record_evals(train_lib, record["evals"])  # pylint: disable=protected-access
+    record["results"] = train_lib.train_and_evaluate(worker.worker_config(), str(workdir),
+                                                     data=data)
+  return workdir, record
+
+
+def _final_params(workdir):
+  config, data = worker.worker_config(), worker.presence_data()
+  state = train_lib.create_train_state(config, train_lib.build_model(config, data),
+                                       jax.random.PRNGKey(1))
+  manager = train_lib.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
+  state, _, step = train_lib.restore_checkpoint(manager, state)
+  assert step == STEPS
+  return state.params
+
+
+def _loads(record, split):
+  return [idx for name, idx in record["loads"] if name == split]
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_two_processes_train_like_one_process_with_two_devices(straight, single):
+  workdir, (rec0, rec1) = straight
+  assert [(r["process_index"], r["process_count"], r["local_device_count"])
+          for r in (rec0, rec1)] == [(0, 2, 1), (1, 2, 1)]
+  chex.assert_trees_all_close(_final_params(workdir), _final_params(single[0]),
+                              rtol=1e-5, atol=1e-6)
+  # Validations (steps 3 and 6) and the test: the same numbers on both hosts, and those
+  # of one process; majority_rate counts both hosts' rows.
+  assert len(rec0["evals"]) == 3 and rec0["evals"] == rec1["evals"]
+  for multi, one in zip(rec0["evals"], single[1]["evals"], strict=True):
+    assert multi["count"] == one["count"] == 200
+    assert multi["majority_rate"] == one["majority_rate"]
+    np.testing.assert_allclose([multi["accuracy"], multi["loss"]],
+                               [one["accuracy"], one["loss"]], rtol=1e-5)
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_each_process_loads_only_its_rows_of_each_global_batch(straight, single):
+  (rec0, rec1), one = straight[1], single[1]
+  for split, steps in ((TRAIN, STEPS), ("val", 1), ("test", 1)):
+    glob, first, second = _loads(one, split), _loads(rec0, split), _loads(rec1, split)
+    assert min(len(glob), len(first), len(second)) >= steps, split
+    for g, a, b in zip(glob[:steps], first, second):
+      assert a == g[:len(g) // 2] and b == g[len(g) // 2:], split
+      assert not set(a) & set(b)
+  assert all(len(idx) == HALF for idx in _loads(rec0, TRAIN))
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_only_process_0_writes_metrics_tensorboard_and_results(straight):
+  workdir, (rec0, rec1) = straight
+  logs = ("metrics.jsonl", "results.json", "config.json")
+  assert set(logs) <= set(rec0["writes"])
+  assert not [w for w in rec1["writes"] if w in logs or w.startswith("tb")], rec1["writes"]
+  assert len(os.listdir(workdir / "tb")) == 1, "one TensorBoard event file: process 0's"
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  keys = [(r["step"], r["split"]) for r in records]
+  assert len(keys) == len(set(keys)) and (STEPS, "val") in keys
+  results = json.loads((workdir / "results.json").read_text())
+  assert results["num_devices"] == 2 and results == pytest.approx(rec0["results"])
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_killed_processes_resume_to_the_uninterrupted_parameters(straight, single, tmp_path):
+  workdir = tmp_path / "run"
+  codes, records, logs = _run_pair(tmp_path, workdir, "killed", "--kill_at=4")
+  assert codes[0] == worker.KILLED_EXIT_CODE and codes[1] != 0, logs
+  ckpt_dir = workdir / "checkpoints"
+  assert sorted(os.listdir(ckpt_dir)) == ["2", "4"], "only committed checkpoints are visible"
+  assert all((ckpt_dir / s / "commit_success.txt").exists() for s in ("2", "4"))
+  # A save cut short leaves orbax's temporary folder, which is never read as a step.
+  (ckpt_dir / "6.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+  # A host that does not see the shared workdir would start over: refused.
+  codes, _, logs = _run_pair(tmp_path, [workdir, tmp_path / "local1"], "local")
+  assert codes[0] != 0 and codes[1] != 0
+  assert all("see other checkpoints in" in log for log in logs), logs
+  codes, records, logs = _run_pair(tmp_path, workdir, "resumed")
+  _check_ok(codes, logs)
+  glob = _loads(single[1], TRAIN)
+  assert _loads(records[0], TRAIN)[0] == glob[4][:HALF], "resume at the step-4 checkpoint"
+  assert _loads(records[1], TRAIN)[0] == glob[4][HALF:]
+  chex.assert_trees_all_equal(_final_params(workdir), _final_params(straight[0]))
+  assert records[0]["evals"][-1] == straight[1][0]["evals"][-1]
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_a_host_with_another_config_is_refused_at_start_up(tmp_path):
+  codes, _, logs = _run_pair(tmp_path, tmp_path / "run", "mismatch", seeds=(0, 1))
+  assert codes[0] != 0 and codes[1] != 0
+  for log in logs:
+    assert re.search(r"process\(es\) \[1\] see a different config from process 0", log), log
+  assert not (tmp_path / "run" / "checkpoints").exists() or not os.listdir(
+      tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_train_py_reports_an_unreachable_coordinator(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "train.py", "--config", "configs/listops/simple.py:tiny",
+       "--workdir", str(tmp_path / "run"), f"--coordinator_address=127.0.0.1:{_free_port()}",
+       "--num_processes=2", "--process_id=1", "--distributed_timeout=1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=WORKER_XLA_FLAGS))
+  assert proc.returncode != 0
+  assert "could not reach the jax.distributed coordinator at 127.0.0.1:" in proc.stderr, \
+      proc.stderr[-2000:]
+
+
+def test_waiting_for_an_absent_coordinator_times_out():
+  address = f"127.0.0.1:{_free_port()}"
+  with pytest.raises(distributed.CoordinatorTimeoutError, match=f"at {address} within 0.5 s"):
+    distributed.wait_for_coordinator(address, 0.5)
+  with pytest.raises(ValueError, match="must be host:port"):
+    distributed.wait_for_coordinator("localhost", 0.5)
+
+
+def test_fingerprints_see_data_and_config_but_not_host_paths(presence_task):
+  base = distributed.data_fingerprint(presence_task)
+  again = tasks.TaskData(**{**presence_task.__dict__, "source": "/another/host/path"})
+  assert distributed.data_fingerprint(again) == base
+  tokens = presence_task.test.tokens.copy()
+  tokens[0] = tokens[0] % 15 + 1  # another real token id
+  changed = RaggedExamples(tokens, presence_task.test.offsets, presence_task.test.labels)
+  assert distributed.data_fingerprint(
+      tasks.TaskData(**{**presence_task.__dict__, "test": changed})) != base
+  config = worker.worker_config()
+  moved = worker.worker_config()
+  moved.data.data_dir = "/mnt/host1/lra_release"
+  assert distributed.config_fingerprint(moved) == distributed.config_fingerprint(config)
+  config.model.num_layers = 2
+  assert distributed.config_fingerprint(moved) != distributed.config_fingerprint(config)
+
+
+def test_batch_must_split_over_the_devices_of_all_hosts():
+  config = worker.worker_config()
+  config.batch_size = 6
+  with pytest.raises(ValueError, match=re.escape(
+      "batch_size=6 must be divisible by grad_accum_steps=1 times the 4 device(s) of all "
+      "hosts (2 host(s) x 2 local device(s))")):
+    train_lib.validate_config(config, 4, 2)

@@ -1,0 +1,183 @@
+"""Reporting: both test protocols in results.json, the multi-seed runner (resuming a killed
+seed), and the comparison with the published numbers (from fixture runs)."""
+
+import json
+import os
+import sys
+
+import flax
+import matplotlib.image
+import numpy as np
+import pytest
+
+from simpletron_jax import attention, published, reporting, train_lib
+from tests.test_train import Killed, _state, tiny_config
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
+import compare  # noqa: E402  pylint: disable=wrong-import-position
+import seeds  # noqa: E402  pylint: disable=wrong-import-position
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reporting_runs")
+
+
+def _config():
+  return tiny_config(num_train_steps=5, checkpoint_every=2, eval_frequency=2, warmup=2,
+                     **{"model.num_layers": 1, "model.max_length": 24, "data.bucket": 0})
+
+
+@pytest.fixture(scope="module")
+def seed_runs(presence_task, tmp_path_factory):
+  """Seed 0 finished (a results.json), seed 1 killed after step 3, then ``run_seeds``."""
+  root = str(tmp_path_factory.mktemp("seeds"))
+  os.makedirs(seeds.seed_dir(root, 0))
+  finished = {"test_accuracy": 0.5, "test_accuracy_best_val": 0.5, "test_accuracy_final": 0.25}
+  for name, content in (("results.json", finished), ("config.json", {"seed": 0})):
+    with open(os.path.join(seeds.seed_dir(root, 0), name), "w") as f:
+      json.dump(content, f)
+  open(os.path.join(seeds.seed_dir(root, 0), "metrics.jsonl"), "w").close()
+  calls, steps_seen = [], []
+
+  def train(seed, workdir, step_hook=None):
+    config = _config()
+    config.seed = seed
+    calls.append(seed)
+    train_lib.train_and_evaluate(config, workdir, step_hook=step_hook, data=presence_task)
+
+  def kill_at_3(step):
+    if step == 3:
+      raise Killed()
+
+  with pytest.raises(Killed):
+    train(1, seeds.seed_dir(root, 1), kill_at_3)
+  states = [seeds.seed_state(seeds.seed_dir(root, s)) for s in (0, 1, 2)]
+  calls.clear()
+  results = seeds.run_seeds([0, 1], root, lambda s, w: train(s, w, steps_seen.append),
+                            log=lambda _: None)
+  summary = seeds.write_summary(results, root, "presence")
+  return {"root": root, "states": states, "calls": calls, "steps_seen": steps_seen,
+          "results": results, "summary": summary}
+
+
+@pytest.mark.slow
+def test_results_json_scores_the_final_and_the_best_validation_parameters(seed_runs,
+                                                                          presence_task):
+  workdir = seeds.seed_dir(seed_runs["root"], 1)
+  with open(os.path.join(workdir, "results.json")) as f:
+    results = json.load(f)
+  config = _config()
+  model, fresh = _state(config, presence_task)
+  _, p_eval = train_lib.pmap_steps(model.apply)
+  for sub, key, step_key in (("checkpoints", "final", "final_step"),
+                             ("best", "best_val", "best_step")):
+    manager = train_lib.checkpoint_manager(os.path.join(workdir, sub), 2)
+    state, _, step = train_lib.restore_checkpoint(manager, fresh)
+    assert step == results[step_key]
+    test = train_lib.evaluate(p_eval, flax.jax_utils.replicate(state.params),
+                              presence_task.test, config)
+    assert results[f"test_accuracy_{key}"] == test["accuracy"]
+    assert results[f"test_loss_{key}"] == pytest.approx(test["loss"])
+  assert results["final_step"] == 5
+  assert results["test_accuracy"] == results["test_accuracy_best_val"]
+
+
+@pytest.mark.slow
+def test_seeds_runner_resumes_the_killed_seed_and_skips_the_finished_one(seed_runs):
+  assert seed_runs["states"] == ["done", "resume", "new"]
+  assert seed_runs["calls"] == [1], "only the killed seed trains again"
+  assert seed_runs["steps_seen"] == [3, 4, 5], "seed 1 resumes after its step-2 checkpoint"
+  for seed in (0, 1):
+    with open(os.path.join(seeds.seed_dir(seed_runs["root"], seed), "results.json")) as f:
+      assert json.load(f) == seed_runs["results"][seed]
+
+
+@pytest.mark.slow
+def test_seed_summary_has_mean_std_and_best_for_both_protocols(seed_runs):
+  summary, results = seed_runs["summary"], seed_runs["results"]
+  for protocol, key in reporting.PROTOCOL_KEYS.items():
+    acc = np.array([100 * results[s][key] for s in (0, 1)])
+    assert summary[protocol]["mean"] == pytest.approx(acc.mean())
+    assert summary[protocol]["std"] == pytest.approx(acc.std(ddof=1))
+    assert summary[protocol]["best"] == pytest.approx(acc.max())
+  with open(os.path.join(seed_runs["root"], "summary.json")) as f:
+    assert json.load(f)["final"]["n"] == 2
+  with open(os.path.join(seed_runs["root"], "summary.md")) as f:
+    assert f.read().count("\n| ") == 5  # header, seeds 0 and 1, mean, best
+
+
+@pytest.mark.slow
+def test_copy_runs_leaves_checkpoints_behind(seed_runs, tmp_path):
+  seeds.copy_runs([0, 1], seed_runs["root"], str(tmp_path))
+  copied = sorted(os.path.relpath(os.path.join(d, n), tmp_path)
+                  for d, _, names in os.walk(tmp_path) for n in names)
+  assert copied == sorted(["summary.json", "summary.md"] +
+                          [f"seed{s}/{n}" for s in (0, 1) for n in seeds.RUN_FILES])
+
+
+def test_seeds_cli_passes_only_config_overrides():
+  with pytest.raises(SystemExit):
+    seeds.main(["--config", "configs/listops/simple.py:tiny", "--seeds", "0", "--steps=3"])
+
+
+def test_find_runs_groups_seed_folders_by_parent():
+  groups = {g.label: g for g in reporting.find_runs(FIXTURES)}
+  assert sorted(groups) == ["listops_linear_old", "listops_simple", "text_transformer_lra"]
+  assert sorted(groups["listops_simple"].results) == [0, 1, 2]
+  assert groups["text_transformer_lra"].attention == "softmax"
+  assert sorted(groups["text_transformer_lra"].results) == [3]
+
+
+def test_find_runs_rejects_a_group_that_mixes_tasks(tmp_path):
+  for seed, task in ((0, "listops"), (1, "text")):
+    run = tmp_path / "mixed" / f"seed{seed}"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"task": task, "model": {"attention": "simple"}}))
+    (run / "results.json").write_text(json.dumps({"test_accuracy": 0.5}))
+  with pytest.raises(ValueError, match="seed1/config.json"):
+    reporting.find_runs(str(tmp_path))
+
+
+def _fixture_accuracies(label, key):
+  accs = []
+  for folder, _, files in os.walk(os.path.join(FIXTURES, label)):
+    if "results.json" in files:
+      with open(os.path.join(folder, "results.json")) as f:
+        accs.append(100 * json.load(f)[key])
+  return np.array(accs)
+
+
+def test_comparison_matches_each_publication_protocol():
+  rows = {r["label"]: r for r in reporting.comparison_rows(reporting.find_runs(FIXTURES))}
+  simple = rows["listops_simple"]
+  best_val = _fixture_accuracies("listops_simple", "test_accuracy_best_val")
+  assert simple["published"] == published.lookup("simple", "listops").accuracy == 37.45
+  assert simple["ours"] == pytest.approx(best_val.max())  # paper: best seed, best val
+  assert simple["gap"] == pytest.approx(best_val.max() - 37.45)
+  softmax = rows["text_transformer_lra"]
+  final = _fixture_accuracies("text_transformer_lra", "test_accuracy_final")
+  assert softmax["ours"] == pytest.approx(final.mean())  # LRA: final parameters
+  assert softmax["gap"] == pytest.approx(final.mean() - 64.27)
+  old = rows["listops_linear_old"]
+  assert "final" not in old["summary"] and old["ours"] is None and old["gap"] is None
+
+
+def test_compare_script_writes_markdown_with_gaps_and_a_png(tmp_path):
+  text = compare.main([FIXTURES, "--out", str(tmp_path)])
+  table = [line for line in text.splitlines() if line.startswith("| ")]
+  assert len(table) == 1 + 3  # the header, one row per group
+  rows = reporting.comparison_rows(reporting.find_runs(FIXTURES))
+  for r, line in zip(rows, table[1:]):
+    assert line.startswith(f"| {r['label']} |")
+    assert line.endswith("| - |" if r["gap"] is None else f"| {r['gap']:+.2f} |")
+  with open(tmp_path / "comparison.md") as f:
+    assert f.read() == text
+  image = matplotlib.image.imread(tmp_path / "comparison.png")
+  assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_published_table_names_registered_attentions_and_known_tasks():
+  names = set(attention.names())
+  for entry in published.PUBLISHED:
+    assert entry.attention in names, entry
+    assert entry.task in published.TASKS and entry.source in published.PROTOCOLS
+    assert entry.accuracy is None or 10 < entry.accuracy < 100
+  assert {e.task for e in published.PUBLISHED if e.accuracy is None} == {"pathx"}
