@@ -13,6 +13,7 @@ the ratio of padded tokens is the work saved. A CPU measurement: no model runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -53,15 +54,28 @@ def main() -> None:
   parser.add_argument("--max-length", type=int, default=2000)
   parser.add_argument("--bucket", type=int, default=128)
   parser.add_argument("--pool", type=int, default=50, help="data.group_pool_batches")
+  parser.add_argument("--out", default=None,
+                      help="write the table as <out>.json and <out>.md (e.g. "
+                      "benchmarks/results/cpu/group_padding)")
   args = parser.parse_args()
   lengths = listops.load_split(args.data_dir, "train").lengths
   print(f"{len(lengths)} examples, mean length {lengths.mean():.0f}, batch {args.batch}, "
         f"max_length {args.max_length}, bucket {args.bucket}, pool {args.pool} batches")
   table = padding_table(lengths, args.batch, args.max_length, args.bucket, args.pool)
-  print("| order | padded share | padded tokens per example |\n|---|---|---|")
+  header = (f"{len(lengths)} examples, mean length {lengths.mean():.0f}, batch {args.batch}, "
+            f"max_length {args.max_length}, bucket {args.bucket}, pool {args.pool} batches")
+  rows = ["| order | padded share | padded tokens per example |", "|---|---|---|"]
   for name in ("lra", "bucketed", "grouped"):
-    print(f"| {name} | {100 * table[name + ' padded_share']:.1f}% | "
-          f"{table[name + ' tokens_per_example']:.0f} |")
+    rows.append(f"| {name} | {100 * table[name + ' padded_share']:.1f}% | "
+                f"{table[name + ' tokens_per_example']:.0f} |")
+  print("\n".join(rows))
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+      json.dump({"settings": vars(args), "num_examples": int(len(lengths)),
+                 "mean_length": float(lengths.mean()), **table}, f, indent=2)
+    with open(args.out + ".md", "w") as f:
+      f.write(f"`{' '.join(sys.argv)}`\n\n{header}\n\n" + "\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":
