@@ -1,12 +1,35 @@
-"""Test setup: two fake CPU devices for pmap (set before jax is imported) and the
-repository root on sys.path so ``configs`` imports."""
+"""Test setup, done before jax is imported (subprocesses inherit it through the environment):
 
+* two fake CPU devices for pmap;
+* XLA's cheapest CPU compilation (``--xla_backend_optimization_level=0``, no expensive LLVM
+  passes). Compiling takes most of the suite's time and running the tiny test programs
+  little, and every comparison in the suite is between programs compiled with the same
+  flags or against numpy with a tolerance;
+* a persistent compilation cache in a temporary folder that lives for one session, so the
+  many runs that compile the same tiny train step (restarts, resumed and killed runs, their
+  subprocesses) compile it once. Only programs that took 0.5 s or more to compile are kept,
+  so the many single operations of eager code are not written to disk. Set
+  ``SIMPLETRON_TEST_NO_CACHE=1`` to compile every time;
+
+and the repository root on ``sys.path`` so ``configs`` imports.
+"""
+
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=2").strip()
+                           " --xla_force_host_platform_device_count=2"
+                           " --xla_backend_optimization_level=0"
+                           " --xla_llvm_disable_expensive_passes=true").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if not os.environ.get("SIMPLETRON_TEST_NO_CACHE") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE = tempfile.mkdtemp(prefix="simpletron_test_xla_cache_")
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)

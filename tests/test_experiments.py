@@ -92,6 +92,12 @@ def test_depth_quick(tmp_path, presence_task):
   accs = [r["test_accuracy"] for r in payload["runs"] if r["num_layers"] == 1]
   assert payload["summary"][0]["test_mean"] == pytest.approx(np.mean(accs))
   _outputs(tmp_path, "depth")
+  # --finished-only reports the finished runs of a larger grid and trains nothing.
+  report = _script("depth").main(
+      _argv(tmp_path, "--attentions", "simple_res", "softmax", "--depths", "1", "2", "--seeds",
+            "0", "1", "2", "--finished-only"), data=presence_task)
+  assert report["runs"] == payload["runs"]
+  assert not os.path.exists(tmp_path / "runs" / "simple_res_L1_seed2")
 
 
 def test_symmetry_measure():

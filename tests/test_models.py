@@ -29,12 +29,13 @@ def test_logits_shape_and_padding_invariance(name, pool, learned):
   rng = np.random.default_rng(0)
   tokens = rng.integers(1, 16, (3, 20)).astype(np.int32)
   tokens[1, 13:] = 0  # a shorter example inside the batch
-  params = model.init(jax.random.PRNGKey(0), jnp.asarray(tokens))
-  logits = model.apply(params, jnp.asarray(tokens))
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.asarray(tokens))
+  apply = jax.jit(model.apply)  # one compile per shape; eager flax compiles every operation
+  logits = apply(params, jnp.asarray(tokens))
   chex.assert_shape(logits, (3, 10))
   chex.assert_type(logits, jnp.float32)
   padded = np.pad(tokens, ((0, 0), (0, 17)))
-  logits_padded = model.apply(params, jnp.asarray(padded))
+  logits_padded = apply(params, jnp.asarray(padded))
   np.testing.assert_allclose(np.asarray(logits_padded), np.asarray(logits), rtol=1e-5, atol=1e-5)
 
 

@@ -21,7 +21,6 @@ Writes ``attention_swap.{json,md,png}`` to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -112,8 +111,7 @@ def plot(result: dict):
 
 def main(argv=None, data=None) -> dict:
   """Runs the experiment; ``data`` (tests) replaces the task's data."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  exp_common.add_common_args(parser, NAME)
+  parser = exp_common.make_parser(NAME, __doc__)
   parser.add_argument("--task", default="text")
   parser.add_argument("--targets", nargs="+", default=["linear", "performer", "simple"])
   parser.add_argument("--k", type=int, default=0,
@@ -123,10 +121,7 @@ def main(argv=None, data=None) -> dict:
                       help="steps of the LoRA and retraining runs (default: the mode's)")
   args = parser.parse_args(argv)
   result = run(args, exp_common.DataCache(data))
-  payload = {"experiment": NAME, "quick": args.quick, "task": args.task, **result}
-  exp_common.write_outputs(args.out, NAME, payload, summarise(result), plot(result))
-  print(summarise(result))
-  return payload
+  return exp_common.finish(args, NAME, result, summarise(result), plot(result), task=args.task)
 
 
 if __name__ == "__main__":

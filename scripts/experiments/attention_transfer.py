@@ -15,7 +15,6 @@ Writes ``attention_transfer.{json,md,png}`` to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -88,16 +87,12 @@ def plot(results: dict):
 
 def main(argv=None, data=None) -> dict:
   """Runs the experiment; ``data`` (tests) replaces every task's data."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  exp_common.add_common_args(parser, NAME)
+  parser = exp_common.make_parser(NAME, __doc__)
   parser.add_argument("--tasks", nargs="+", default=["listops", "text"])
   args = parser.parse_args(argv)
   cache = exp_common.DataCache(data)
   results = {task: run_task(args, task, cache) for task in args.tasks}
-  payload = {"experiment": NAME, "quick": args.quick, "results": results}
-  exp_common.write_outputs(args.out, NAME, payload, summarise(results), plot(results))
-  print(summarise(results))
-  return payload
+  return exp_common.finish(args, NAME, {"results": results}, summarise(results), plot(results))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Writes ``depth.{json,md,png}`` to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -78,7 +77,13 @@ def block_stats(config, workdir, data) -> list[dict[str, float]]:
 
 
 def run(args, data_cache) -> dict:
-  """Trains every (attention, depth, seed) and collects test accuracy and block stats."""
+  """Trains every (attention, depth, seed) and collects test accuracy and block stats.
+
+  With ``--finished-only`` the unfinished runs are left out instead of trained.
+
+  Raises:
+    ValueError: with ``--finished-only``, if no run has finished.
+  """
   mode = QUICK if args.quick else PAPER
   runs = []
   for attention in args.attentions:
@@ -88,13 +93,17 @@ def run(args, data_cache) -> dict:
                                      mode["eval_every"], model__num_layers=depth)
         cfg = cfg.copy_and_resolve_references()  # data.seed stops following seed
         cfg.seed, cfg.data.seed = seed, 0
-        data = data_cache(cfg)
         workdir = os.path.join(args.runs, f"{attention}_L{depth}_seed{seed}")
+        if args.finished_only and not os.path.exists(os.path.join(workdir, "results.json")):
+          continue
+        data = data_cache(cfg)
         result = exp_common.train(cfg, workdir, data)
         runs.append({"attention": attention, "num_layers": depth, "seed": seed,
                      "test_accuracy": result["test_accuracy"],
                      "best_val_accuracy": result["best_val_accuracy"],
                      "blocks": block_stats(cfg, workdir, data)})
+  if not runs:
+    raise ValueError(f"no finished run under {args.runs} (--finished-only)")
   return {"runs": runs, "summary": summary(runs)}
 
 
@@ -148,19 +157,18 @@ def plot(result: dict):
 
 def main(argv=None, data=None) -> dict:
   """Runs the experiment; ``data`` (tests) replaces the task's data."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  exp_common.add_common_args(parser, NAME)
+  parser = exp_common.make_parser(NAME, __doc__)
   parser.add_argument("--task", default="listops")
   parser.add_argument("--attentions", nargs="+", default=["softmax", "simple", "simple_res"])
   parser.add_argument("--depths", nargs="+", type=int, default=None,
                       help="numbers of blocks (default: 1 2 4 8 quick, 1..12 paper)")
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+  parser.add_argument("--finished-only", action="store_true",
+                      help="train nothing: report the runs under --runs that have finished "
+                           "(a grid that is still running, or was stopped)")
   args = parser.parse_args(argv)
   result = run(args, exp_common.DataCache(data))
-  payload = {"experiment": NAME, "quick": args.quick, "task": args.task, **result}
-  exp_common.write_outputs(args.out, NAME, payload, table(result), plot(result))
-  print(table(result))
-  return payload
+  return exp_common.finish(args, NAME, result, table(result), plot(result), task=args.task)
 
 
 if __name__ == "__main__":

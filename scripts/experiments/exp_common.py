@@ -45,6 +45,26 @@ def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
                            "(with results.json) is reused")
 
 
+def make_parser(name: str, doc: str) -> argparse.ArgumentParser:
+  """The parser of script ``name``: its docstring's first paragraph and the common options."""
+  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  add_common_args(parser, name)
+  return parser
+
+
+def finish(args, name: str, result: dict, table_md: str, plot: Callable[[Any], None],
+           **fields) -> dict:
+  """Writes a script's outputs (:func:`write_outputs`) and prints its table.
+
+  Returns:
+    The JSON payload: ``experiment``, ``quick``, ``fields`` and ``result``.
+  """
+  payload = {"experiment": name, "quick": args.quick, **fields, **result}
+  write_outputs(args.out, name, payload, table_md, plot)
+  print(table_md)
+  return payload
+
+
 def _set_field(config: ml_collections.ConfigDict, assignment: str) -> None:
   """Applies one ``--override FIELD=VALUE``; VALUE is a Python literal or a string.
 
