@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 from typing import Any, Callable, Sequence
 
@@ -64,11 +63,7 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> 
            "--workdir", workdir, f"--config.seed={seed}", *overrides]
     if nice:
       cmd = ["nice", "-n", str(nice)] + cmd
-    log = os.path.join(workdir, "train.log")
-    with open(log, "a") as f:
-      proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode:
-      raise RuntimeError(f"seed {seed}: train.py exited {proc.returncode}; see {log}")
+    reporting.run_logged(cmd, ROOT, os.path.join(workdir, "train.log"), f"seed {seed}")
   return train
 
 

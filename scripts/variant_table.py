@@ -21,13 +21,12 @@ import concurrent.futures
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import attention  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import attention, reporting  # noqa: E402  pylint: disable=C0413
 
 
 def config_name(name: str) -> str:
@@ -52,11 +51,7 @@ def run_one(task: str, variant: str, name: str, steps: int, eval_every: int, war
            f"--config.warmup={warmup}"]
     if core is not None and shutil.which("taskset"):
       cmd = ["taskset", "-c", str(core)] + cmd
-    log = os.path.join(workdir, "train.log")
-    with open(log, "a") as f:
-      proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode:
-      raise RuntimeError(f"{name}: train.py exited {proc.returncode}; see {log}")
+    reporting.run_logged(cmd, ROOT, os.path.join(workdir, "train.log"), name)
   with open(results) as f:
     return json.load(f)
 

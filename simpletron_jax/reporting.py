@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -28,6 +29,19 @@ PROTOCOL_KEYS = {"best_val": "test_accuracy_best_val", "final": "test_accuracy_f
 """``results.json`` key of each protocol's test accuracy (a fraction)."""
 
 _SEED_DIR = re.compile(r"^seed(\d+)$")
+
+
+def run_logged(cmd: list[str], cwd: str, log: str, what: str) -> None:
+  """Runs ``cmd`` (a ``train.py`` command line) in ``cwd``, appending its stdout and stderr
+  to the file ``log``.
+
+  Raises:
+    RuntimeError: if it exits non-zero; the message names ``what``, the exit code and ``log``.
+  """
+  with open(log, "a") as f:
+    proc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, check=False)
+  if proc.returncode:
+    raise RuntimeError(f"{what}: train.py exited {proc.returncode}; see {log}")
 
 
 def protocol_accuracy(results: Mapping[str, Any], protocol: str) -> float:
