@@ -8,8 +8,10 @@
 #     bash benchmarks/gpu_session.sh <part>
 # Parts:
 #   check     flash == einsum softmax (bfloat16 tolerance, padding; tests/test_fast_paths.py on
-#             the GPU), the profile of simple and softmax_flash at 4K (bfloat16), and
-#             last_block_cls_only on/off for simple at 4K and 16K          (about 5 minutes)
+#             the GPU), the profile of simple and softmax_flash at 4K (bfloat16), the attention
+#             op alone with Simple's layout candidates and the dropout-mask candidates
+#             (attention_op.py, 1K/4K/16K), and last_block_cls_only on/off for simple at 4K
+#             and 16K                                                      (about 6 minutes)
 #   bf16      the benchmark table, bfloat16, 1K..32K, every variant       (stops at 9 minutes)
 #   fp32      the same in float32                                          (stops at 9 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16, 300 steps, with and
@@ -47,6 +49,9 @@ case "$part" in
         --out "$work/profile_$v" >>"$log" 2>&1
       cp "$work/profile_$v/profile_summary.txt" "$OUT/profile_${v}_4k_bf16.txt"
     done
+    python benchmarks/attention_op.py --dtype bfloat16 --out "$work/attention_op" \
+      --cache-dir /tmp/jax_cache >>"$log" 2>&1
+    cp "$work/attention_op/attention_op.md" "$OUT/attention_op_bf16.md"
     for flag in false true; do
       python benchmarks/speed_memory.py --dtype bfloat16 --variants simple softmax_flash \
         --lengths 4096 16384 --set last_block_cls_only=$flag --out "$work/cls_$flag" \

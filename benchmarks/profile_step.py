@@ -6,8 +6,10 @@
 The step is the one of ``benchmarks/speed_memory.py`` (LRA text model, batch 32, full pmapped
 train step on a resident random batch). After compiling and two warm-up steps, ``--steps``
 steps run under ``jax.profiler.trace(create_perfetto_trace=True)``. The Perfetto JSON trace
-is read back and every complete event ("ph": "X") on the device's tracks (GPU streams; on CPU
-the XLA threads) is summed by name. Writes ``profile_summary.txt`` (the top ``--top`` kernels
+is read back and every complete event ("ph": "X") on the kernel tracks (GPU streams, a TPU's
+``XLA Ops`` line, on CPU the XLA thunks) is summed by name; the lines XProf derives from the
+kernels (``XLA Modules``, ``XLA Ops`` beside streams, ...) are not counted again, and the
+``XLA Modules`` line gives the program time per step, gaps included. Writes ``profile_summary.txt`` (the top ``--top`` kernels
 with their share of device time, and shares by kind: matmul, attention, fusions, copies,
 random bits) and ``profile_summary.json`` to ``--out``; the raw trace stays in
 ``--out/trace``.
@@ -69,18 +71,74 @@ def load_trace(trace_dir: str) -> dict[str, Any]:
     return json.load(f)
 
 
-def device_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
-  """Complete events on device tracks: processes named like ``/device:GPU:0``, else (CPU
-  runs) every complete event that is not a Python or host-runtime frame."""
+# Lines of a device plane that XProf derives from the kernels (a module span per program
+# run, one span per HLO op, ...): summing them with the kernels would count time twice or more.
+DERIVED_LINES = frozenset({"XLA Modules", "XLA Ops", "Async XLA Ops", "Framework Ops",
+                           "Framework Name Scope", "TensorFlow Ops", "TensorFlow Name Scope",
+                           "Launch Stats", "Source code", "Steps", "Sparse Core Steps",
+                           "Sparse Core Modules"})
+
+
+def _thread_names(events: list[dict[str, Any]]) -> dict[tuple[Any, Any], str]:
+  return {(e["pid"], e.get("tid")): e.get("args", {}).get("name", "") for e in events
+          if e.get("ph") == "M" and e.get("name") == "thread_name"}
+
+
+def device_events(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+  """The kernel events of a Perfetto JSON trace, each counted once.
+
+  On a GPU or TPU (processes named like ``/device:GPU:0``) these are the complete events
+  ("ph": "X") on the kernel tracks: threads named ``Stream ...`` where there are any (GPU),
+  else the ``XLA Ops`` line (TPU). The lines XProf derives from the kernels (``XLA Modules``,
+  ``XLA Ops`` beside streams, ``Launch Stats``, ...; see :data:`DERIVED_LINES`) are left out.
+  On CPU they are the XLA thunks: every complete event off the ``python`` thread that is not
+  a host-runtime frame, nor the thunk executor's ``end: ...`` marker that repeats each thunk.
+
+  Returns:
+    ``(events, tracks)``: the events, and the names of the tracks they came from (for the
+    summary, so a reader sees what was counted).
+  Raises:
+    ValueError: if no kernel event is found; the message lists the tracks seen.
+  """
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+  procs = {e["pid"]: e.get("args", {}).get("name", "") for e in events
            if e.get("ph") == "M" and e.get("name") == "process_name"}
-  gpu = {pid for pid, name in names.items() if re.search(r"/device:(GPU|TPU)", name)}
+  threads = _thread_names(events)
+  device_pids = {pid for pid, name in procs.items() if re.search(r"/device:(GPU|TPU)", name)}
   complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
-  if gpu:
-    return [e for e in complete if e["pid"] in gpu]
-  host_frames = re.compile(r"\$|\.py|PjitFunction|pmap|ThunkExecutor|Execute|TfrtCpu")
-  return [e for e in complete if not host_frames.search(e.get("name", ""))]
+  if device_pids:
+    lines = {key: name for key, name in threads.items() if key[0] in device_pids}
+    streams = {key for key, name in lines.items() if name.startswith("Stream")}
+    keep = streams or {key for key, name in lines.items() if name == "XLA Ops"}
+    if not keep:  # unnamed device tracks: everything but the derived lines
+      keep = {(e["pid"], e.get("tid")) for e in complete if e["pid"] in device_pids
+              and lines.get((e["pid"], e.get("tid")), "") not in DERIVED_LINES}
+    chosen = [e for e in complete if (e["pid"], e.get("tid")) in keep]
+  else:
+    host_frames = re.compile(r"\$|\.py|PjitFunction|pmap|ThunkExecutor|Execute|TfrtCpu|::|"
+                             r"^end: |^Wait for |^Handle |ParseArguments|DevicePut")
+    chosen = [e for e in complete if threads.get((e["pid"], e.get("tid"))) != "python"
+              and not host_frames.search(e.get("name", ""))]
+  tracks = sorted({f"{procs.get(e['pid'], e['pid'])} / {threads.get((e['pid'], e.get('tid')), e.get('tid'))}"
+                   for e in chosen})
+  if not chosen:
+    seen = sorted({f"{procs.get(pid, pid)} / {name}" for (pid, _), name in threads.items()})
+    raise ValueError(f"no kernel events in the trace; tracks seen: {seen}")
+  return chosen, tracks
+
+
+def module_us_per_step(trace: dict[str, Any], steps: int) -> float | None:
+  """Device time per step from the ``XLA Modules`` line (program start to end, gaps between
+  kernels included), in microseconds; None where the trace has no such line (CPU)."""
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  modules = {key for key, name in _thread_names(events).items() if name == "XLA Modules"}
+  per_line: dict[tuple[Any, Any], float] = collections.Counter()
+  for e in events:  # one module line per device; the busiest device's total
+    if e.get("ph") == "X" and "dur" in e and (e["pid"], e.get("tid")) in modules:
+      per_line[(e["pid"], e.get("tid"))] += float(e["dur"])
+  if not per_line:
+    return None
+  return max(per_line.values()) / steps
 
 
 def summarize(events: list[dict[str, Any]], steps: int, top: int) -> dict[str, Any]:
@@ -109,8 +167,12 @@ def summarize(events: list[dict[str, Any]], steps: int, top: int) -> dict[str, A
 
 def summary_text(summary: dict[str, Any], header: str) -> str:
   """The ``profile_summary.txt`` table."""
-  lines = [header, "", f"device time per step: {summary['device_us_per_step'] / 1e3:.2f} ms",
-           "", "share by kind:"]
+  lines = [header, "", f"kernel time per step: {summary['device_us_per_step'] / 1e3:.2f} ms "
+           "(summed over the kernels, all devices)"]
+  if summary.get("module_us_per_step"):
+    lines.append(f"program time per step: {summary['module_us_per_step'] / 1e3:.2f} ms "
+                 "(XLA Modules line: kernels plus the gaps between them)")
+  lines += [f"tracks counted: {', '.join(summary.get('tracks', []))}", "", "share by kind:"]
   lines += [f"  {kind:<24} {100 * share:5.1f}%" for kind, share in summary["kinds"].items()]
   lines += ["", f"{'share':>6} {'ms/step':>8} {'calls':>6}  kind / kernel"]
   for k in summary["kernels"]:
@@ -158,7 +220,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   args = parser.parse_args(argv)
   trace_dir = profile(args.variant, args.length, args.dtype, args.batch, args.steps, args.out,
                       sm.parse_overrides(args.set))
-  summary = summarize(device_events(load_trace(trace_dir)), args.steps, args.top)
+  trace = load_trace(trace_dir)
+  events, tracks = device_events(trace)
+  summary = summarize(events, args.steps, args.top)
+  summary["tracks"] = tracks
+  summary["module_us_per_step"] = module_us_per_step(trace, args.steps)
   device = jax.local_devices()[0]
   header = (f"{args.variant}, L={args.length}, {args.dtype}, batch {args.batch}, "
             f"{args.steps} traced steps on {device.device_kind} ({device.platform}), "

@@ -8,8 +8,10 @@
 * a persistent compilation cache in a temporary folder that lives for one session, so the
   many runs that compile the same tiny train step (restarts, resumed and killed runs, their
   subprocesses) compile it once. Only programs that took 0.5 s or more to compile are kept,
-  so the many single operations of eager code are not written to disk. Set
-  ``SIMPLETRON_TEST_NO_CACHE=1`` to compile every time;
+  so the many single operations of eager code are not written to disk. pytest-xdist workers
+  (``-n 2``) inherit the folder and the flags from the controlling process, which loaded this
+  file first, so they share one cache. Set ``SIMPLETRON_TEST_NO_CACHE=1`` to compile every
+  time;
 
 and the repository root on ``sys.path`` so ``configs`` imports.
 """
@@ -20,10 +22,11 @@ import shutil
 import sys
 import tempfile
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=2"
-                           " --xla_backend_optimization_level=0"
-                           " --xla_llvm_disable_expensive_passes=true").strip()
+_TEST_XLA_FLAGS = ("--xla_force_host_platform_device_count=2",
+                   "--xla_backend_optimization_level=0",
+                   "--xla_llvm_disable_expensive_passes=true")
+_flags = os.environ.get("XLA_FLAGS", "").split()
+os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in _TEST_XLA_FLAGS if f not in _flags])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if not os.environ.get("SIMPLETRON_TEST_NO_CACHE") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _CACHE = tempfile.mkdtemp(prefix="simpletron_test_xla_cache_")

@@ -178,3 +178,84 @@ def test_schema_1_result_files_still_render():
   text = sm.markdown_report(old)
   assert "one fresh process per cell" in text and "cost_analysis" in text
   assert "| `softmax_fused` |" in text
+
+
+def _trace(process, lines):
+  """A Perfetto JSON trace: one process, ``lines`` maps a thread name to its events
+  ``(name, dur_us)``."""
+  events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": process}}]
+  for tid, (line, evs) in enumerate(lines.items()):
+    events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid,
+                   "args": {"name": line}})
+    events += [{"ph": "X", "pid": 1, "tid": tid, "ts": 0, "name": n, "dur": d} for n, d in evs]
+  return {"traceEvents": events}
+
+
+def test_profile_counts_each_kernel_once():
+  spec = importlib.util.spec_from_file_location(
+      "profile_step", os.path.join(ROOT, "benchmarks", "profile_step.py"))
+  prof = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(prof)
+  # GPU: kernels on the stream; the module span and the per-op line repeat them.
+  gpu = _trace("/device:GPU:0", {
+      "Stream #13(Compute)": [("nvjet_gemm", 30.0), ("loop_add_fusion", 10.0)] * 2,
+      "XLA Ops": [("dot.1", 30.0), ("add.2", 10.0)] * 2,
+      "XLA Modules": [("jit_train_step(1)", 45.0)] * 2,
+      "Launch Stats": [("cuLaunchKernel", 1.0)] * 4})
+  events, tracks = prof.device_events(gpu)
+  assert tracks == ["/device:GPU:0 / Stream #13(Compute)"]
+  summary = prof.summarize(events, steps=2, top=5)
+  assert summary["device_us_per_step"] == pytest.approx(40.0)
+  assert summary["kinds"] == pytest.approx({"matmul": 0.75, "fusion (elementwise)": 0.25})
+  assert prof.module_us_per_step(gpu, steps=2) == pytest.approx(45.0)
+  # TPU: no streams, the XLA Ops line is the kernel line.
+  tpu = _trace("/device:TPU:0", {"XLA Ops": [("fusion.3", 5.0)],
+                                 "XLA Modules": [("jit_step", 6.0)]})
+  assert [e["name"] for e in prof.device_events(tpu)[0]] == ["fusion.3"]
+  # CPU: the thunk executor's "end: " marker repeats each thunk; host frames are not kernels.
+  cpu = _trace("/host:CPU", {"tf_XLAEigen/1": [("dot.7", 4.0), ("end: dot.7", 4.0)],
+                             "python": [("train.py:12 step", 9.0)]})
+  events, _ = prof.device_events(cpu)
+  assert [e["name"] for e in events] == ["dot.7"] and prof.module_us_per_step(cpu, 1) is None
+  with pytest.raises(ValueError, match="no kernel events.*Launch Stats"):
+    prof.device_events(_trace("/device:GPU:0", {"Launch Stats": [("x", 1.0)]}))
+
+
+def _attention_op():
+  spec = importlib.util.spec_from_file_location(
+      "attention_op", os.path.join(ROOT, "benchmarks", "attention_op.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_attention_op_candidates_compute_the_same_function():
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  aop = _attention_op()
+  q, k, v, dy, mask = aop.inputs(batch=3, length=12, heads=2, head_dim=8, dtype="float32")
+  assert not bool(mask.all())  # padded rows, so the masking is part of the comparison
+
+  def run(op, transpose=False):
+    t = (lambda a: jnp.swapaxes(a, 1, 2)) if transpose else (lambda a: a)
+    y, grads = jax.jit(aop.forward_backward(op))(t(q), t(k), t(v), mask, t(dy))
+    return [np.asarray(t(a)) for a in (y, *grads)]
+
+  for reference, others in (("simple", [("simple_f32kv", False), ("simple_bhlk", True)]),
+                            ("softmax_einsum", [("softmax_xla", False)])):
+    want = run(reference)
+    for op, transpose in others:
+      for got, expected in zip(run(op, transpose), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=op)
+  # The candidate dropout keeps about 90% and scales what it keeps by 1 / 0.9.
+  x = jnp.ones((4, 256, 64))
+  y = np.asarray(jax.jit(aop.dropout_fn("bits16"))(x, jax.random.key(0)))
+  np.testing.assert_allclose(np.unique(y), [0.0, 1 / 0.9], rtol=1e-6)
+  assert abs((y == 0).mean() - 0.1) < 0.01
+  # A cell over the memory limit is recorded as OOM before it runs.
+  payload = aop.run([16], batch=2, heads=2, head_dim=8, dtype="float32", steps=1, rounds=1,
+                    ops=["simple"], dropout_methods=["bits16"], max_memory_gb=1e-9,
+                    log=lambda _: None)
+  assert [r["status"] for r in payload["attention"] + payload["dropout"]] == ["OOM", "OOM"]
+  assert "| `simple` | OOM |" in aop.markdown_report(payload, "cmd")

@@ -108,6 +108,30 @@ def is_right_padded(mask_BxL: jnp.ndarray) -> jnp.ndarray:
   return jnp.all(prefix_BxL == mask_BxL, axis=-1)
 
 
+def einsum_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, keep_Bx1xNxL, dropout=None):
+  """LRA's einsum softmax attention: explicit ``[B, H, N, L]`` weights.
+
+  ``softmax(q k^T / sqrt(K))`` over the kept keys, in float32, cast back to q's dtype, then
+  ``dropout`` (a callable on the weights, or None) and the product with v.
+
+  Args:
+    q_BxNxHxK: queries; k_BxLxHxK, v_BxLxHxK: keys and values.
+    keep_Bx1xNxL: bool, True where query i may attend to key j.
+
+  Returns:
+    ``[B, N, H, K]`` in q's dtype.
+  """
+  q = q_BxNxHxK / jnp.sqrt(q_BxNxHxK.shape[-1]).astype(q_BxNxHxK.dtype)
+  logits_BxHxNxL = jnp.einsum("bqhd,bkhd->bhqk", q, k_BxLxHxK)
+  big_neg = jnp.finfo(logits_BxHxNxL.dtype).min
+  logits_BxHxNxL = jnp.where(keep_Bx1xNxL, logits_BxHxNxL, big_neg)
+  weights_BxHxNxL = jax.nn.softmax(logits_BxHxNxL.astype(jnp.float32), axis=-1)
+  weights_BxHxNxL = weights_BxHxNxL.astype(q_BxNxHxK.dtype)
+  if dropout is not None:
+    weights_BxHxNxL = dropout(weights_BxHxNxL)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights_BxHxNxL, v_BxLxHxK)
+
+
 def flash_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, causal: bool):
   """cuDNN flash attention with the padding mask as key lengths.
 
@@ -207,15 +231,9 @@ class SoftmaxAttention(nn.Module):
     return keep_Bx1xNxL
 
   def _einsum(self, q, k, v, keep_Bx1xNxL, deterministic):
-    q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-    logits_BxHxNxL = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-    big_neg = jnp.finfo(logits_BxHxNxL.dtype).min
-    logits_BxHxNxL = jnp.where(keep_Bx1xNxL, logits_BxHxNxL, big_neg)
-    weights_BxHxNxL = jax.nn.softmax(logits_BxHxNxL.astype(jnp.float32), axis=-1)
-    weights_BxHxNxL = weights_BxHxNxL.astype(self.dtype)
-    weights_BxHxNxL = nn.Dropout(self.dropout_rate)(weights_BxHxNxL,
-                                                    deterministic=deterministic)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights_BxHxNxL, v)
+    dropout = nn.Dropout(self.dropout_rate)
+    return einsum_attention(q, k, v, keep_Bx1xNxL,
+                            dropout=lambda w: dropout(w, deterministic=deterministic))
 
   def _xla(self, q, k, v, keep_Bx1xNxL, deterministic):
     del deterministic  # resolve_implementation sends active dropout to einsum
