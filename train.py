@@ -31,6 +31,12 @@ flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
+  """absl entry point: trains and evaluates ``--config`` in ``--workdir``; the files it
+  writes are listed in the README ("What a run writes").
+
+  Raises:
+    app.UsageError: for positional arguments.
+  """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO

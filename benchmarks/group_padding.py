@@ -48,6 +48,7 @@ def padding_table(lengths: np.ndarray, batch: int, max_length: int, bucket: int,
 
 
 def main() -> None:
+  """Command line: counts the padded share of tokens for each batching; see the module docstring."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--data-dir", required=True, help="folder with basic_train.tsv")
   parser.add_argument("--batch", type=int, default=32)

@@ -7,12 +7,12 @@ The step is the one of ``benchmarks/speed_memory.py`` (LRA text model, batch 32,
 train step on a resident random batch). After compiling and two warm-up steps, ``--steps``
 steps run under ``jax.profiler.trace(create_perfetto_trace=True)``. The Perfetto JSON trace
 is read back and every complete event ("ph": "X") on the kernel tracks (GPU streams, a TPU's
-``XLA Ops`` line, on CPU the XLA thunks) is summed by name; the lines XProf derives from the
-kernels (``XLA Modules``, ``XLA Ops`` beside streams, ...) are not counted again, and the
-``XLA Modules`` line gives the program time per step, gaps included. Writes ``profile_summary.txt`` (the top ``--top`` kernels
-with their share of device time, and shares by kind: matmul, attention, fusions, copies,
-random bits) and ``profile_summary.json`` to ``--out``; the raw trace stays in
-``--out/trace``.
+``XLA Ops`` line, on CPU the XLA thunks) is summed by name. The lines XProf derives from the
+kernels (``XLA Modules``, ``XLA Ops`` beside streams, ...) are not counted again; the
+``XLA Modules`` line gives the program time per step, gaps included. Writes
+``profile_summary.txt`` (the top ``--top`` kernels with their share of kernel time, and shares
+by kind: matmul, attention, fusions, copies, random bits) and ``profile_summary.json`` to
+``--out``; the raw trace stays in ``--out/trace``.
 """
 
 from __future__ import annotations
@@ -119,8 +119,10 @@ def device_events(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str
                              r"^end: |^Wait for |^Handle |ParseArguments|DevicePut")
     chosen = [e for e in complete if threads.get((e["pid"], e.get("tid"))) != "python"
               and not host_frames.search(e.get("name", ""))]
-  tracks = sorted({f"{procs.get(e['pid'], e['pid'])} / {threads.get((e['pid'], e.get('tid')), e.get('tid'))}"
-                   for e in chosen})
+  def track(e):
+    key = (e["pid"], e.get("tid"))
+    return f"{procs.get(key[0], key[0])} / {threads.get(key, key[1])}"
+  tracks = sorted({track(e) for e in chosen})
   if not chosen:
     seen = sorted({f"{procs.get(pid, pid)} / {name}" for (pid, _), name in threads.items()})
     raise ValueError(f"no kernel events in the trace; tracks seen: {seen}")

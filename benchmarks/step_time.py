@@ -50,6 +50,7 @@ def random_batch(rng, batch_size: int, length: int, vocab: int, n_dev: int,
 
 
 def main():
+  """Command line: times the train step of each config at each length; see the module docstring."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--configs", nargs="+", required=True, help="path.py[:variant] ...")
   parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2000])
