@@ -17,6 +17,10 @@
 #   listops   train.py's loop on the ListOps paper config in bfloat16, 300 steps, with and
 #             without data.group_by_length (steps/s per 10-step window in metrics.jsonl)
 # A part stopped by its time limit resumes where it stopped when called again (--resume).
+# With a 30-minute device budget, run them in this order: check, bf16, listops, fp32 (the
+# float32 table matters least: the paper-size configs are meant for bfloat16 on a GPU).
+# Chain the calls: the machine is handed back 30 s after a call ends, and a fresh one starts
+# bare (no compilation cache, no generated ListOps).
 # Everything is written under $OUT (default /tmp/gpu_session): at most 8 files per part, as
 # the device tool returns them; each part also packs its folder into <part>.tar.gz.
 set -uo pipefail
