@@ -313,7 +313,11 @@ def markdown_report(payload: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-  """Command line: see the module docstring."""
+  """Command line: see the module docstring.
+
+  Raises:
+    SystemExit: (after writing the outputs) if not a single cell could be measured.
+  """
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--lengths", nargs="+", type=int, default=None,
                       help=f"default {DEFAULT_LENGTHS}; --quick: {QUICK_LENGTHS}")
@@ -351,6 +355,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   with open(os.path.join(out, "attention_op.md"), "w") as f:
     f.write(text)
   print(text)
+  if not any(r["status"] == "ok" for r in payload["attention"] + payload["dropout"]):
+    raise SystemExit(f"attention_op: no cell could be measured; the reasons are in {out}/"
+                     "attention_op.md")
   return payload
 
 

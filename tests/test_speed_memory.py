@@ -8,6 +8,9 @@ import json
 import os
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from simpletron_jax import attention
@@ -15,16 +18,17 @@ from simpletron_jax import attention
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load_benchmark():
+def _load_benchmark(name):
+  """Imports ``benchmarks/<name>.py`` (a script folder, not a package)."""
   spec = importlib.util.spec_from_file_location(
-      "speed_memory", os.path.join(ROOT, "benchmarks", "speed_memory.py"))
+      name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   sys.modules[spec.name] = module   # dataclasses look their module up while it loads
   spec.loader.exec_module(module)
   return module
 
 
-sm = _load_benchmark()
+sm = _load_benchmark("speed_memory")
 TINY = {"num_layers": 1, "emb_dim": 32, "qkv_dim": 32, "mlp_dim": 64, "num_heads": 4}
 
 
@@ -192,10 +196,7 @@ def _trace(process, lines):
 
 
 def test_profile_counts_each_kernel_once():
-  spec = importlib.util.spec_from_file_location(
-      "profile_step", os.path.join(ROOT, "benchmarks", "profile_step.py"))
-  prof = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(prof)
+  prof = _load_benchmark("profile_step")
   # GPU: kernels on the stream; the module span and the per-op line repeat them.
   gpu = _trace("/device:GPU:0", {
       "Stream #13(Compute)": [("nvjet_gemm", 30.0), ("loop_add_fusion", 10.0)] * 2,
@@ -221,19 +222,8 @@ def test_profile_counts_each_kernel_once():
     prof.device_events(_trace("/device:GPU:0", {"Launch Stats": [("x", 1.0)]}))
 
 
-def _attention_op():
-  spec = importlib.util.spec_from_file_location(
-      "attention_op", os.path.join(ROOT, "benchmarks", "attention_op.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_attention_op_candidates_compute_the_same_function():
-  import jax  # noqa: PLC0415
-  import jax.numpy as jnp  # noqa: PLC0415
-  import numpy as np  # noqa: PLC0415
-  aop = _attention_op()
+  aop = _load_benchmark("attention_op")
   q, k, v, dy, mask = aop.inputs(batch=3, length=12, heads=2, head_dim=8, dtype="float32")
   assert not bool(mask.all())  # padded rows, so the masking is part of the comparison
 
