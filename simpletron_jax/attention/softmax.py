@@ -35,6 +35,9 @@ IMPLEMENTATIONS = ("einsum", "xla", "flash")
 # Earlier names: "fused" was jax.nn.dot_product_attention with implementation=None (XLA).
 ALIASES = {"fused": "xla", "cudnn": "flash"}
 FLASH_DTYPES = ("bfloat16", "float16")
+# cuDNN's training kernels reject odd lengths (jax 0.11.2 on an H100 at L = 4097, issue 10);
+# flash_attention pads the length to a multiple of this (at most 63 extra rows).
+FLASH_LENGTH_MULTIPLE = 64
 _LOGGED_REASONS: set[str] = set()
 logger = logging.getLogger(__name__)
 
@@ -132,25 +135,42 @@ def einsum_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, keep_Bx1xNxL, dropout=None
   return jnp.einsum("bhqk,bkhd->bqhd", weights_BxHxNxL, v_BxLxHxK)
 
 
-def flash_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, causal: bool):
+def flash_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, causal: bool,
+                    implementation: str = "cudnn"):
   """cuDNN flash attention with the padding mask as key lengths.
 
+  cuDNN rejects some lengths in training (an odd L, such as LRA's ``max_length + 1`` with the
+  CLS token, raises "Unsupported sequence length"), so q, k and v are zero-padded at the end to
+  a multiple of :data:`FLASH_LENGTH_MULTIPLE` positions. The padded keys lie beyond every
+  row's key length, so they get no weight; the padded query rows are cut off. The function is
+  unchanged.
+
   Args:
-    q_BxNxHxK: queries of the first N positions (N = L for self-attention).
+    q_BxNxHxK: queries of every position (N == L: self-attention).
     k_BxLxHxK, v_BxLxHxK: keys and values, bfloat16 or float16.
     mask_BxL: bool, True for real tokens, right-padded.
-    causal: causal mask (only with N == L).
+    causal: causal mask.
+    implementation: ``"cudnn"``; ``"xla"`` runs the same call through XLA, which the CPU tests
+      use to check the padding and key lengths.
 
   Returns:
-    ``[B, N, H, K]``; rows whose mask is not right-padded are NaN.
+    ``[B, L, H, K]``; rows whose mask is not right-padded are NaN.
 
   Raises:
-    NotImplementedError, RuntimeError, ValueError: from cuDNN's checks at trace time
-      (no cuDNN, unsupported shape); the module catches them and falls back to ``xla``.
+    ValueError: if N != L.
+    NotImplementedError, RuntimeError: from cuDNN's checks at trace time (no cuDNN,
+      unsupported shape); the module catches them and falls back to ``xla``.
   """
-  y = jax.nn.dot_product_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=causal,
+  length = k_BxLxHxK.shape[1]
+  if q_BxNxHxK.shape[1] != length:
+    raise ValueError(f"flash attention needs a query per key, got {q_BxNxHxK.shape[1]} "
+                     f"queries and {length} keys")
+  pad = -length % FLASH_LENGTH_MULTIPLE
+  q, k, v = (jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0)))
+             for t in (q_BxNxHxK, k_BxLxHxK, v_BxLxHxK))
+  y = jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                    key_value_seq_lengths=key_lengths(mask_BxL),
-                                   implementation="cudnn")
+                                   implementation=implementation)[:, :length]
   ok_Bx1x1x1 = is_right_padded(mask_BxL)[:, None, None, None]
   return jnp.where(ok_Bx1x1x1, y, jnp.asarray(jnp.nan, y.dtype))
 
