@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -312,3 +314,20 @@ def test_write_tsv_is_atomic(tmp_path):
     listops.write_tsv([("[MAX 1 2 ]", 2), ("[MAX 1 2 ]", 12)], path)
   assert open(path, encoding="utf-8").read() == before
   assert os.listdir(tmp_path) == ["basic_train.tsv"]
+
+
+def test_a_script_on_stdin_fails_fast_instead_of_hanging(tmp_path):
+  # Spawned workers cannot import a '<stdin>' main module. multiprocessing.Pool restarted
+  # them without end (a hang, with the log full of one traceback); the generator must stop
+  # with an error that says how to run it.
+  script = ("from simpletron_jax.data import listops\n"
+            f"listops.generate_dataset({str(tmp_path)!r}, seed=0, num_workers=2, num_train=600, "
+            "num_val=0, num_test=0, min_length=20, max_length=200)\n")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                        timeout=120, cwd=str(tmp_path),
+                        env={**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode != 0
+  assert "python -c" in done.stderr and "num_workers=1" in done.stderr, done.stderr[-2000:]
+  # One traceback per worker (2) and the chained error in the caller (2), not an endless loop.
+  assert done.stderr.count("Traceback") <= 4, done.stderr[-2000:]

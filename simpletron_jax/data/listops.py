@@ -36,7 +36,6 @@ import hashlib
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import random
 import tempfile
@@ -46,6 +45,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import tqdm
 
+from simpletron_jax.data import workers as worker_pool
 from simpletron_jax.data.common import RaggedExamples
 
 # ----------------------------------------------------------------------------
@@ -443,26 +443,20 @@ def _iter_examples(seed: int, total: int, *, min_length: int, max_length: int, m
   workers = _default_workers() if num_workers is None else int(num_workers)
   if workers < 1:
     raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-  pool = None
-  if workers > 1 and total > _BLOCK_SIZE:
-    # "spawn", not "fork": the trainer may already run JAX threads, and a
-    # forked copy of those can deadlock.
-    pool = multiprocessing.get_context("spawn").Pool(
-        min(workers, math.ceil(total / _BLOCK_SIZE)))
   seen: set[bytes] = set()
   produced = 0
   next_block = 0
   bar = tqdm.tqdm(total=total, desc="ListOps examples", unit="ex", smoothing=0.05)
-  try:
+  # Spawned workers, not forked: the trainer may already run JAX threads (worker_pool).
+  with bar, worker_pool.executor(workers, math.ceil(total / _BLOCK_SIZE)) as pool:
     while produced < total:
       n_blocks = math.ceil((total - produced) / _BLOCK_SIZE)
       tasks = [(seed, b, min_length, max_length, max_depth, max_args)
                for b in range(next_block, next_block + n_blocks)]
       next_block += n_blocks
-      results = (pool.imap(_generate_block, tasks) if pool is not None
-                 else map(_generate_block, tasks))
       before = produced
-      for block in results:
+      for block in worker_pool.results(pool, _generate_block, tasks, ordered=True,
+                                       what="ListOps"):
         for key, source, label in block:
           if key in seen:
             continue
@@ -479,11 +473,6 @@ def _iter_examples(seed: int, total: int, *, min_length: int, max_length: int, m
             f"found only {produced} distinct ListOps examples with lengths in "
             f"({min_length}, {max_length}) tokens, max_depth={max_depth}, max_args={max_args}, "
             f"but {total} were requested; widen the length bounds or ask for fewer")
-  finally:
-    bar.close()
-    if pool is not None:
-      pool.terminate()
-      pool.join()
 
 
 def generate_splits(seed: int, *, num_train: int = 96000, num_val: int = 2000,

@@ -74,7 +74,6 @@ import hashlib
 import io
 import json
 import math
-import multiprocessing
 import os
 import tempfile
 import time
@@ -84,6 +83,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import tqdm
 
+from simpletron_jax.data import workers as worker_pool
 from simpletron_jax.data.common import RaggedExamples
 
 LEVELS: dict[str, str] = {"easy": "curv_baseline", "intermediate": "curv_contour_length_9",
@@ -868,16 +868,12 @@ def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: st
   attempts = np.zeros(num_images, np.int64)
   remaining = [min(per_shard, num_images - s * per_shard) for s in range(num_shards)]
   start_time = time.time()
-  pool = None
-  if workers > 1 and len(tasks) > 1:
-    # "spawn", not "fork": the caller may run JAX threads, and a forked copy can deadlock.
-    pool = multiprocessing.get_context("spawn").Pool(min(workers, len(tasks)))
   bar = tqdm.tqdm(total=num_images, desc=f"Pathfinder{resolution} {level}", unit="img",
                   disable=not progress, smoothing=0.05)
-  try:
-    results = (pool.imap_unordered(_render_chunk, tasks) if pool is not None
-               else map(_render_chunk, tasks))
-    for shard, start, lab, mar, att in results:
+  # Spawned workers, not forked: the caller may run JAX threads (worker_pool).
+  with bar, worker_pool.executor(workers, len(tasks)) as pool:
+    for shard, start, lab, mar, att in worker_pool.results(pool, _render_chunk, tasks,
+                                                           ordered=False, what="Pathfinder"):
       first = shard * per_shard + start
       labels[first:first + len(lab)] = lab
       margins[first:first + len(lab)] = mar
@@ -890,11 +886,6 @@ def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: st
         _write_text(os.path.join(meta_dir, f"{shard}.npy"), "".join(
             _metadata_line(shard, j, int(labels[base + j]), int(margins[base + j]), params)
             for j in range(size)))
-  finally:
-    bar.close()
-    if pool is not None:
-      pool.terminate()
-      pool.join()
   seconds = time.time() - start_time
   stats = {"level_dir": level_dir, "num_images": num_images, "seconds": round(seconds, 3),
            "images_per_second": round(num_images / max(seconds, 1e-9), 1),
