@@ -27,6 +27,10 @@ flags.DEFINE_integer("num_processes", None, "Processes (hosts) in the run.")
 flags.DEFINE_integer("process_id", None, "This process's index, 0 on the coordinator.")
 flags.DEFINE_float("distributed_timeout", 300.0, "Seconds to wait for the coordinator and "
                    "for every process to join.")
+flags.DEFINE_string("xla_cache_dir", None, "JAX's persistent compilation cache: a resumed or "
+                    "repeated run loads its compiled steps (one per length bucket) from here "
+                    "instead of compiling them again. Default: $JAX_COMPILATION_CACHE_DIR, else "
+                    "~/.cache/simpletron_jax/xla; '' turns it off.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -43,7 +47,9 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
   from simpletron_jax import distributed  # pylint: disable=import-outside-toplevel
+  from simpletron_jax import xla_cache  # pylint: disable=import-outside-toplevel
   fl = flags.FLAGS
+  xla_cache.enable(xla_cache.default_dir() if fl.xla_cache_dir is None else fl.xla_cache_dir)
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,
                            timeout_s=fl.distributed_timeout)

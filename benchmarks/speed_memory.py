@@ -101,7 +101,7 @@ import numpy as np  # noqa: E402
 
 import flops  # noqa: E402
 import step_time  # noqa: E402
-from simpletron_jax import attention, models, train_lib  # noqa: E402
+from simpletron_jax import attention, models, train_lib, xla_cache  # noqa: E402
 from simpletron_jax.attention import softmax as softmax_attention  # noqa: E402
 
 BYTE_VOCAB = 257           # LRA text: byte ids 1..256, 0 = pad
@@ -957,10 +957,7 @@ def parse_overrides(items) -> dict[str, Any]:
 
 def enable_compilation_cache(path: str) -> None:
   """Turns on JAX's persistent compilation cache in ``path`` (every compile is cached)."""
-  if path:
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  xla_cache.enable(path, min_compile_secs=0.0)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

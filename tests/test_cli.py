@@ -25,10 +25,13 @@ SMALL = ["--config.data.num_train=64", "--config.data.num_val=32", "--config.dat
          "--config.model.num_layers=1", "--config.eval_frequency=2", "--config.num_train_steps=3"]
 
 
-def test_train_then_eval(tmp_path):
+def test_train_then_eval(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
+  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   _run("train.py", "--config", "configs/listops/simple.py:tiny", "--workdir", workdir,
-       f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL)
+       f"--config.data.cache_dir={tmp_path / 'cache'}", f"--xla_cache_dir={tmp_path / 'xla'}",
+       *SMALL)
+  assert os.listdir(tmp_path / "xla"), "train.py must write its compiled steps to the cache"
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
   assert results["attention"] == "simple" and results["last_step"] == 3

@@ -1,0 +1,42 @@
+"""JAX's persistent compilation cache for train.py and the benchmarks.
+
+``train.py`` pads each batch to a 128-token bucket, so a run compiles one train step per
+bucket it meets (up to 16 on ListOps; the benchmark model's step took 9 to 14 s to compile on
+an H100 in issue 10). With the cache on, a resumed or repeated run loads those programs from disk instead of compiling them again.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "simpletron_jax", "xla")
+MAX_BYTES = 10 * 2**30   # JAX evicts the least recently used programs beyond this
+
+
+def default_dir() -> str:
+  """``$JAX_COMPILATION_CACHE_DIR`` if set, else :data:`DEFAULT_DIR`."""
+  return os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_DIR
+
+
+def enable(path: str, min_compile_secs: float | None = None) -> None:
+  """Turns on the persistent compilation cache in ``path``; ``""`` leaves it off.
+
+  The folder may be deleted at any time (the next run compiles again). Unless JAX already
+  has a size limit, it is capped at :data:`MAX_BYTES` (10 GiB).
+
+  Args:
+    path: a folder, created by JAX when it first writes.
+    min_compile_secs: keep only programs that took at least this long to compile; None
+      keeps JAX's setting (1 s, or ``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``). The
+      benchmarks pass 0 to cache every cell.
+  """
+  if not path:
+    return
+  jax.config.update("jax_compilation_cache_dir", path)
+  if jax.config.jax_compilation_cache_max_size < 0:
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+  if min_compile_secs is not None:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_secs))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
