@@ -399,7 +399,9 @@ def _compile(p_train, state, data, key, record: dict[str, Any]):
     start = time.perf_counter()
     compiled = p_train.lower(state, data, key).compile()
     record["compile_s"] = time.perf_counter() - start
+    start = time.perf_counter()
     count = flops.function_flops(p_train, state, data, key)
+    record["phase_s"]["flop_count"] = time.perf_counter() - start
   finally:
     softmax_logger.removeHandler(log)
   record["fallbacks"] = sorted(set(log.messages))
@@ -447,7 +449,10 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
     A JSON-ready record: ``label``, ``length``, ``batch``, ``status`` (``"ok"``, ``"OOM"``
     or ``"error"``), ``reason``; once compiled ``compile_s``, ``memory_analysis``,
     ``flops_per_step_per_device`` (analytic, :mod:`flops`), ``flop_count``,
-    ``xla_cost_analysis_flops``, ``fallbacks`` (the softmax module's logged fallbacks);
+    ``xla_cost_analysis_flops``, ``fallbacks`` (the softmax module's logged fallbacks),
+    ``phase_s`` (seconds spent on ``init``: the train state; ``flop_count``; ``warmup``: the
+    first step; ``timed``: the timed runs; with ``compile_s`` and the record's ``wall_s``
+    they say where a cell's time goes);
     for ``ok`` also ``median_s_per_step``, ``steps_per_sec``, ``step_times_s`` (per-step
     seconds of each timed run), ``memory_bytes`` (the compiled estimate),
     ``memory_source``, ``peak_bytes_in_use`` (allocator peak, cumulative in a process),
@@ -455,7 +460,8 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
     is the record's ``status`` and ``reason``.
   """
   record: dict[str, Any] = {"label": label, "length": length, "batch": batch,
-                            "status": "error", "reason": ""}
+                            "status": "error", "reason": "", "phase_s": {}}
+  phases = record["phase_s"]
   state = compiled = data = None
   try:
     setup = variant_setup(label, length)
@@ -478,7 +484,10 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
       record.update(status="OOM", reason=f"train state {state_bytes / GIB:.2f} GiB x "
                     f"{host_share} exceeds the memory limit {max_memory_bytes / GIB:.2f} GiB")
       return record
+    start = time.perf_counter()
     state = flax.jax_utils.replicate(train_lib.create_train_state(config, model, rng))
+    jax.block_until_ready(state)
+    phases["init"] = time.perf_counter() - start
     p_train, _ = train_lib.pmap_steps(model.apply)
     data = _device_batch(batch, length, n_dev)
     keys = jax.random.split(jax.random.PRNGKey(1), 1 + steps * rounds)
@@ -491,9 +500,13 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
                     f"{analysis['estimate_bytes'] / GIB:.2f} GiB x {host_share} exceeds "
                     f"the memory limit {max_memory_bytes / GIB:.2f} GiB")
       return record
+    start = time.perf_counter()
     state, sums = compiled(state, data, keys[0])   # warm-up step
     jax.block_until_ready(sums)
+    phases["warmup"] = time.perf_counter() - start
+    start = time.perf_counter()
     state, sums, times = _timed_rounds(compiled, state, data, keys[1:], steps, rounds)
+    phases["timed"] = time.perf_counter() - start
     median = statistics.median(times)
     peaks = [(_memory_stats(d) or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
     record.update(status="ok", median_s_per_step=median, steps_per_sec=1.0 / median,

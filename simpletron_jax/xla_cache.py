@@ -13,7 +13,6 @@ import os
 import jax
 
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "simpletron_jax", "xla")
-MAX_BYTES = 10 * 2**30   # JAX evicts the least recently used programs beyond this
 
 
 def default_dir() -> str:
@@ -24,8 +23,9 @@ def default_dir() -> str:
 def enable(path: str, min_compile_secs: float | None = None) -> None:
   """Turns on the persistent compilation cache in ``path``; ``""`` leaves it off.
 
-  The folder may be deleted at any time (the next run compiles again). Unless JAX already
-  has a size limit, it is capped at :data:`MAX_BYTES` (10 GiB).
+  The folder is not size-capped (JAX's cap, ``jax_compilation_cache_max_size``, needs the
+  ``filelock`` package, and without it JAX silently turns the cache off); it may be deleted at
+  any time, and the next run compiles again.
 
   Args:
     path: a folder, created by JAX when it first writes.
@@ -36,8 +36,6 @@ def enable(path: str, min_compile_secs: float | None = None) -> None:
   if not path:
     return
   jax.config.update("jax_compilation_cache_dir", path)
-  if jax.config.jax_compilation_cache_max_size < 0:
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
   if min_compile_secs is not None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_secs))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
