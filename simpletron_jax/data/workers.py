@@ -11,11 +11,12 @@ itself broken instead, and :func:`results` turns that into an error that says wh
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import multiprocessing
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Callable, Collection, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -62,12 +63,26 @@ def results(pool: concurrent.futures.Executor | None, fn: Callable[[T], R],
   if pool is None:
     yield from map(fn, tasks)
     return
-  futures = [pool.submit(fn, task) for task in tasks]
+  # Each result is dropped once yielded, so the generators stream (the old imap did too).
+  if ordered:
+    queue = collections.deque(pool.submit(fn, task) for task in tasks)
+    pending: Collection[concurrent.futures.Future] = queue
+
+    def ready():
+      while queue:
+        yield queue.popleft().result()
+  else:
+    unordered = {pool.submit(fn, task) for task in tasks}
+    pending = unordered
+
+    def ready():
+      for future in concurrent.futures.as_completed(list(unordered)):
+        unordered.discard(future)
+        yield future.result()
   try:
-    for future in (futures if ordered else concurrent.futures.as_completed(futures)):
-      yield future.result()
+    yield from ready()
   except BrokenProcessPool as error:
     raise RuntimeError(_BROKEN.format(what=what, error=error)) from error
   finally:
-    for future in futures:
+    for future in pending:
       future.cancel()
