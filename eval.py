@@ -13,17 +13,29 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from simpletron_jax import xla_cache
+
 config_flags.DEFINE_config_file("config", None, "Config file; default: the run's config.json.")
 flags.DEFINE_string("workdir", None, "The run directory.", required=True)
 flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to evaluate.")
 flags.DEFINE_enum("which", "best", ["best", "latest"], "best-validation or newest checkpoint.")
 flags.DEFINE_integer("step", None, "A specific checkpoint step (overrides --which).")
+flags.DEFINE_string("xla_cache_dir", None, xla_cache.FLAG_HELP)
 
 
 def main(argv):
+  """absl entry point: scores one checkpoint of ``--workdir`` on ``--split`` and writes
+  ``eval_<which or step>_<split>.json`` there (accuracy, loss, count, step).
+
+  Raises:
+    app.UsageError: for positional arguments.
+    SystemExit: with the cause, for a missing or unreadable checkpoint or config
+      (:class:`run_guard.RunError`).
+  """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
+  xla_cache.enable(flags.FLAGS.xla_cache_dir)
   from simpletron_jax import run_guard, train_lib  # pylint: disable=import-outside-toplevel
   flag_values = flags.FLAGS
   try:

@@ -13,6 +13,8 @@ import re
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from simpletron_jax import xla_cache
+
 config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. "
                                 "configs/listops/simple.py:tiny.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Output directory (checkpoints, metrics, results). "
@@ -27,10 +29,7 @@ flags.DEFINE_integer("num_processes", None, "Processes (hosts) in the run.")
 flags.DEFINE_integer("process_id", None, "This process's index, 0 on the coordinator.")
 flags.DEFINE_float("distributed_timeout", 300.0, "Seconds to wait for the coordinator and "
                    "for every process to join.")
-flags.DEFINE_string("xla_cache_dir", None, "JAX's persistent compilation cache: a resumed or "
-                    "repeated run loads its compiled steps (one per length bucket) from here "
-                    "instead of compiling them again. Default: $JAX_COMPILATION_CACHE_DIR, else "
-                    "~/.cache/simpletron_jax/xla; '' turns it off.")
+flags.DEFINE_string("xla_cache_dir", None, xla_cache.FLAG_HELP)
 flags.mark_flags_as_required(["config"])
 
 
@@ -47,9 +46,8 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
   from simpletron_jax import distributed  # pylint: disable=import-outside-toplevel
-  from simpletron_jax import xla_cache  # pylint: disable=import-outside-toplevel
   fl = flags.FLAGS
-  xla_cache.enable(xla_cache.default_dir() if fl.xla_cache_dir is None else fl.xla_cache_dir)
+  xla_cache.enable(fl.xla_cache_dir)
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,
                            timeout_s=fl.distributed_timeout)

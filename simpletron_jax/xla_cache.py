@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 
-import jax
-
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "simpletron_jax", "xla")
+
+
+FLAG_HELP = ("JAX's persistent compilation cache: a resumed or repeated run loads its "
+             "compiled steps (one per length bucket) from here instead of compiling them "
+             "again. Default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/simpletron_jax/xla; "
+             "'' turns it off.")
 
 
 def default_dir() -> str:
@@ -20,8 +24,9 @@ def default_dir() -> str:
   return os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT_DIR
 
 
-def enable(path: str, min_compile_secs: float | None = None) -> None:
-  """Turns on the persistent compilation cache in ``path``; ``""`` leaves it off.
+def enable(path: str | None, min_compile_secs: float | None = None) -> None:
+  """Turns on the persistent compilation cache in ``path``: None means :func:`default_dir`,
+  ``""`` leaves it off.
 
   The folder is not size-capped (JAX's cap, ``jax_compilation_cache_max_size``, needs the
   ``filelock`` package, and without it JAX silently turns the cache off); it may be deleted at
@@ -33,8 +38,11 @@ def enable(path: str, min_compile_secs: float | None = None) -> None:
       keeps JAX's setting (1 s, or ``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``). The
       benchmarks pass 0 to cache every cell.
   """
+  if path is None:
+    path = default_dir()
   if not path:
     return
+  import jax  # pylint: disable=import-outside-toplevel  (the scripts import jax late)
   jax.config.update("jax_compilation_cache_dir", path)
   if min_compile_secs is not None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_secs))
