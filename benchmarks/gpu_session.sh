@@ -16,13 +16,13 @@
 #   fp32      the same in float32                                          (stops at 9 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
-#             length compiles its own step (9 to 14 s each), so the ungrouped run goes first
-#             and the grouped one reuses its compiled steps from train.py's compilation cache;
+#             length compiles its own step (simple: 9 to 14 s each), so the ungrouped run
+#             goes first and the grouped one reuses its compiled steps from train.py's compilation cache;
 #             read steady-state steps/s from the metrics.jsonl windows after step 100.
 # A part stopped by its time limit resumes where it stopped when called again (--resume).
 # Measured on 2026-11-23 (benchmarks/results/nvidia-h100-80gb-hbm3/README.md): check is done
-# (rerun its test after changing a fast path); a benchmark cell takes 13 to 46 s uncached, mostly
-# compiling and setting up, so the bf16 table needs several calls. Next order: listops, bf16
+# (rerun its test after changing a fast path); a benchmark cell takes 12 to 46 s uncached,
+# mostly compiling and setting up, so the bf16 table needs several calls. Next order: listops, bf16
 # (resumed), fp32.
 # Chain the calls: the machine is handed back 30 s after a call ends, and a fresh one starts
 # bare (no compilation cache, no generated ListOps). Logs of the long steps are cut to their
