@@ -19,7 +19,10 @@
 #             length compiles its own step (simple: 9 to 14 s each), so the ungrouped run
 #             goes first and the grouped one reuses its compiled steps from train.py's compilation cache;
 #             read steady-state steps/s from the metrics.jsonl windows after step 100.
-# A part stopped by its time limit resumes where it stopped when called again (--resume).
+# A part stopped by its time limit resumes where it stopped when called again (--resume) on
+# the same warm machine. On a fresh machine, put the speed_memory.partial.jsonl it returned
+# in .bench_resume/<dtype>.jsonl (bfloat16 or float32; .gitignore keeps the folder out) and
+# carry [".whl", ".bench_resume"].
 # Measured on 2026-11-23 (benchmarks/results/nvidia-h100-80gb-hbm3/README.md): check is done
 # (rerun its test after changing a fast path); a benchmark cell takes 12 to 46 s uncached,
 # mostly compiling and setting up, so the bf16 table needs several calls. Next order: listops, bf16
@@ -41,11 +44,19 @@ log="$OUT/$part.log"
     --format=csv; python -c "import jax; print('jax', jax.__version__, jax.devices())"; } >"$log" 2>&1
 
 bench() {  # bench <dtype> <seconds>
-  timeout "$2" python benchmarks/speed_memory.py --dtype "$1" --out "$work" --resume \
-    --cache-dir /tmp/jax_cache >>"$log" 2>&1
+  # 1K, 4K, 16K and 32K (LRA's Table 2 lengths 2K and 3K, and 8K, left out: the device time
+  # of one session covers about 40 cells). Cells measured by an earlier call on another
+  # machine are reused if their partial file was carried in as .bench_resume/<dtype>.jsonl.
+  mkdir -p "$work/$1"
+  if [ -f ".bench_resume/$1.jsonl" ] && [ ! -f "$work/$1/speed_memory.partial.jsonl" ]; then
+    cp ".bench_resume/$1.jsonl" "$work/$1/speed_memory.partial.jsonl"
+  fi
+  timeout "$2" python benchmarks/speed_memory.py --dtype "$1" --lengths 1024 4096 16384 32768 \
+    --out "$work/$1" --resume --cache-dir /tmp/jax_cache >"$work/$1.log" 2>&1
   echo "speed_memory exit $? (124 = stopped by the time limit; call the part again)" >>"$log"
-  cp "$work"/speed_memory.{json,md,png} "$OUT"/ 2>/dev/null
-  cp "$work"/speed_memory.partial.jsonl "$OUT"/ 2>/dev/null
+  tail -c 300000 "$work/$1.log" >>"$log"
+  cp "$work/$1"/speed_memory.{json,md,png} "$OUT"/ 2>/dev/null
+  cp "$work/$1"/speed_memory.partial.jsonl "$OUT"/ 2>/dev/null
 }
 
 listops_loop() {  # listops_loop <steps> <seconds ungrouped> <seconds grouped>
