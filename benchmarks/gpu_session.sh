@@ -14,6 +14,8 @@
 #             and 16K                                      (7 minutes on an H100, 2026-11-23)
 #   bf16      the benchmark table, bfloat16, 1K..32K, every variant       (stops at 9 minutes)
 #   fp32      the same in float32                                          (stops at 9 minutes)
+#   leads     simple at 4K with and without dropout, and at L + 1 = 4096 against 4097; the
+#             profile of softmax_flash on cuDNN                               (about 3 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each), so the ungrouped run
@@ -25,15 +27,15 @@
 # carry [".whl", ".bench_resume"].
 # Measured on 2026-11-23 (benchmarks/results/nvidia-h100-80gb-hbm3/README.md): check is done
 # (rerun its test after changing a fast path); a benchmark cell takes 12 to 46 s uncached,
-# mostly compiling and setting up, so the bf16 table needs several calls. Next order: listops, bf16
-# (resumed), fp32.
+# mostly compiling and setting up, so the bf16 table needs several calls. Next order: leads,
+# listops, bf16 (resumed), fp32.
 # Chain the calls: the machine is handed back 30 s after a call ends, and a fresh one starts
 # bare (no compilation cache, no generated ListOps). Logs of the long steps are cut to their
 # tails, because the device tool returns no file over 16 MiB.
 # Everything is written under $OUT (default /tmp/gpu_session): at most 8 files per part, as
 # the device tool returns them; each part also packs its folder into <part>.tar.gz.
 set -uo pipefail
-part=${1:?usage: bash benchmarks/gpu_session.sh check|bf16|fp32|listops}
+part=${1:?usage: bash benchmarks/gpu_session.sh check|leads|bf16|fp32|listops}
 OUT=${OUT:-/tmp/gpu_session}
 work=/tmp/gpu_session_work/$part
 mkdir -p "$OUT" "$work"
@@ -103,6 +105,20 @@ case "$part" in
   fp32) bench float32 540 ;;
   listops)
     listops_loop 300 180 300
+    ;;
+  leads)
+    # What the next speed-ups of simple's step would be worth: its dropout (rate 0.1 against
+    # 0, same shapes) and the odd length L + 1 (4095 + CLS = 4096 against 4096 + CLS = 4097).
+    # Also the profile of softmax_flash on cuDNN, and each cell's phase_s in the JSON.
+    for set in dropout_rate=0.1 dropout_rate=0.0; do
+      python benchmarks/speed_memory.py --dtype bfloat16 --variants simple --lengths 4095 4096 \
+        --set $set --out "$work/$set" --cache-dir /tmp/jax_cache >>"$log" 2>&1
+      cp "$work/$set/speed_memory.md" "$OUT/leads_$set.md"
+      cp "$work/$set/speed_memory.json" "$OUT/leads_$set.json"
+    done
+    python benchmarks/profile_step.py --variant softmax_flash --length 4096 --dtype bfloat16 \
+      --out "$work/profile_softmax_flash" >>"$log" 2>&1
+    cp "$work/profile_softmax_flash/profile_summary.txt" "$OUT/profile_softmax_flash_4k_bf16.txt"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
