@@ -15,7 +15,7 @@
 #   bf16      the benchmark table, bfloat16, 1K..32K, every variant       (stops at 9 minutes)
 #   fp32      the same in float32                                          (stops at 9 minutes)
 #   leads     simple at 4K with and without dropout, and at L + 1 = 4096 against 4097; the
-#             profile of softmax_flash on cuDNN                               (about 3 minutes)
+#             profile of softmax_flash on cuDNN                     (estimated at 3 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each), so the ungrouped run
@@ -47,7 +47,7 @@ log="$OUT/$part.log"
 
 bench() {  # bench <dtype> <seconds>
   # 1K, 4K, 16K and 32K (LRA's Table 2 lengths 2K and 3K, and 8K, left out: the device time
-  # of one session covers about 40 cells). Cells measured by an earlier call on another
+  # of one session covers about 40 cells, at 12 to 46 s each). Cells measured by an earlier call on another
   # machine are reused if their partial file was carried in as .bench_resume/<dtype>.jsonl.
   mkdir -p "$work/$1"
   if [ -f ".bench_resume/$1.jsonl" ] && [ ! -f "$work/$1/speed_memory.partial.jsonl" ]; then
