@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -198,6 +199,21 @@ def state_crc32(tree: Any) -> int:
     crc = zlib.crc32(f"{array.shape}{array.dtype}".encode(), crc)
     crc = zlib.crc32(array.tobytes(), crc)
   return crc
+
+
+def state_structure(tree: Any) -> str:
+  """SHA-1 (hex) of every leaf's key path, shape and dtype, in tree order; no array data.
+
+  Two train states share it exactly when a checkpoint of one can be restored into the
+  other: the optimizer's wrappers (``grad_accum_steps > 1``, ``grad_clip_norm > 0``,
+  ``freeze``, LoRA) each change it. Works on arrays and on ``jax.ShapeDtypeStruct``s.
+  """
+  digest = hashlib.sha1()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    shape = tuple(getattr(leaf, "shape", np.shape(leaf)))
+    dtype = getattr(leaf, "dtype", None) or np.asarray(leaf).dtype
+    digest.update(f"{jax.tree_util.keystr(path)} {shape} {np.dtype(dtype)}\n".encode())
+  return digest.hexdigest()
 
 
 def json_safe(obj: Any) -> Any:

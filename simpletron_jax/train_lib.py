@@ -386,7 +386,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
   """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``.
 
   ``meta`` is stored with ``state_crc32`` (:func:`run_guard.state_crc32` of the params and
-  optimizer state) added, which :func:`restore_checkpoint` verifies.
+  optimizer state) and ``state_structure`` (:func:`run_guard.state_structure`) added, which
+  :func:`restore_checkpoint` verifies.
 
   Raises:
     run_guard.NonFiniteError: ``state`` holds NaN or inf; nothing is saved.
@@ -398,7 +399,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
   where = _step_dir(manager, step)
   if not run_guard.tree_is_finite(tree):
     raise run_guard.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
-  meta = {**meta, "state_crc32": run_guard.state_crc32((tree["params"], tree["opt_state"]))}
+  meta = {**meta, "state_crc32": run_guard.state_crc32((tree["params"], tree["opt_state"])),
+          "state_structure": run_guard.state_structure((tree["params"], tree["opt_state"]))}
   try:
     saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                                        meta=ocp.args.JsonSave(meta)))
@@ -429,6 +431,14 @@ def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: i
           f"{where} was saved with another model config: {'; '.join(diff)}. Resume with the "
           "checkpoint's values, or use another --workdir.")
   target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _ckpt_tree(state))
+  structure = run_guard.state_structure((target["params"], target["opt_state"]))
+  if meta.get("state_structure", structure) != structure:
+    # Not damage: restoring would fail, and the checkpoint would be set aside as damaged.
+    raise run_guard.ConfigMismatchError(
+        f"{where} holds a train state of another layout: the optimizer settings that change it "
+        "(grad_accum_steps > 1, grad_clip_norm > 0, freeze, lora.rank) differ from the "
+        "checkpoint's. Resume with the values in the workdir's config.json, or use another "
+        "--workdir.")
   tree = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(target)))["state"]
   crc = run_guard.state_crc32((tree["params"], tree["opt_state"]))

@@ -509,3 +509,18 @@ def test_switched_attention_drops_the_old_defaults_but_not_unknown_options():
   with pytest.raises(ValueError, match=r"\['chunk_size'\], unknown to attention 'softmax'"):
     attention.get("softmax").build(num_heads=2, qkv_dim=8, out_dim=8, dropout_rate=0.0,
                                    dtype=jnp.float32, **{**kwargs, "chunk_size": 64})
+
+
+def test_resume_with_another_optimizer_layout_is_a_config_error_not_damage(
+    initial_state, presence_task, tmp_path):
+  # grad_clip_norm > 0 wraps AdamW in a chain: the optimizer state has another layout, so the
+  # checkpoint cannot be restored into it. That must be a config error, with the checkpoints
+  # left where they are, not a damaged checkpoint set aside.
+  config, state, manager = _saved_steps(tmp_path, initial_state)
+  clipped = fault_config(grad_clip_norm=1.0)
+  _, other = _state(clipped, presence_task)
+  chex.assert_trees_all_equal_shapes(other.params, state.params)
+  with pytest.raises(run_guard.ConfigMismatchError, match=r"checkpoints/4 .*grad_clip_norm"):
+    train_lib.restore_checkpoint(manager, other, model_config=clipped.model,
+                                 quarantine_dir=str(tmp_path / "damaged"))
+  assert manager.all_steps() == [2, 4] and not os.path.exists(tmp_path / "damaged")
