@@ -47,8 +47,9 @@ log="$OUT/$part.log"
 
 bench() {  # bench <dtype> <seconds>
   # 1K, 4K, 16K and 32K (LRA's Table 2 lengths 2K and 3K, and 8K, left out: the device time
-  # of one session covers about 40 cells, at 12 to 46 s each). Cells measured by an earlier call on another
-  # machine are reused if their partial file was carried in as .bench_resume/<dtype>.jsonl.
+  # of one session covers about 40 cells, at 12 to 46 s each). Cells measured by an earlier
+  # call on another machine are reused if their partial file was carried in as
+  # .bench_resume/<dtype>.jsonl.
   mkdir -p "$work/$1"
   if [ -f ".bench_resume/$1.jsonl" ] && [ ! -f "$work/$1/speed_memory.partial.jsonl" ]; then
     cp ".bench_resume/$1.jsonl" "$work/$1/speed_memory.partial.jsonl"
@@ -110,11 +111,13 @@ case "$part" in
     # What the next speed-ups of simple's step would be worth: its dropout (rate 0.1 against
     # 0, same shapes) and the odd length L + 1 (4095 + CLS = 4096 against 4096 + CLS = 4097).
     # Also the profile of softmax_flash on cuDNN, and each cell's phase_s in the JSON.
-    for set in dropout_rate=0.1 dropout_rate=0.0; do
+    # (File names without '=': the device tool returns only letters, digits, '.', '_', '-'.)
+    for rate in 0.1 0.0; do
       python benchmarks/speed_memory.py --dtype bfloat16 --variants simple --lengths 4095 4096 \
-        --set $set --out "$work/$set" --cache-dir /tmp/jax_cache >>"$log" 2>&1
-      cp "$work/$set/speed_memory.md" "$OUT/leads_$set.md"
-      cp "$work/$set/speed_memory.json" "$OUT/leads_$set.json"
+        --set dropout_rate=$rate --out "$work/dropout_$rate" --cache-dir /tmp/jax_cache \
+        >>"$log" 2>&1
+      cp "$work/dropout_$rate/speed_memory.md" "$OUT/leads_dropout_$rate.md"
+      cp "$work/dropout_$rate/speed_memory.json" "$OUT/leads_dropout_$rate.json"
     done
     python benchmarks/profile_step.py --variant softmax_flash --length 4096 --dtype bfloat16 \
       --out "$work/profile_softmax_flash" >>"$log" 2>&1
@@ -122,5 +125,7 @@ case "$part" in
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
-tar -czf "$OUT/$part.tar.gz" --exclude=trace -C "$work/.." "$part" 2>/dev/null
+# Without traces and the ListOps runs' checkpoints (hundreds of MB, over the 16 MiB a file).
+tar -czf "$OUT/$part.tar.gz" --exclude=trace --exclude=checkpoints --exclude=best \
+  -C "$work/.." "$part" 2>/dev/null
 echo "== done $(date -u +%FT%TZ)" >>"$log"

@@ -210,9 +210,10 @@ def state_structure(tree: Any) -> str:
   """
   digest = hashlib.sha1()
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    shape = tuple(getattr(leaf, "shape", np.shape(leaf)))
-    dtype = getattr(leaf, "dtype", None) or np.asarray(leaf).dtype
-    digest.update(f"{jax.tree_util.keystr(path)} {shape} {np.dtype(dtype)}\n".encode())
+    if not hasattr(leaf, "dtype"):   # a Python scalar
+      leaf = np.asarray(leaf)
+    digest.update(f"{jax.tree_util.keystr(path)} {tuple(leaf.shape)} {np.dtype(leaf.dtype)}\n"
+                  .encode())
   return digest.hexdigest()
 
 

@@ -399,8 +399,9 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
   where = _step_dir(manager, step)
   if not run_guard.tree_is_finite(tree):
     raise run_guard.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
-  meta = {**meta, "state_crc32": run_guard.state_crc32((tree["params"], tree["opt_state"])),
-          "state_structure": run_guard.state_structure((tree["params"], tree["opt_state"]))}
+  arrays = (tree["params"], tree["opt_state"])
+  meta = {**meta, "state_crc32": run_guard.state_crc32(arrays),
+          "state_structure": run_guard.state_structure(arrays)}
   try:
     saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                                        meta=ocp.args.JsonSave(meta)))

@@ -12,7 +12,6 @@ import os
 
 DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "simpletron_jax", "xla")
 
-
 FLAG_HELP = ("JAX's persistent compilation cache: a resumed or repeated run loads its "
              "compiled steps (one per length bucket) from here instead of compiling them "
              "again. Default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/simpletron_jax/xla; "

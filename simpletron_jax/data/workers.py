@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable, Collection, Iterable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -63,24 +63,16 @@ def results(pool: concurrent.futures.Executor | None, fn: Callable[[T], R],
   if pool is None:
     yield from map(fn, tasks)
     return
-  # Each result is dropped once yielded, so the generators stream (the old imap did too).
-  if ordered:
-    queue = collections.deque(pool.submit(fn, task) for task in tasks)
-    pending: Collection[concurrent.futures.Future] = queue
-
-    def ready():
-      while queue:
-        yield queue.popleft().result()
-  else:
-    unordered = {pool.submit(fn, task) for task in tasks}
-    pending = unordered
-
-    def ready():
-      for future in concurrent.futures.as_completed(list(unordered)):
-        unordered.discard(future)
-        yield future.result()
+  # Each future leaves `pending` once its result is yielded, so the generators stream.
+  pending = collections.deque(pool.submit(fn, task) for task in tasks)
   try:
-    yield from ready()
+    if ordered:
+      while pending:
+        yield pending.popleft().result()
+    else:
+      for future in concurrent.futures.as_completed(list(pending)):
+        pending.remove(future)
+        yield future.result()
   except BrokenProcessPool as error:
     raise RuntimeError(_BROKEN.format(what=what, error=error)) from error
   finally:
