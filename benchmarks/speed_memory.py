@@ -6,6 +6,7 @@
     python benchmarks/speed_memory.py --quick --variants softmax simple --lengths 256 512 \
         --out /tmp/speed_memory
     python benchmarks/speed_memory.py --variants simple --set last_block_cls_only=true
+    python benchmarks/speed_memory.py --dtype bfloat16 --compile-workers 8   # many CPU cores
 
 The model is LRA's byte-level text classifier (``text_classification/configs/base_tc_config.py``
 of the LRA code): 4 layers, emb 256, 4 heads, qkv 256, mlp 1024, byte vocabulary 257, 2
@@ -28,10 +29,15 @@ Every (variant, length) cell runs in this one process:
   memory limit (``--max-memory-gb``; default the device's ``bytes_limit``, on CPU 80% of RAM,
   times the device count since CPU devices share RAM) is recorded as ``OOM`` before it runs,
   and the variant's longer lengths are skipped.
+* compiling: at each length every cell is lowered for abstract arguments and compiled
+  first (the step and the train-state init; ``lower().compile()``, through a persistent
+  compilation cache, ``--cache-dir``), in ``--compile-workers`` threads side by side, and only
+  then are the cells run one by one, so no compile competes with a timed run. A cell whose
+  compile raised beside others is compiled again alone. On the 2-core CPU machine 2 workers
+  took 53.4 s where 1 took 68.2 s for 4 cells (``benchmarks/results/cpu/compile_workers.md``).
 * steps/s: the real pmapped train step of :mod:`simpletron_jax.train_lib` (forward,
   backward, AdamW) on a random full-length byte batch placed on the devices once. After
-  compiling (``lower().compile()``, through a persistent compilation cache, ``--cache-dir``)
-  and one warm-up step, ``--rounds`` timed runs of ``--steps`` back-to-back steps each block
+  compiling and one warm-up step, ``--rounds`` timed runs of ``--steps`` back-to-back steps each block
   once at their end; the median per-step time is reported.
 * FLOPs: analytic, from the step's jaxpr (:mod:`flops`: every ``dot_general``, 2 FLOPs per
   multiply-add, plus cuDNN attention), per device. XLA's ``cost_analysis()`` is kept as
@@ -47,9 +53,10 @@ against length) to ``--out`` (default ``benchmarks/results/<device>/``).
 FLOPs, still render with :func:`markdown_report`):
 
 * ``command``, ``argv``, ``created`` (UTC ISO time), ``benchmark`` = ``"speed_memory"``.
+* ``wall_s``: seconds the whole run took, the matmul-peak measurement included.
 * ``settings``: ``labels``, ``lengths``, ``batch``, ``dtype``, ``steps``, ``rounds``,
-  ``quick``, ``max_memory_bytes``, ``in_process`` (True), ``model`` (``config.model``),
-  ``vocab_size``, ``num_classes``.
+  ``quick``, ``max_memory_bytes``, ``in_process`` (True), ``compile_workers``, ``model``
+  (``config.model``), ``vocab_size``, ``num_classes``.
 * ``machine``: ``platform``, ``device_kind``, ``device_slug``, ``n_devices``, ``cpu_count``,
   ``cpus_usable`` (the process's CPU affinity, e.g. under ``taskset``),
   ``host_ram_bytes``, ``device_bytes_limit``, ``python``, ``jax``, ``jaxlib``, ``flax``,
@@ -57,7 +64,10 @@ FLOPs, still render with :func:`markdown_report`):
   ``{dtype: {n, dtype, median_s, flops, flops_per_s}}`` for float32 and bfloat16.
 * ``memory_metric``, ``flops_metric`` (what the numbers mean), ``baseline`` = ``"softmax"``.
 * ``results``: one record per (label, length): ``label``, ``length``, ``batch``, ``status``
-  (``ok`` / ``OOM`` / ``skipped`` / ``error``), ``reason``, ``wall_s``; once built also
+  (``ok`` / ``OOM`` / ``skipped`` / ``error``), ``reason``, ``wall_s`` (=
+  ``prepare_wall_s``, building and compiling, which overlaps other cells' with several
+  workers, + ``run_wall_s``); ``error_type`` when preparing raised, ``retried_alone`` when
+  it was prepared again alone; once built also
   ``attention``, ``attention_kwargs``, ``note``, ``model``, ``train_state_bytes``; once
   compiled ``compile_s``, ``fallbacks``, ``memory_analysis`` (the XLA fields and
   ``estimate_bytes``), ``flops_per_step_per_device``, ``flop_count``,
@@ -74,10 +84,10 @@ FLOPs, still render with :func:`markdown_report`):
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime
 import json
-import logging
 import os
 import platform
 import re
@@ -369,42 +379,35 @@ def _flops(compiled) -> float | None:
   return float(flops) if flops is not None and flops >= 0 else None
 
 
-def _device_batch(batch: int, length: int, n_dev: int) -> dict[str, jax.Array]:
-  """A random full-length byte batch, sharded onto the local devices once (resident)."""
-  data = step_time.random_batch(np.random.default_rng(0), batch, length, BYTE_VOCAB, n_dev,
+def _host_batch(batch: int, length: int, n_dev: int) -> dict[str, np.ndarray]:
+  """A random full-length byte batch in host memory, ``[n_dev, batch / n_dev, ...]``."""
+  return step_time.random_batch(np.random.default_rng(0), batch, length, BYTE_VOCAB, n_dev,
                                 NUM_CLASSES)
+
+
+def _device_batch(batch: int, length: int, n_dev: int) -> dict[str, jax.Array]:
+  """:func:`_host_batch`, sharded onto the local devices once (resident)."""
+  data = _host_batch(batch, length, n_dev)
   mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("devices",))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices"))
   return {k: jax.device_put(v, sharding) for k, v in data.items()}
 
 
-class _FallbackLog(logging.Handler):
-  """Collects the softmax module's fallback warnings while one config compiles."""
-
-  def __init__(self):
-    super().__init__(logging.WARNING)
-    self.messages: list[str] = []
-
-  def emit(self, record: logging.LogRecord) -> None:
-    self.messages.append(record.getMessage())
-
-
 def _compile(p_train, state, data, key, record: dict[str, Any]):
-  """Compiles the pmapped step; records compile time, the softmax fallbacks and FLOPs."""
-  log = _FallbackLog()
-  softmax_logger = logging.getLogger(softmax_attention.__name__)
-  softmax_logger.addHandler(log)
-  softmax_attention._LOGGED_REASONS.clear()   # each config reports its own fallbacks
-  try:
+  """Lowers and compiles the pmapped step for abstract arguments; counts its FLOPs.
+
+  Records ``compile_s`` (lowering and compiling), ``phase_s["flop_count"]``, ``fallbacks``
+  (the softmax module's fallback reasons met while this thread traced),
+  ``flop_count``, ``flops_per_step_per_device`` and ``xla_cost_analysis_flops``.
+  """
+  with softmax_attention.recording_fallbacks() as reasons:
     start = time.perf_counter()
     compiled = p_train.lower(state, data, key).compile()
     record["compile_s"] = time.perf_counter() - start
     start = time.perf_counter()
     count = flops.function_flops(p_train, state, data, key)
     record["phase_s"]["flop_count"] = time.perf_counter() - start
-  finally:
-    softmax_logger.removeHandler(log)
-  record["fallbacks"] = sorted(set(log.messages))
+  record["fallbacks"] = sorted(set(reasons))
   record["flop_count"] = dataclasses.asdict(count)
   record["flops_per_step_per_device"] = count.total
   record["xla_cost_analysis_flops"] = _flops(compiled)
@@ -427,11 +430,138 @@ def _timed_rounds(compiled, state, data, keys, steps: int, rounds: int):
   return state, sums, times
 
 
+@dataclasses.dataclass
+class PreparedCell:
+  """One (variant, length) cell, compiled and not yet run (:func:`prepare_cell`).
+
+  Attributes:
+    record: the cell's record so far (:func:`measure_config` lists its fields).
+    init: the compiled train-state init, ``rng -> TrainState`` (unreplicated).
+    step: the compiled pmapped train step, ``(state, batch, rng) -> (state, sums)``.
+    rng: the parameter-init key.
+    batch, length: global batch and input tokens (CLS excluded).
+    memory_bytes: the compiled step's memory estimate per device, or None.
+  """
+  record: dict[str, Any]
+  init: Any
+  step: Any
+  rng: jax.Array
+  batch: int
+  length: int
+  memory_bytes: int | None
+
+
+def prepare_cell(label: str, length: int, batch: int, dtype: str,
+                 max_memory_bytes: float | None = None,
+                 model_overrides: dict[str, Any] | None = None,
+                 ) -> tuple[dict[str, Any], PreparedCell | None]:
+  """Builds and compiles one cell without touching the device: thread-safe, for a pool.
+
+  The train state and batch are abstract (``jax.ShapeDtypeStruct``) while the step and the
+  init are lowered and compiled, so cells compile side by side in threads
+  (``--compile-workers``) while no device memory is held.
+
+  Args:
+    See :func:`measure_config`.
+
+  Returns:
+    ``(record, cell)``: ``cell`` is None when the record is final already (``OOM`` from the
+    train state or the compiled estimate, or ``error``); else :func:`run_cell` runs it.
+    Never raises for a failing config.
+  """
+  record: dict[str, Any] = {"label": label, "length": length, "batch": batch,
+                            "status": "error", "reason": "", "phase_s": {}}
+  try:
+    setup = variant_setup(label, length)
+    overrides = {**setup.model_overrides, **(model_overrides or {})}
+    config = lra_text_config(length, setup.attention, setup.attention_kwargs, batch, dtype,
+                             overrides)
+    record.update(attention=setup.attention, attention_kwargs=setup.attention_kwargs,
+                  note=setup.note, model=config.model.to_dict())
+    n_dev = jax.local_device_count()
+    if batch % n_dev:
+      raise ValueError(f"--batch {batch} is not divisible by the {n_dev} local devices")
+    host_share = n_dev if jax.local_devices()[0].platform == "cpu" else 1  # CPUs share RAM
+    model = models.build_classifier(config.model, vocab_size=BYTE_VOCAB,
+                                    num_classes=NUM_CLASSES)
+    rng = jax.random.PRNGKey(config.seed)
+    create = jax.jit(lambda r: train_lib.create_train_state(config, model, r))
+    state_shapes = jax.eval_shape(create, rng)
+    state_bytes = _tree_bytes(state_shapes)
+    record["train_state_bytes"] = state_bytes
+    if max_memory_bytes and state_bytes * host_share > max_memory_bytes:
+      record.update(status="OOM", reason=f"train state {state_bytes / GIB:.2f} GiB x "
+                    f"{host_share} exceeds the memory limit {max_memory_bytes / GIB:.2f} GiB")
+      return record, None
+    start = time.perf_counter()
+    init = create.lower(rng).compile()
+    record["phase_s"]["init_compile"] = time.perf_counter() - start
+    state = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct((n_dev, *x.shape), x.dtype), state_shapes)
+    data = {k: jax.ShapeDtypeStruct(v.shape, v.dtype)
+            for k, v in _host_batch(batch, length, n_dev).items()}
+    p_train, _ = train_lib.pmap_steps(model.apply)
+    step = _compile(p_train, state, data, jax.random.PRNGKey(1), record)
+    analysis = _memory_analysis(step)
+    record["memory_analysis"] = analysis
+    if (max_memory_bytes and analysis is not None
+        and analysis["estimate_bytes"] * host_share > max_memory_bytes):
+      record.update(status="OOM", reason=f"compiled memory estimate "
+                    f"{analysis['estimate_bytes'] / GIB:.2f} GiB x {host_share} exceeds "
+                    f"the memory limit {max_memory_bytes / GIB:.2f} GiB")
+      return record, None
+    return record, PreparedCell(record, init, step, rng, batch, length,
+                                analysis["estimate_bytes"] if analysis else None)
+  except Exception as error:  # noqa: BLE001  (any failure is this config's result)
+    record.update(status="OOM" if _is_oom(error) else "error", reason=_first_line(error),
+                  error_type=type(error).__name__)
+    return record, None
+
+
+def run_cell(cell: PreparedCell, steps: int, rounds: int = 3) -> dict[str, Any]:
+  """Runs a :func:`prepare_cell` cell on the devices: init, a warm-up step, the timed runs.
+
+  Returns:
+    ``cell.record``, completed (status ``ok``, or ``OOM`` / ``error`` when running raised).
+    Never raises for a failing config.
+  """
+  record, phases = cell.record, cell.record["phase_s"]
+  state = data = None
+  try:
+    n_dev = jax.local_device_count()
+    start = time.perf_counter()
+    state = flax.jax_utils.replicate(cell.init(cell.rng))
+    jax.block_until_ready(state)
+    phases["init"] = time.perf_counter() - start
+    data = _device_batch(cell.batch, cell.length, n_dev)
+    keys = jax.random.split(jax.random.PRNGKey(1), 1 + steps * rounds)
+    start = time.perf_counter()
+    state, sums = cell.step(state, data, keys[0])   # warm-up step
+    jax.block_until_ready(sums)
+    phases["warmup"] = time.perf_counter() - start
+    start = time.perf_counter()
+    state, sums, times = _timed_rounds(cell.step, state, data, keys[1:], steps, rounds)
+    phases["timed"] = time.perf_counter() - start
+    median = statistics.median(times)
+    peaks = [(_memory_stats(d) or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
+    record.update(status="ok", reason="", median_s_per_step=median,
+                  steps_per_sec=1.0 / median, step_times_s=times, n_devices=n_dev,
+                  memory_bytes=cell.memory_bytes,
+                  memory_source="memory_analysis" if cell.memory_bytes else "unavailable",
+                  peak_bytes_in_use=max((p for p in peaks if p is not None), default=None),
+                  final_loss=float(np.asarray(sums["loss"])[0] / np.asarray(sums["count"])[0]))
+  except Exception as error:  # noqa: BLE001  (any failure is this config's result)
+    record.update(status="OOM" if _is_oom(error) else "error", reason=_first_line(error))
+  finally:
+    del state, data
+  return record
+
+
 def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
                    max_memory_bytes: float | None = None,
                    model_overrides: dict[str, Any] | None = None,
                    rounds: int = 3) -> dict[str, Any]:
-  """Steps/s, memory and FLOPs of one (variant, length) in the current process.
+  """Steps/s, memory and FLOPs of one (variant, length): :func:`prepare_cell`, then :func:`run_cell`.
 
   Args:
     label: a row label (:func:`variant_labels`).
@@ -447,79 +577,20 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
 
   Returns:
     A JSON-ready record: ``label``, ``length``, ``batch``, ``status`` (``"ok"``, ``"OOM"``
-    or ``"error"``), ``reason``; once compiled ``compile_s``, ``memory_analysis``,
-    ``flops_per_step_per_device`` (analytic, :mod:`flops`), ``flop_count``,
-    ``xla_cost_analysis_flops``, ``fallbacks`` (the softmax module's logged fallbacks),
-    ``phase_s`` (seconds spent on ``init``: the train state; ``flop_count``; ``warmup``: the
-    first step; ``timed``: the timed runs; with ``compile_s`` and the record's ``wall_s``
-    they say where a cell's time goes);
-    for ``ok`` also ``median_s_per_step``, ``steps_per_sec``, ``step_times_s`` (per-step
-    seconds of each timed run), ``memory_bytes`` (the compiled estimate),
-    ``memory_source``, ``peak_bytes_in_use`` (allocator peak, cumulative in a process),
-    ``train_state_bytes``, ``final_loss``. Never raises for a failing config; the failure
-    is the record's ``status`` and ``reason``.
+    or ``"error"``), ``reason``; once compiled ``compile_s`` (lowering and compiling the
+    step), ``memory_analysis``, ``flops_per_step_per_device`` (analytic, :mod:`flops`),
+    ``flop_count``, ``xla_cost_analysis_flops``, ``fallbacks`` (the softmax module's
+    fallback reasons), ``phase_s`` (seconds spent on ``init_compile``: compiling the train
+    state's init; ``flop_count``; ``init``: running it; ``warmup``: the first step;
+    ``timed``: the timed runs; with ``compile_s`` and the record's ``wall_s`` they say where a
+    cell's time goes); for ``ok`` also ``median_s_per_step``, ``steps_per_sec``,
+    ``step_times_s`` (per-step seconds of each timed run), ``memory_bytes`` (the compiled
+    estimate), ``memory_source``, ``peak_bytes_in_use`` (allocator peak, cumulative in a
+    process), ``train_state_bytes``, ``final_loss``. Never raises for a failing config; the
+    failure is the record's ``status`` and ``reason``.
   """
-  record: dict[str, Any] = {"label": label, "length": length, "batch": batch,
-                            "status": "error", "reason": "", "phase_s": {}}
-  phases = record["phase_s"]
-  state = compiled = data = None
-  try:
-    setup = variant_setup(label, length)
-    overrides = {**setup.model_overrides, **(model_overrides or {})}
-    config = lra_text_config(length, setup.attention, setup.attention_kwargs, batch, dtype,
-                             overrides)
-    record.update(attention=setup.attention, attention_kwargs=setup.attention_kwargs,
-                  note=setup.note, model=config.model.to_dict())
-    n_dev = jax.local_device_count()
-    if batch % n_dev:
-      raise ValueError(f"--batch {batch} is not divisible by the {n_dev} local devices")
-    host_share = n_dev if jax.local_devices()[0].platform == "cpu" else 1  # CPUs share RAM
-    model = models.build_classifier(config.model, vocab_size=BYTE_VOCAB,
-                                    num_classes=NUM_CLASSES)
-    rng = jax.random.PRNGKey(config.seed)
-    state_bytes = _tree_bytes(jax.eval_shape(
-        lambda: train_lib.create_train_state(config, model, rng)))
-    record["train_state_bytes"] = state_bytes
-    if max_memory_bytes and state_bytes * host_share > max_memory_bytes:
-      record.update(status="OOM", reason=f"train state {state_bytes / GIB:.2f} GiB x "
-                    f"{host_share} exceeds the memory limit {max_memory_bytes / GIB:.2f} GiB")
-      return record
-    start = time.perf_counter()
-    state = flax.jax_utils.replicate(train_lib.create_train_state(config, model, rng))
-    jax.block_until_ready(state)
-    phases["init"] = time.perf_counter() - start
-    p_train, _ = train_lib.pmap_steps(model.apply)
-    data = _device_batch(batch, length, n_dev)
-    keys = jax.random.split(jax.random.PRNGKey(1), 1 + steps * rounds)
-    compiled = _compile(p_train, state, data, keys[0], record)
-    analysis = _memory_analysis(compiled)
-    record["memory_analysis"] = analysis
-    if (max_memory_bytes and analysis is not None
-        and analysis["estimate_bytes"] * host_share > max_memory_bytes):
-      record.update(status="OOM", reason=f"compiled memory estimate "
-                    f"{analysis['estimate_bytes'] / GIB:.2f} GiB x {host_share} exceeds "
-                    f"the memory limit {max_memory_bytes / GIB:.2f} GiB")
-      return record
-    start = time.perf_counter()
-    state, sums = compiled(state, data, keys[0])   # warm-up step
-    jax.block_until_ready(sums)
-    phases["warmup"] = time.perf_counter() - start
-    start = time.perf_counter()
-    state, sums, times = _timed_rounds(compiled, state, data, keys[1:], steps, rounds)
-    phases["timed"] = time.perf_counter() - start
-    median = statistics.median(times)
-    peaks = [(_memory_stats(d) or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
-    record.update(status="ok", median_s_per_step=median, steps_per_sec=1.0 / median,
-                  step_times_s=times, n_devices=n_dev,
-                  memory_bytes=analysis["estimate_bytes"] if analysis else None,
-                  memory_source="memory_analysis" if analysis else "unavailable",
-                  peak_bytes_in_use=max((p for p in peaks if p is not None), default=None),
-                  final_loss=float(np.asarray(sums["loss"])[0] / np.asarray(sums["count"])[0]))
-  except Exception as error:  # noqa: BLE001  (any failure is this config's result)
-    record.update(status="OOM" if _is_oom(error) else "error", reason=_first_line(error))
-  finally:
-    del state, compiled, data
-  return record
+  record, cell = prepare_cell(label, length, batch, dtype, max_memory_bytes, model_overrides)
+  return record if cell is None else run_cell(cell, steps, rounds)
 
 
 # ----------------------------------------------------------------------------
@@ -569,17 +640,69 @@ def default_memory_limit(machine: dict[str, Any]) -> float | None:
   return 0.8 * machine["host_ram_bytes"] if machine.get("host_ram_bytes") else None
 
 
+def prepare_cells(labels: list[str], length: int, batch: int, dtype: str,
+                  max_memory_bytes: float | None, model_overrides: dict[str, Any] | None,
+                  workers: int = 1, log: Callable[[str], None] = print,
+                  ) -> dict[str, tuple[dict[str, Any], PreparedCell | None, float]]:
+  """:func:`prepare_cell` for every label at one length, in ``workers`` threads.
+
+  XLA compiles with Python's lock released, so on a machine with spare cores the cells of a
+  length compile side by side; tracing still takes turns. Logs one line per cell as it is
+  done.
+
+  With ``workers > 1`` a cell whose preparation raised is prepared again alone afterwards
+  (its record gets ``retried_alone``), so a failure caused by its neighbours, such as device
+  memory taken by their autotuning, is not recorded as the cell's result.
+
+  Returns:
+    ``{label: (record, cell or None, seconds this cell took to prepare)}``.
+  """
+  def one(label: str):
+    start = time.perf_counter()
+    record, cell = prepare_cell(label, length, batch, dtype, max_memory_bytes,
+                                model_overrides)
+    return record, cell, time.perf_counter() - start
+
+  out = {}
+
+  def finish(label: str, result) -> None:
+    out[label] = result
+    record, cell, seconds = result
+    state = "compiled" if cell is not None else record["status"]
+    log(f"  [{len(out)}/{len(labels)} at L={length}] {state} {label} in {seconds:.1f} s")
+
+  if workers > 1 and len(labels) > 1:
+    with concurrent.futures.ThreadPoolExecutor(min(workers, len(labels))) as pool:
+      futures = {pool.submit(one, label): label for label in labels}
+      for future in concurrent.futures.as_completed(futures):
+        finish(futures[future], future.result())
+    # A compile that raised (say, out of device memory while XLA autotunes beside other
+    # compiles) is tried again alone, so side-by-side compiling cannot change a result.
+    failed = [label for label in labels if "error_type" in out[label][0]]
+    for label in failed:
+      del out[label]
+      record, cell, seconds = one(label)
+      record["retried_alone"] = True
+      finish(label, (record, cell, seconds))
+  else:
+    for label in labels:
+      finish(label, one(label))
+  return out
+
+
 def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = None,
                   batch: int = 32, dtype: str = "float32", steps: int = 10,
                   max_memory_gb: float | None = None, matmul_n: int | None = None,
                   model_overrides: dict[str, Any] | None = None,
                   log: Callable[[str], None] = print,
                   partial_path: str | None = None, resume: bool = False,
-                  rounds: int = 3) -> dict[str, Any]:
+                  rounds: int = 3, compile_workers: int = 1) -> dict[str, Any]:
   """Measures every (variant, length) in this process and returns the JSON payload.
 
   Lengths run in the outer loop, so a slow spell on a shared machine hits all variants of a
-  length alike. A config is recorded as ``OOM`` before it runs when its train state or its
+  length alike. At each length every cell is compiled first (:func:`prepare_cells`, in
+  ``compile_workers`` threads), then run one after another, so no compile competes with a
+  timed run for the host or the device. A config is recorded as ``OOM`` before it runs when its train state or its
   compiled memory estimate exceeds the memory limit; an ``OOM`` (estimated or raised) at a
   length marks the variant's longer lengths ``skipped``.
 
@@ -596,20 +719,23 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
     resume: reuse the records already in ``partial_path`` that have the same batch, dtype,
       steps and model overrides instead of measuring them again (their ``resumed`` field is
       True), so a killed run goes on where it stopped. False: an old file is deleted first.
+    compile_workers: threads that compile a length's cells side by side (1: one by one).
 
   Returns:
     The ``speed_memory.json`` payload; its schema is in the module docstring.
 
   Raises:
-    ValueError: for an unknown label, a non-positive length, batch, steps or rounds.
+    ValueError: for an unknown label, a non-positive length, batch, steps, rounds or
+      compile_workers.
   """
+  run_start = time.perf_counter()
   labels = list(labels or variant_labels())
   lengths = sorted(set(lengths or DEFAULT_LENGTHS))
   for label in labels:
     variant_setup(label, lengths[0])   # fail fast on unknown labels
-  if min(lengths) <= 0 or batch <= 0 or steps <= 0 or rounds <= 0:
-    raise ValueError(f"--lengths, --batch, --steps and --rounds must be positive; got "
-                     f"{lengths}, {batch}, {steps}, {rounds}")
+  if min(lengths) <= 0 or min(batch, steps, rounds, compile_workers) <= 0:
+    raise ValueError(f"--lengths, --batch, --steps, --rounds and --compile-workers must be "
+                     f"positive; got {lengths}, {batch}, {steps}, {rounds}, {compile_workers}")
   log("measuring the machine (matmul peak) ...")
   machine = machine_info(matmul_n)
   peak = machine["matmul_peak"][dtype]["flops_per_s"]
@@ -632,6 +758,9 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
     log(f"resuming: {len(earlier)} records from {partial_path}")
   total, done = len(labels) * len(lengths), 0
   for length in lengths:
+    prepared = prepare_cells(
+        [label for label in labels if (label, length) not in earlier and label not in blocked],
+        length, batch, dtype, max_memory_bytes, model_overrides, compile_workers, log)
     for label in labels:
       done += 1
       if (label, length) in earlier:
@@ -640,11 +769,13 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
         record = {"label": label, "length": length, "batch": batch, "status": "skipped",
                   "reason": blocked[label]}
       else:
+        record, cell, prepare_s = prepared[label]
         start = time.perf_counter()
-        record = measure_config(label=label, length=length, batch=batch, dtype=dtype,
-                                steps=steps, max_memory_bytes=max_memory_bytes,
-                                model_overrides=model_overrides, rounds=rounds)
-        record["wall_s"] = time.perf_counter() - start
+        if cell is not None:
+          record = run_cell(cell, steps, rounds)
+        record["prepare_wall_s"] = prepare_s
+        record["run_wall_s"] = time.perf_counter() - start
+        record["wall_s"] = prepare_s + record["run_wall_s"]
         if partial_path:
           with open(partial_path, "a") as f:
             f.write(json.dumps({**key, "record": record}) + "\n")
@@ -654,8 +785,11 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
       results.append(record)
       log(f"[{done}/{total}] {_progress(record)}")
   add_ratios(results)
-  return _payload(labels, lengths, batch, dtype, steps, rounds, max_memory_bytes, machine,
-                  model_overrides, results)
+  payload = _payload(labels, lengths, batch, dtype, steps, rounds, max_memory_bytes, machine,
+                     model_overrides, results)
+  payload["settings"]["compile_workers"] = compile_workers
+  payload["wall_s"] = time.perf_counter() - run_start
+  return payload
 
 
 def _add_achieved_flops(record: dict[str, Any], peak: float) -> None:
@@ -944,6 +1078,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="matrix side for the matmul peak (default 8192; CPU 1024)")
   parser.add_argument("--in-process", action="store_true",
                       help="accepted for old commands; every cell runs in this process")
+  parser.add_argument("--compile-workers", type=int, default=1,
+                      help="threads that compile a length's cells side by side before they "
+                      "run one by one (default 1)")
   parser.add_argument("--resume", action="store_true",
                       help="reuse the records of an interrupted run with the same settings "
                       "(<out>/speed_memory.partial.jsonl)")
@@ -986,7 +1123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       steps=args.steps or (2 if args.quick else 10), max_memory_gb=args.max_memory_gb,
       matmul_n=args.matmul_n, model_overrides=parse_overrides(args.set) or None,
       log=lambda line: print(line, file=sys.stderr, flush=True), partial_path=partial,
-      resume=args.resume, rounds=args.rounds)
+      resume=args.resume, rounds=args.rounds, compile_workers=args.compile_workers)
   payload["argv"] = sys.argv if argv is None else [sys.argv[0], *argv]
   payload["command"] = "python " + shlex.join(payload["argv"])
   payload["settings"]["quick"] = args.quick

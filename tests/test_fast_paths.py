@@ -4,6 +4,7 @@ their fallbacks, and the last encoder block on the CLS position only."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import chex
 import jax
@@ -63,6 +64,29 @@ def test_unknown_implementation_names_the_config_field():
   with pytest.raises(ValueError, match="model.attention_kwargs.implementation"):
     softmax.resolve_implementation("flashy", backend="gpu", dtype=jnp.bfloat16, head_dim=64,
                                    dropout_active=False)
+
+
+def test_recording_fallbacks_keeps_each_threads_reasons_even_once_logged(fresh_log):
+  # speed_memory.py traces cells in threads and reports each cell's own fallbacks.
+  barrier, seen = threading.Barrier(2), {}
+
+  def trace(name: str) -> None:
+    with softmax.recording_fallbacks() as reasons:
+      softmax.log_fallback_once(f"reason {name}")
+      barrier.wait()                       # both threads are inside their blocks now
+      softmax.log_fallback_once("shared reason")
+      barrier.wait()
+      seen[name] = list(reasons)
+
+  threads = [threading.Thread(target=trace, args=(n,)) for n in "ab"]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert seen == {"a": ["reason a", "shared reason"], "b": ["reason b", "shared reason"]}
+  assert softmax._LOGGED_REASONS == {"reason a", "reason b", "shared reason"}
+  softmax.log_fallback_once("after")       # outside any block: nothing is recorded
+  assert seen["a"] == ["reason a", "shared reason"]
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +35,11 @@ TINY = {"num_layers": 1, "emb_dim": 32, "qkv_dim": 32, "mlp_dim": 64, "num_heads
 
 @pytest.fixture(scope="module")
 def payload():
-  """One run: softmax and simple at length 64, batch 2, 2 timed runs of 2 steps."""
+  """One run: softmax and simple at length 64, batch 2, 2 timed runs of 2 steps, the two
+  cells compiled side by side in 2 threads."""
   return sm.run_benchmark(labels=["softmax", "simple"], lengths=[64], batch=2, steps=2,
-                          rounds=2, matmul_n=128, model_overrides=TINY, log=lambda _: None)
+                          rounds=2, matmul_n=128, model_overrides=TINY, log=lambda _: None,
+                          compile_workers=2)
 
 
 def test_labels_follow_the_registry():
@@ -75,6 +78,10 @@ def test_run_records_measurements_and_self_ratio(payload):
     assert record["memory_bytes"] > record["train_state_bytes"] > 0
     assert record["flops_per_step_per_device"] > 0
     assert 0 < record["achieved_fraction_of_peak"]
+    assert record["wall_s"] == record["prepare_wall_s"] + record["run_wall_s"]
+    assert set(record["phase_s"]) == {"init_compile", "flop_count", "init", "warmup", "timed"}
+  assert payload["settings"]["compile_workers"] == 2
+  assert payload["wall_s"] >= max(r["wall_s"] for r in records.values())
   assert records["softmax"]["speedup_vs_softmax"] == 1.0
   assert records["softmax"]["memory_ratio_vs_softmax"] == 1.0
   simple = records["simple"]
@@ -127,6 +134,9 @@ def test_oom_from_the_compiled_memory_estimate(payload):
   assert (oom["status"], skipped["status"]) == ("OOM", "skipped")
   assert "compiled memory estimate" in oom["reason"] and "compile_s" in oom
   assert "median_s_per_step" not in oom
+  # Compiled alone here and beside softmax in a thread there: the same program.
+  assert oom["memory_analysis"] == simple["memory_analysis"]
+  assert oom["flop_count"] == simple["flop_count"]
 
 
 def test_partial_records_let_a_killed_run_resume(tmp_path, monkeypatch):
@@ -142,12 +152,12 @@ def test_partial_records_let_a_killed_run_resume(tmp_path, monkeypatch):
   with open(path, "w") as f:   # killed while writing the second record
     f.write(lines[0] + lines[1][:20])
   calls = []
-  real = sm.measure_config
+  real = sm.prepare_cell
 
-  def counting(**task):
-    calls.append((task["label"], task["length"]))
-    return real(**task)
-  monkeypatch.setattr(sm, "measure_config", counting)
+  def counting(label, length, *args):
+    calls.append((label, length))
+    return real(label, length, *args)
+  monkeypatch.setattr(sm, "prepare_cell", counting)
   resumed = sm.run_benchmark(**kwargs, resume=True)
   assert calls == [("linear", 32)]
   assert [r.get("resumed", False) for r in resumed["results"]] == [True, False]
@@ -157,6 +167,24 @@ def test_partial_records_let_a_killed_run_resume(tmp_path, monkeypatch):
                                 "model_overrides": TINY}) == {}
   sm.run_benchmark(**kwargs)
   assert len(calls) == 3
+
+
+def test_a_cell_that_failed_beside_others_is_prepared_again_alone(monkeypatch):
+  calls = []
+
+  def fake_prepare(label, length, *args):
+    calls.append((label, threading.current_thread() is threading.main_thread()))
+    if label == "b" and len(calls) <= 2:   # fails in the pool, as under memory pressure
+      return {"label": label, "status": "OOM", "error_type": "XlaRuntimeError"}, None
+    return {"label": label, "status": "compiling"}, object()
+  monkeypatch.setattr(sm, "prepare_cell", fake_prepare)
+  lines = []
+  out = sm.prepare_cells(["a", "b", "c"], 64, 2, "float32", None, None, workers=2,
+                         log=lines.append)
+  assert sorted(calls) == [("a", False), ("b", False), ("b", True), ("c", False)]
+  assert out["b"][0] == {"label": "b", "status": "compiling", "retried_alone": True}
+  assert out["b"][1] is not None and "retried_alone" not in out["a"][0]
+  assert len(lines) == 4 and "compiled b" in lines[-1]
 
 
 def test_ratios_against_fastest_softmax_and_missing_baseline():

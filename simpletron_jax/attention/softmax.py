@@ -23,7 +23,10 @@ attention dropout is active) and logs the reason once per reason.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from typing import Iterator
 
 import flax.linen as nn
 import jax
@@ -39,6 +42,7 @@ FLASH_DTYPES = ("bfloat16", "float16")
 # flash_attention pads the length to a multiple of this (at most 63 extra rows).
 FLASH_LENGTH_MULTIPLE = 64
 _LOGGED_REASONS: set[str] = set()
+_RECORDING = threading.local()   # .reasons: the list of the innermost recording_fallbacks()
 logger = logging.getLogger(__name__)
 
 
@@ -86,14 +90,41 @@ def resolve_implementation(requested: str, *, backend: str, dtype, head_dim: int
 def log_fallback_once(reason: str) -> bool:
   """Logs ``reason`` as a warning the first time it is seen in this process.
 
+  A :func:`recording_fallbacks` block open in this thread also gets ``reason``, every time.
+
   Returns:
     True if it was logged now, False if it had been logged before (or is empty).
   """
-  if not reason or reason in _LOGGED_REASONS:
+  if not reason:
+    return False
+  reasons = getattr(_RECORDING, "reasons", None)
+  if reasons is not None:
+    reasons.append(reason)
+  if reason in _LOGGED_REASONS:
     return False
   _LOGGED_REASONS.add(reason)
   logger.warning("SoftmaxAttention: %s", reason)
   return True
+
+
+@contextlib.contextmanager
+def recording_fallbacks() -> Iterator[list[str]]:
+  """Collects the fallback reasons met while this thread traces inside the block.
+
+  Unlike the log, which says each reason once per process, the list gets every reason each
+  time a module meets it, and only this thread's: ``benchmarks/speed_memory.py`` traces several
+  configs at once in threads and reports each one's fallbacks.
+
+  Yields:
+    The list of reasons (strings), filled while the block runs; nested blocks fill only the
+    innermost.
+  """
+  outer = getattr(_RECORDING, "reasons", None)
+  _RECORDING.reasons = reasons = []
+  try:
+    yield reasons
+  finally:
+    _RECORDING.reasons = outer
 
 
 def key_lengths(mask_BxL: jnp.ndarray) -> jnp.ndarray:
