@@ -46,16 +46,20 @@ log="$OUT/$part.log"
     --format=csv; python -c "import jax; print('jax', jax.__version__, jax.devices())"; } >"$log" 2>&1
 
 bench() {  # bench <dtype> <seconds>
-  # 1K, 4K, 16K and 32K (LRA's Table 2 lengths 2K and 3K, and 8K, left out: the device time
-  # of one session covers about 40 cells, at 12 to 46 s each). Cells measured by an earlier
-  # call on another machine are reused if their partial file was carried in as
-  # .bench_resume/<dtype>.jsonl.
+  # 1K, 4K, 16K and 32K (LRA's Table 2 lengths 2K and 3K, and 8K, left out: one-by-one
+  # compiling fit about 40 cells in a session's device time, at 12 to 46 s each). A length's
+  # cells now compile side by side in 8 threads of the machine's 16 cores, before they run
+  # (speed from this on a GPU not yet measured: compare the log's compile lines and each
+  # cell's prepare_wall_s with the one-by-one figures above, and the simple and softmax_flash
+  # rows with speed_memory_core_cells.jsonl). Cells measured by an earlier call on another
+  # machine are reused if their partial file was carried in as .bench_resume/<dtype>.jsonl.
   mkdir -p "$work/$1"
   if [ -f ".bench_resume/$1.jsonl" ] && [ ! -f "$work/$1/speed_memory.partial.jsonl" ]; then
     cp ".bench_resume/$1.jsonl" "$work/$1/speed_memory.partial.jsonl"
   fi
   timeout "$2" python benchmarks/speed_memory.py --dtype "$1" --lengths 1024 4096 16384 32768 \
-    --out "$work/$1" --resume --cache-dir /tmp/jax_cache >"$work/$1.log" 2>&1
+    --out "$work/$1" --resume --cache-dir /tmp/jax_cache --compile-workers 8 \
+    >"$work/$1.log" 2>&1
   echo "speed_memory exit $? (124 = stopped by the time limit; call the part again)" >>"$log"
   tail -c 300000 "$work/$1.log" >>"$log"
   cp "$work/$1"/speed_memory.{json,md,png} "$OUT"/ 2>/dev/null

@@ -666,7 +666,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     ``best_step``, its ``best_val_accuracy``; SimpleTRON's protocol; also kept as
     ``test_accuracy``/``test_loss``) and ``test_{accuracy,loss}_final`` for the
     parameters after ``final_step`` (LRA's ``--test_only`` protocol), the
-    majority-class rates of the val and test examples evaluated, steps/s and wall time in seconds.
+    majority-class rates of the val and test examples evaluated, steps/s and wall time in
+    seconds, and the seconds this run spent compiling train steps (one per batch shape met,
+    ``train_shapes_this_run``). Each train record of ``metrics.jsonl`` has
+    ``compile_seconds`` and ``new_shapes`` of its window and ``steps_per_sec_excluding_compile``.
 
   Faults are never silent (README "When things go wrong"): ``workdir/run.lock`` keeps a
   second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
@@ -728,6 +731,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   window_sums, window_steps = [], 0
   unchecked = []        # (step, metrics) of the micro-steps since the last finiteness check
   window_start, window_excluded = time.time(), 0.0
+  # Each new batch shape (a length bucket) compiles its own step inside p_train's call; that
+  # call's time is logged as compile_seconds, and steps/s is also given without it.
+  seen_shapes: set[tuple] = set()
+  window_compile_s, window_new_shapes, compile_s_this_run = 0.0, 0, 0.0
   val_majority = None   # majority rate of the examples the last validation read
   train_seconds = float(meta["train_seconds"])
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start_step, desc="train",
@@ -739,7 +746,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     for a in range(accum):
       batch = shard(next(batches), n_dev)
       rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
-      state_repl, sums = p_train(state_repl, batch, rng)
+      shapes = tuple(sorted((k, v.shape) for k, v in batch.items()))
+      if shapes in seen_shapes:
+        state_repl, sums = p_train(state_repl, batch, rng)
+      else:   # drain the queue first, so the call's time is the compile's alone
+        jax.block_until_ready(state_repl)
+        call_start = time.time()
+        state_repl, sums = p_train(state_repl, batch, rng)
+        seen_shapes.add(shapes)
+        window_compile_s += time.time() - call_start
+        window_new_shapes += 1
       window_sums.append(sums)
       unchecked.append((step, sums))
     window_steps += 1
@@ -761,12 +777,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       count = max(window["count"], 1.0)
       logger.write(step, {"loss": window["loss"] / count, "accuracy": window["correct"] / count,
                           "learning_rate": float(schedule(step - 1)),
-                          "steps_per_sec": window_steps / elapsed}, "train")
+                          "steps_per_sec": window_steps / elapsed,
+                          "steps_per_sec_excluding_compile":
+                              window_steps / max(elapsed - window_compile_s, 1e-9),
+                          "compile_seconds": window_compile_s,
+                          "new_shapes": window_new_shapes}, "train")
       bar.set_postfix(loss=f"{window['loss'] / count:.3f}",
                       acc=f"{window['correct'] / count:.3f}")
       window = dict.fromkeys(window, 0.0)
       window_sums, window_steps = [], 0
       window_start, window_excluded = time.time(), 0.0
+      compile_s_this_run += window_compile_s
+      window_compile_s, window_new_shapes = 0.0, 0
 
     pause_start = time.time()
     if step % config.eval_frequency == 0 or final:
@@ -825,6 +847,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "num_train_steps": config.num_train_steps, "last_step": last_step,
       "steps_per_sec": last_step / max(train_seconds, 1e-9),
       "train_seconds": train_seconds,
+      "train_compile_seconds_this_run": compile_s_this_run,
+      "train_shapes_this_run": len(seen_shapes),
       "wall_seconds_this_run": time.time() - wall_start,
       "num_devices": jax.device_count(), "data_source": data.source,
   }

@@ -153,8 +153,17 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   assert results["test_majority_rate"] < 0.6
   assert results["test_accuracy"] > 0.9, results
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    train_losses = [r["loss"] for r in map(json.loads, f) if r["split"] == "train"]
+    train = [r for r in map(json.loads, f) if r["split"] == "train"]
+  train_losses = [r["loss"] for r in train]
   assert train_losses[-1] < 0.5 * train_losses[0]
+  # Each new bucket width compiled once; its time is counted in its window only.
+  assert train[0]["new_shapes"] >= 1 and train[0]["compile_seconds"] > 0
+  assert 1 <= sum(r["new_shapes"] for r in train) == results["train_shapes_this_run"] <= 3
+  assert sum(r["compile_seconds"] for r in train) == pytest.approx(
+      results["train_compile_seconds_this_run"])
+  for r in train:
+    assert (r["compile_seconds"] > 0) == (r["new_shapes"] > 0)
+    assert r["steps_per_sec_excluding_compile"] >= r["steps_per_sec"]
   assert os.path.isdir(os.path.join(workdir, "tb"))
   _, p_eval = train_lib.pmap_steps(train_lib.build_model(config, presence_task).apply)
   model, state = _state(config, presence_task)
