@@ -20,7 +20,9 @@
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each), so the ungrouped run
 #             goes first and the grouped one reuses its compiled steps from train.py's compilation cache;
-#             read steady-state steps/s from the metrics.jsonl windows after step 100.
+#             each metrics.jsonl train window has compile_seconds, new_shapes and
+#             steps_per_sec_excluding_compile (the steady-state rate), and results.json the
+#             run's train_compile_seconds_this_run.
 # A part stopped by its time limit resumes where it stopped when called again (--resume) on
 # the same warm machine. On a fresh machine, put the speed_memory.partial.jsonl it returned
 # in .bench_resume/<dtype>.jsonl (bfloat16 or float32; .gitignore keeps the folder out) and
