@@ -30,6 +30,11 @@ flags.DEFINE_integer("process_id", None, "This process's index, 0 on the coordin
 flags.DEFINE_float("distributed_timeout", 300.0, "Seconds to wait for the coordinator and "
                    "for every process to join.")
 flags.DEFINE_string("xla_cache_dir", None, xla_cache.FLAG_HELP)
+flags.DEFINE_integer("precompile_workers", 0,
+                     "Compile the train and eval steps of every batch shape the run will meet "
+                     "(one per length bucket) before training, in this many threads side by "
+                     "side; 0: compile each shape when the loop first meets it. Worth it for "
+                     "data.group_by_length runs, which meet every bucket.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -57,7 +62,8 @@ def main(argv):
   print(f"devices: {jax.devices()}; workdir: {workdir}")
   from simpletron_jax import run_guard  # pylint: disable=import-outside-toplevel
   try:
-    results = train_lib.train_and_evaluate(config, workdir)
+    results = train_lib.train_and_evaluate(config, workdir,
+                                           precompile_workers=fl.precompile_workers)
   except run_guard.RunError as e:  # a named cause: the message, no traceback, exit 1
     raise SystemExit(f"train.py: {type(e).__name__}: {e}") from None
   print(f"test accuracy {results['test_accuracy']:.4f} (majority class "

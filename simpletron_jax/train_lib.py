@@ -241,10 +241,21 @@ def _host_rows(batch_size: int) -> slice:
   return slice(jax.process_index() * per_host, (jax.process_index() + 1) * per_host)
 
 
-def _host_batch(examples: Split, indices: np.ndarray, config, valid=None) -> Batch:
-  """This host's rows of the global batch ``indices``, padded to the global bucket."""
+def batch_width(examples: Split, indices: np.ndarray, config) -> int:
+  """Tokens per row of the global batch ``indices`` once padded: its longest example rounded
+  up to the ``config.data.bucket`` (at most ``config.model.max_length``)."""
   longest = int(min(examples.lengths[indices].max(initial=0), config.model.max_length))
-  width = bucketed_length(longest, config.data.bucket, config.model.max_length)
+  return bucketed_length(longest, config.data.bucket, config.model.max_length)
+
+
+def host_batch(examples: Split, indices: np.ndarray, config, valid=None) -> Batch:
+  """This host's rows of the global batch ``indices`` (ints into ``examples``), padded to the
+  global bucket (:func:`batch_width`); ``valid`` (bool, default all True) marks real rows.
+
+  Returns:
+    :func:`simpletron_jax.data.common.make_batch`'s numpy dict, ``[rows, width]`` inputs.
+  """
+  width = batch_width(examples, indices, config)
   rows = _host_rows(len(indices))
   batch = make_batch(examples, indices[rows], max_length=config.model.max_length,
                      bucket=config.data.bucket,
@@ -271,19 +282,31 @@ def train_batches(examples: Split, config: ml_collections.ConfigDict,
   Yields:
     Host-local batches (see :func:`simpletron_jax.data.common.make_batch`).
   """
+  ds = train_index_batches(examples, config).map(
+      lambda idx: host_batch(examples, np.asarray(idx), config))
+  ds = ds[start_micro_step:]
+  return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=8)))
+
+
+def train_index_batches(examples: Split, config: ml_collections.ConfigDict) -> grain.MapDataset:
+  """The example indices of every training micro-batch, as :func:`train_batches` reads them.
+
+  Returns:
+    An endless ``grain.MapDataset`` whose item ``i`` is micro-batch ``i``'s index array
+    (``batch_size / grad_accum_steps`` int indices into ``examples``).
+
+  Raises:
+    ValueError: when the split has fewer examples than one micro-batch.
+  """
   micro = config.batch_size // config.grad_accum_steps
   if len(examples) < micro:
     raise ValueError(f"the training split has {len(examples)} examples, fewer than one "
                      f"micro-batch of {micro} (config fields batch_size, grad_accum_steps)")
   if config.data.get("group_by_length", False):
-    ds = grain.MapDataset.source(grouping.GroupedBatches(
+    return grain.MapDataset.source(grouping.GroupedBatches(
         examples.lengths, int(config.seed), micro, config.data.get("group_pool_batches", 50)))
-  else:
-    ds = (grain.MapDataset.range(len(examples)).shuffle(seed=int(config.seed)).repeat()
+  return (grain.MapDataset.range(len(examples)).shuffle(seed=int(config.seed)).repeat()
           .batch(micro, drop_remainder=True))
-  ds = ds.map(lambda idx: _host_batch(examples, np.asarray(idx), config))
-  ds = ds[start_micro_step:]
-  return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=8)))
 
 
 def eval_batches(examples: Split, config: ml_collections.ConfigDict, batch_size: int,
@@ -301,6 +324,18 @@ def eval_batches(examples: Split, config: ml_collections.ConfigDict, batch_size:
   Yields:
     Host-local batches; the last one is completed with filler rows of weight 0.
   """
+  for idx, valid in eval_index_batches(examples, config, batch_size, num_batches):
+    yield host_batch(examples, idx, config, valid)
+
+
+def eval_index_batches(examples: Split, config: ml_collections.ConfigDict, batch_size: int,
+                       num_batches: int = -1) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """The ``(indices, valid)`` of each batch :func:`eval_batches` reads (same arguments).
+
+  Yields:
+    ``batch_size`` int indices into ``examples`` and a bool mask that is False for the
+    filler rows completing the last batch.
+  """
   order = np.arange(len(examples))
   n_batches = math.ceil(len(order) / batch_size)
   if num_batches and 0 < num_batches < n_batches:
@@ -311,8 +346,15 @@ def eval_batches(examples: Split, config: ml_collections.ConfigDict, batch_size:
     idx = order[b * batch_size:(b + 1) * batch_size]
     valid = np.ones(batch_size, bool)
     valid[len(idx):] = False
-    idx = np.concatenate([idx, np.full(batch_size - len(idx), order[0])])
-    yield _host_batch(examples, idx, config, valid)
+    yield np.concatenate([idx, np.full(batch_size - len(idx), order[0])]), valid
+
+
+def eval_batch_size(config: ml_collections.ConfigDict) -> int:
+  """Global rows per evaluation batch: ``config.eval_batch_size`` (0: the micro-batch size),
+  rounded up to a multiple of the devices of all hosts."""
+  n_dev = jax.local_device_count()
+  batch_size = config.get("eval_batch_size") or config.batch_size // config.grad_accum_steps
+  return -(-batch_size // (n_dev * jax.process_count())) * n_dev * jax.process_count()
 
 
 def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.ConfigDict,
@@ -326,8 +368,7 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
     hosts), the accuracy of always answering that label. Equal on every host.
   """
   n_dev = jax.local_device_count()
-  batch_size = config.get("eval_batch_size") or config.batch_size // config.grad_accum_steps
-  batch_size = -(-batch_size // (n_dev * jax.process_count())) * n_dev * jax.process_count()
+  batch_size = eval_batch_size(config)
   device_sums = None   # summed on the device; read once, after the last batch
   label_counts: collections.Counter = collections.Counter()
   for batch in eval_batches(examples, config, batch_size, num_batches):
@@ -644,7 +685,8 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        step_hook: Callable[[int], None] | None = None,
-                       data: tasks.TaskData | None = None) -> dict[str, Any]:
+                       data: tasks.TaskData | None = None,
+                       precompile_workers: int = 0) -> dict[str, Any]:
   """Trains, evaluates every ``eval_frequency`` steps, then tests the final and best parameters.
 
   Resumes from the newest checkpoint in ``workdir/checkpoints`` if there is
@@ -659,6 +701,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     step_hook: called with the optimizer step after each step and its
       checkpoint (tests use it to simulate a kill).
     data: preloaded task data; loaded from ``config`` when None.
+    precompile_workers: if > 0, the train and eval steps of every batch shape the run will
+      meet are compiled before the loop, in this many threads side by side
+      (:mod:`simpletron_jax.precompile`); 0 compiles each shape when the loop first meets it.
 
   Returns:
     The contents of ``results.json``: test accuracy and loss under two protocols,
@@ -667,9 +712,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     ``test_accuracy``/``test_loss``) and ``test_{accuracy,loss}_final`` for the
     parameters after ``final_step`` (LRA's ``--test_only`` protocol), the
     majority-class rates of the val and test examples evaluated, steps/s and wall time in
-    seconds, and the seconds this run spent compiling train steps (one per batch shape met,
-    ``train_shapes_this_run``). Each train record of ``metrics.jsonl`` has
-    ``compile_seconds`` and ``new_shapes`` of its window and ``steps_per_sec_excluding_compile``.
+    seconds, the seconds the loop spent compiling train steps (one per batch shape met that
+    had no program yet, ``train_shapes_compiled_in_loop``), and with ``precompile_workers``
+    the ``precompile_seconds`` and counts of :func:`precompile.precompile_steps`. Each train
+    record of ``metrics.jsonl`` has ``compile_seconds`` and ``new_shapes`` of its window and
+    ``steps_per_sec_excluding_compile``.
 
   Faults are never silent (README "When things go wrong"): ``workdir/run.lock`` keeps a
   second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
@@ -686,6 +733,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       another run's checkpoint.
     run_guard.ConfigMismatchError: the model config differs from the checkpoint's.
   """
+  if precompile_workers < 0:
+    raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   wall_start = time.time()
   n_dev = jax.local_device_count()
   validate_config(config, jax.device_count(), jax.process_count())
@@ -726,6 +775,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   p_train, p_eval = pmap_steps(state.apply_fn)
   state_repl = flax.jax_utils.replicate(state)
   schedule = make_schedule(config)
+  train_fn, eval_fn, precompiled = p_train, p_eval, {}
+  if precompile_workers:
+    from simpletron_jax import precompile  # pylint: disable=import-outside-toplevel  (a cycle)
+    train_fn, eval_fn, precompiled = precompile.precompile_steps(
+        p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers)
+    logger.write(start_step, precompiled, "info")
+    print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
+          f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
+          f"{precompiled['precompile_seconds']:.1f} s ({precompile_workers} threads)",
+          file=sys.stderr)
   batches = train_batches(data.train, config, start_step * accum)
   window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
   window_sums, window_steps = [], 0
@@ -733,8 +792,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   window_start, window_excluded = time.time(), 0.0
   # Each new batch shape (a length bucket) compiles its own step inside p_train's call; that
   # call's time is logged as compile_seconds, and steps/s is also given without it.
-  seen_shapes: set[tuple] = set()
-  window_compile_s, window_new_shapes, compile_s_this_run = 0.0, 0, 0.0
+  seen_shapes = set(getattr(train_fn, "compiled", ()))   # precompiled shapes count as seen
+  window_compile_s, window_new_shapes, compile_s_this_run, loop_shapes = 0.0, 0, 0.0, 0
   val_majority = None   # majority rate of the examples the last validation read
   train_seconds = float(meta["train_seconds"])
   bar = tqdm.tqdm(total=config.num_train_steps, initial=start_step, desc="train",
@@ -746,16 +805,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     for a in range(accum):
       batch = shard(next(batches), n_dev)
       rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
-      shapes = tuple(sorted((k, v.shape) for k, v in batch.items()))
+      shapes = tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
       if shapes in seen_shapes:
-        state_repl, sums = p_train(state_repl, batch, rng)
+        state_repl, sums = train_fn(state_repl, batch, rng)
       else:   # drain the queue first, so the call's time is the compile's alone
         jax.block_until_ready(state_repl)
         call_start = time.time()
-        state_repl, sums = p_train(state_repl, batch, rng)
+        state_repl, sums = train_fn(state_repl, batch, rng)
         seen_shapes.add(shapes)
         window_compile_s += time.time() - call_start
         window_new_shapes += 1
+        loop_shapes += 1
       window_sums.append(sums)
       unchecked.append((step, sums))
     window_steps += 1
@@ -792,7 +852,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     pause_start = time.time()
     if step % config.eval_frequency == 0 or final:
-      val = evaluate(p_eval, state_repl.params, data.val, config,
+      val = evaluate(eval_fn, state_repl.params, data.val, config,
                      config.get("num_eval_steps", -1))
       logger.write(step, val, "val")
       if not math.isfinite(val["loss"]):
@@ -827,12 +887,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # Two protocols: the final parameters (LRA's --test_only) and the best-validation
   # checkpoint (SimpleTRON's); the two coincide when the last validation was the best.
   test_limit = config.get("num_test_steps", -1)
-  final_test = evaluate(p_eval, state_repl.params, data.test, config, test_limit)
+  final_test = evaluate(eval_fn, state_repl.params, data.test, config, test_limit)
   logger.write(last_step, final_test, "test_final")
   best_state, best_meta, best_step = restore_checkpoint(
       best_ckpts, state, step=meta["best_step"], model_config=config.model)
   test = final_test if best_step == last_step else evaluate(
-      p_eval, flax.jax_utils.replicate(best_state.params), data.test, config, test_limit)
+      eval_fn, flax.jax_utils.replicate(best_state.params), data.test, config, test_limit)
   logger.write(best_step, test, "test")
   results = {
       "task": config.task, "attention": config.model.attention,
@@ -848,7 +908,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "steps_per_sec": last_step / max(train_seconds, 1e-9),
       "train_seconds": train_seconds,
       "train_compile_seconds_this_run": compile_s_this_run,
-      "train_shapes_this_run": len(seen_shapes),
+      "train_shapes_compiled_in_loop": loop_shapes,
+      **precompiled,
       "wall_seconds_this_run": time.time() - wall_start,
       "num_devices": jax.device_count(), "data_source": data.source,
   }

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs.listops import simple as simple_config
-from simpletron_jax import train_lib
+from simpletron_jax import precompile, train_lib
 from simpletron_jax.data.common import make_batch
 
 
@@ -158,7 +158,7 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   assert train_losses[-1] < 0.5 * train_losses[0]
   # Each new bucket width compiled once; its time is counted in its window only.
   assert train[0]["new_shapes"] >= 1 and train[0]["compile_seconds"] > 0
-  assert 1 <= sum(r["new_shapes"] for r in train) == results["train_shapes_this_run"] <= 3
+  assert 1 <= sum(r["new_shapes"] for r in train) == results["train_shapes_compiled_in_loop"] <= 3
   assert sum(r["compile_seconds"] for r in train) == pytest.approx(
       results["train_compile_seconds_this_run"])
   for r in train:
@@ -181,6 +181,37 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   assert 0 < k < 200
   read = presence_task.test.labels[np.random.default_rng(config.seed).permutation(200)[:k]]
   assert sub["majority_rate"] == pytest.approx(np.bincount(read).max() / k)
+
+
+def test_precompile_finds_the_widths_the_run_meets(presence_task):
+  config = tiny_config(**{"data.bucket": 8, "data.group_by_length": True})
+  found = precompile.train_batches_by_width(presence_task.train, config, 3, 20)
+  batches = train_lib.train_batches(presence_task.train, config, 3)
+  met = {next(batches)["inputs"].shape[1] for _ in range(20)}
+  assert sorted(found) == sorted(met) and len(met) >= 2
+  for width, batch in found.items():
+    chex.assert_shape(batch["inputs"], (2, 8, width))   # [devices, rows / devices, width]
+
+
+def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(presence_task,
+                                                                             tmp_path):
+  config = tiny_config(num_train_steps=4, eval_frequency=4, checkpoint_every=4, warmup=2,
+                       num_eval_steps=2, num_test_steps=2,
+                       **{"data.bucket": 8, "data.group_by_length": True,
+                          "model.num_layers": 1})
+  plain = train_lib.train_and_evaluate(config, str(tmp_path / "plain"), data=presence_task)
+  pre = train_lib.train_and_evaluate(config, str(tmp_path / "pre"), data=presence_task,
+                                     precompile_workers=2)
+  assert pre["train_shapes_compiled_in_loop"] == 0
+  assert pre["precompiled_train_shapes"] == plain["train_shapes_compiled_in_loop"] >= 2
+  assert pre["precompiled_eval_shapes"] >= 1
+  for key in ("test_accuracy", "test_loss", "test_accuracy_final", "best_val_accuracy"):
+    assert pre[key] == plain[key], key
+  chex.assert_trees_all_equal(_final_params(str(tmp_path / "pre"), config, presence_task),
+                              _final_params(str(tmp_path / "plain"), config, presence_task))
+  with pytest.raises(ValueError, match="--precompile_workers"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "bad"), data=presence_task,
+                                 precompile_workers=-1)
 
 
 def test_batch_size_must_split_over_devices_and_micro_steps():
