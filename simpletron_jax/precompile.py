@@ -27,13 +27,6 @@ import numpy as np
 from simpletron_jax import train_lib
 from simpletron_jax.data.common import Split
 
-ShapeKey = tuple  # ((field, shape), ...) of a sharded batch, sorted by field
-
-
-def shape_key(batch: dict[str, Any]) -> ShapeKey:
-  """The key of a sharded batch's shapes, ``((field, shape), ...)`` sorted by field."""
-  return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
-
 
 class CompiledSteps:
   """A pmapped step that runs a precompiled program for the batch shapes it has one for.
@@ -43,28 +36,27 @@ class CompiledSteps:
 
   Attributes:
     step: the ``jax.pmap``ped step.
-    compiled: ``{shape_key(batch): compiled program}``.
+    compiled: ``{train_lib.batch_shape_key(batch): compiled program}``.
   """
 
-  def __init__(self, step: Callable, compiled: dict[ShapeKey, Any] | None = None):
+  def __init__(self, step: Callable, compiled: dict[tuple, Any] | None = None):
     self.step = step
     self.compiled = dict(compiled or {})
 
-  def has(self, batch: dict[str, Any]) -> bool:
-    """True when ``batch``'s shapes have a precompiled program."""
-    return shape_key(batch) in self.compiled
-
   def __call__(self, first, batch, *rest):
-    return self.compiled.get(shape_key(batch), self.step)(first, batch, *rest)
+    return self.compiled.get(train_lib.batch_shape_key(batch), self.step)(first, batch, *rest)
 
 
-def _widths_to_indices(examples: Split, index_batches, config) -> dict[int, np.ndarray]:
-  """``{padded width: the first index array with that width}`` over ``index_batches``."""
-  found: dict[int, np.ndarray] = {}
-  for indices in index_batches:
-    indices = np.asarray(indices)
-    found.setdefault(train_lib.batch_width(examples, indices, config), indices)
-  return found
+def _one_batch_per_width(examples: Split, index_batches, config
+                         ) -> dict[int, dict[str, np.ndarray]]:
+  """``{padded width: the first of index_batches' (indices, valid) with it, as a sharded
+  numpy batch [n_devices, rows / n_devices, ...]}``."""
+  found: dict[int, tuple] = {}
+  for indices, valid in index_batches:
+    found.setdefault(train_lib.batch_width(examples, indices, config), (indices, valid))
+  n_dev = jax.local_device_count()
+  return {w: train_lib.shard(train_lib.host_batch(examples, idx, config, valid), n_dev)
+          for w, (idx, valid) in sorted(found.items())}
 
 
 def train_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
@@ -76,11 +68,9 @@ def train_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
     ``{width in tokens: [n_devices, rows / n_devices, ...] numpy batch}``.
   """
   ds = train_lib.train_index_batches(examples, config)
-  found = _widths_to_indices(
-      examples, (ds[i] for i in range(start_micro_step, start_micro_step + count)), config)
-  n_dev = jax.local_device_count()
-  return {w: train_lib.shard(train_lib.host_batch(examples, idx, config), n_dev)
-          for w, idx in sorted(found.items())}
+  return _one_batch_per_width(
+      examples, ((np.asarray(ds[i]), None)
+                 for i in range(start_micro_step, start_micro_step + count)), config)
 
 
 def eval_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
@@ -90,14 +80,8 @@ def eval_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
   Returns:
     ``{width in tokens: [n_devices, rows / n_devices, ...] numpy batch}``.
   """
-  batch_size = train_lib.eval_batch_size(config)
-  pairs = list(train_lib.eval_index_batches(examples, config, batch_size, num_batches))
-  found: dict[int, tuple] = {}
-  for idx, valid in pairs:
-    found.setdefault(train_lib.batch_width(examples, idx, config), (idx, valid))
-  n_dev = jax.local_device_count()
-  return {w: train_lib.shard(train_lib.host_batch(examples, idx, config, valid), n_dev)
-          for w, (idx, valid) in sorted(found.items())}
+  return _one_batch_per_width(examples, train_lib.eval_index_batches(
+      examples, config, train_lib.eval_batch_size(config), num_batches), config)
 
 
 def _abstract(batch: dict[str, np.ndarray]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -132,22 +116,28 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
   micro = config.batch_size // accum
   remaining = max(config.num_train_steps * accum - start_micro_step, 0)
   count = min(remaining, max(len(data.train) // micro, 1))
-  train = train_batches_by_width(data.train, config, start_micro_step, count)
-  evals: dict[ShapeKey, dict[str, np.ndarray]] = {}
+  key = train_lib.batch_shape_key
+  train = {key(b): b for b in train_batches_by_width(data.train, config, start_micro_step,
+                                                      count).values()}
+  evals: dict[tuple, dict[str, np.ndarray]] = {}
   for split, limit in ((data.val, config.get("num_eval_steps", -1)),
                        (data.test, config.get("num_test_steps", -1))):
     for batch in eval_batches_by_width(split, config, limit).values():
-      evals.setdefault(shape_key(batch), batch)
+      evals.setdefault(key(batch), batch)
   rng = jax.random.PRNGKey(0)   # only its shape and dtype are read
-  jobs = [("train", shape_key(b), lambda b=b: p_train.lower(state_repl, _abstract(b), rng))
-          for b in train.values()]
-  jobs += [("eval", key, lambda b=b: p_eval.lower(state_repl.params, _abstract(b)))
-           for key, b in evals.items()]
+
+  def compile_train(batch):
+    return p_train.lower(state_repl, _abstract(batch), rng).compile()
+
+  def compile_eval(batch):
+    return p_eval.lower(state_repl.params, _abstract(batch)).compile()
+
+  jobs = ([(compile_train, b) for b in train.values()]
+          + [(compile_eval, b) for b in evals.values()])
   with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
-    compiled = list(pool.map(lambda job: job[2]().compile(), jobs))
-  train_steps, eval_steps = CompiledSteps(p_train), CompiledSteps(p_eval)
-  for (kind, key, _), program in zip(jobs, compiled):
-    (train_steps if kind == "train" else eval_steps).compiled[key] = program
+    programs = list(pool.map(lambda job: job[0](job[1]), jobs))
+  train_steps = CompiledSteps(p_train, dict(zip(train, programs[:len(train)])))
+  eval_steps = CompiledSteps(p_eval, dict(zip(evals, programs[len(train):])))
   info = {"precompile_seconds": time.time() - start,
           "precompiled_train_shapes": len(train_steps.compiled),
           "precompiled_eval_shapes": len(eval_steps.compiled)}

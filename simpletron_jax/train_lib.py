@@ -221,6 +221,11 @@ def pmap_steps(apply_fn, devices=None):
   return p_train, p_eval
 
 
+def batch_shape_key(batch: Batch) -> tuple:
+  """``((field, shape), ...)`` of a batch, sorted by field: one compiled step per key."""
+  return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+
+
 def unreplicate(tree):
   """The first device's copy of every leaf of a pmapped (``[n_devices, ...]``) tree."""
   return jax.tree_util.tree_map(lambda x: x[0], tree)
@@ -805,7 +810,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     for a in range(accum):
       batch = shard(next(batches), n_dev)
       rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
-      shapes = tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+      shapes = batch_shape_key(batch)
       if shapes in seen_shapes:
         state_repl, sums = train_fn(state_repl, batch, rng)
       else:   # drain the queue first, so the call's time is the compile's alone
