@@ -21,6 +21,10 @@ flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split to evaluate.
 flags.DEFINE_enum("which", "best", ["best", "latest"], "best-validation or newest checkpoint.")
 flags.DEFINE_integer("step", None, "A specific checkpoint step (overrides --which).")
 flags.DEFINE_string("xla_cache_dir", None, xla_cache.FLAG_HELP)
+flags.DEFINE_integer("precompile_workers", 0,
+                     "Compile the eval step of every batch shape the split meets (one per "
+                     "length bucket) first, in this many threads side by side; 0: each shape "
+                     "compiles when it is first met.")
 
 
 def main(argv):
@@ -41,7 +45,8 @@ def main(argv):
   try:
     result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
                                           which=flag_values.which, step=flag_values.step,
-                                          config=flag_values.config)
+                                          config=flag_values.config,
+                                          precompile_workers=flag_values.precompile_workers)
   except run_guard.RunError as e:  # a named cause: the message, no traceback, exit 1
     raise SystemExit(f"eval.py: {type(e).__name__}: {e}") from None
   out = os.path.join(flag_values.workdir,

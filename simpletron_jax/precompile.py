@@ -88,6 +88,46 @@ def _abstract(batch: dict[str, np.ndarray]) -> dict[str, jax.ShapeDtypeStruct]:
   return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
 
 
+def _eval_batches_by_key(splits, config) -> dict[tuple, dict[str, np.ndarray]]:
+  """One sharded batch per batch shape over ``splits``, ``[(Split, num_batches), ...]``."""
+  found: dict[tuple, dict[str, np.ndarray]] = {}
+  for split, limit in splits:
+    for batch in eval_batches_by_width(split, config, limit).values():
+      found.setdefault(train_lib.batch_shape_key(batch), batch)
+  return found
+
+
+def _in_threads(thunks: list[Callable[[], Any]], workers: int) -> list[Any]:
+  """Calls every thunk in a pool of ``workers`` threads; their results in order."""
+  if workers < 1:
+    raise ValueError(f"precompile workers must be >= 1, got {workers} (--precompile_workers)")
+  with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(thunks)))) as pool:
+    return list(pool.map(lambda thunk: thunk(), thunks))
+
+
+def precompile_eval_step(p_eval: Callable, params_repl, splits, config: ml_collections.ConfigDict,
+                         workers: int) -> CompiledSteps:
+  """Compiles the eval step for every batch shape that evaluating ``splits`` meets (eval.py).
+
+  Args:
+    p_eval: the pmapped eval step of :func:`train_lib.pmap_steps`.
+    params_repl: the replicated parameters (only shapes and dtypes are read).
+    splits: ``[(Split, num_batches), ...]`` as :func:`train_lib.evaluate` reads them.
+    config: the run config.
+    workers: compiling threads, at least 1.
+
+  Returns:
+    A :class:`CompiledSteps` for ``p_eval``.
+
+  Raises:
+    ValueError: for ``workers < 1``.
+  """
+  evals = _eval_batches_by_key(splits, config)
+  programs = _in_threads([lambda b=b: p_eval.lower(params_repl, _abstract(b)).compile()
+                          for b in evals.values()], workers)
+  return CompiledSteps(p_eval, dict(zip(evals, programs)))
+
+
 def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
                      config: ml_collections.ConfigDict, start_micro_step: int,
                      workers: int) -> tuple[CompiledSteps, CompiledSteps, dict[str, Any]]:
@@ -109,33 +149,21 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
   Raises:
     ValueError: for ``workers < 1``.
   """
-  if workers < 1:
-    raise ValueError(f"precompile workers must be >= 1, got {workers} (--precompile_workers)")
   start = time.time()
   accum = config.grad_accum_steps
   micro = config.batch_size // accum
   remaining = max(config.num_train_steps * accum - start_micro_step, 0)
   count = min(remaining, max(len(data.train) // micro, 1))
-  key = train_lib.batch_shape_key
-  train = {key(b): b for b in train_batches_by_width(data.train, config, start_micro_step,
-                                                      count).values()}
-  evals: dict[tuple, dict[str, np.ndarray]] = {}
-  for split, limit in ((data.val, config.get("num_eval_steps", -1)),
-                       (data.test, config.get("num_test_steps", -1))):
-    for batch in eval_batches_by_width(split, config, limit).values():
-      evals.setdefault(key(batch), batch)
+  train = {train_lib.batch_shape_key(b): b for b in train_batches_by_width(
+      data.train, config, start_micro_step, count).values()}
+  evals = _eval_batches_by_key([(data.val, config.get("num_eval_steps", -1)),
+                                (data.test, config.get("num_test_steps", -1))], config)
   rng = jax.random.PRNGKey(0)   # only its shape and dtype are read
-
-  def compile_train(batch):
-    return p_train.lower(state_repl, _abstract(batch), rng).compile()
-
-  def compile_eval(batch):
-    return p_eval.lower(state_repl.params, _abstract(batch)).compile()
-
-  jobs = ([(compile_train, b) for b in train.values()]
-          + [(compile_eval, b) for b in evals.values()])
-  with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
-    programs = list(pool.map(lambda job: job[0](job[1]), jobs))
+  programs = _in_threads(
+      [lambda b=b: p_train.lower(state_repl, _abstract(b), rng).compile()
+       for b in train.values()]
+      + [lambda b=b: p_eval.lower(state_repl.params, _abstract(b)).compile()
+         for b in evals.values()], workers)
   train_steps = CompiledSteps(p_train, dict(zip(train, programs[:len(train)])))
   eval_steps = CompiledSteps(p_eval, dict(zip(evals, programs[len(train):])))
   info = {"precompile_seconds": time.time() - start,

@@ -942,7 +942,8 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 
 def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
                         step: int | None = None,
-                        config: ml_collections.ConfigDict | None = None) -> dict[str, Any]:
+                        config: ml_collections.ConfigDict | None = None,
+                        precompile_workers: int = 0) -> dict[str, Any]:
   """Restores a checkpoint of ``workdir`` and evaluates it on ``split``.
 
   Args:
@@ -951,13 +952,15 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
     which: ``"best"`` (the best-validation checkpoint) or ``"latest"``.
     step: restore this optimizer step from ``workdir/checkpoints`` instead.
     config: overrides the run's saved config.
+    precompile_workers: if > 0, the eval step of every batch shape the split meets is
+      compiled first, in this many threads side by side (:mod:`simpletron_jax.precompile`).
 
   Returns:
     ``{"accuracy", "loss", "count", "step", "split", "checkpoint"}``.
 
   Raises:
     FileNotFoundError: when the workdir has no such checkpoint or config.
-    ValueError: for an unknown split or ``which``.
+    ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
   """
   if split not in ("train", "val", "test") or which not in ("best", "latest"):
     raise ValueError(f"split={split!r} / which={which!r} not understood")
@@ -968,9 +971,19 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
   sub = "best" if which == "best" and step is None else "checkpoints"
   manager = checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
   state, _, restored_step = restore_checkpoint(manager, state, step, model_config=config.model)
+  if precompile_workers < 0:
+    raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   _, p_eval = pmap_steps(state.apply_fn)
   limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
-  metrics = evaluate(p_eval, flax.jax_utils.replicate(state.params), getattr(data, split),
-                     config, limit)
+  params_repl = flax.jax_utils.replicate(state.params)
+  if precompile_workers:
+    from simpletron_jax import precompile  # pylint: disable=import-outside-toplevel  (a cycle)
+    start = time.time()
+    p_eval = precompile.precompile_eval_step(p_eval, params_repl,
+                                             [(getattr(data, split), limit)], config,
+                                             precompile_workers)
+    print(f"precompiled {len(p_eval.compiled)} eval step shapes in "
+          f"{time.time() - start:.1f} s ({precompile_workers} threads)", file=sys.stderr)
+  metrics = evaluate(p_eval, params_repl, getattr(data, split), config, limit)
   return {**metrics, "step": restored_step, "split": split,
           "checkpoint": os.path.join(workdir, sub)}
