@@ -34,11 +34,12 @@ Every (variant, length) cell runs in this one process:
   compilation cache, ``--cache-dir``), in ``--compile-workers`` threads side by side, and only
   then are the cells run one by one, so no compile competes with a timed run. A cell whose
   compile raised beside others is compiled again alone. On the 2-core CPU machine 2 workers
-  took 53.4 s where 1 took 68.2 s for 4 cells (``benchmarks/results/cpu/compile_workers.md``).
+  took 0.72x and 0.86x of the one-by-one time for 4 cells
+  (``benchmarks/results/cpu/compile_workers.md``).
 * steps/s: the real pmapped train step of :mod:`simpletron_jax.train_lib` (forward,
   backward, AdamW) on a random full-length byte batch placed on the devices once. After
-  compiling and one warm-up step, ``--rounds`` timed runs of ``--steps`` back-to-back steps each block
-  once at their end; the median per-step time is reported.
+  compiling and one warm-up step, ``--rounds`` timed runs of ``--steps`` back-to-back steps
+  each block once at their end; the median per-step time is reported.
 * FLOPs: analytic, from the step's jaxpr (:mod:`flops`: every ``dot_general``, 2 FLOPs per
   multiply-add, plus cuDNN attention), per device. XLA's ``cost_analysis()`` is kept as
   ``xla_cost_analysis_flops``; on GPU it leaves out cuBLAS and cuDNN calls. Achieved FLOP/s is
@@ -561,7 +562,7 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
                    max_memory_bytes: float | None = None,
                    model_overrides: dict[str, Any] | None = None,
                    rounds: int = 3) -> dict[str, Any]:
-  """Steps/s, memory and FLOPs of one (variant, length): :func:`prepare_cell`, then :func:`run_cell`.
+  """Steps/s, memory and FLOPs of one (variant, length): :func:`prepare_cell`, :func:`run_cell`.
 
   Args:
     label: a row label (:func:`variant_labels`).
@@ -702,9 +703,9 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
   Lengths run in the outer loop, so a slow spell on a shared machine hits all variants of a
   length alike. At each length every cell is compiled first (:func:`prepare_cells`, in
   ``compile_workers`` threads), then run one after another, so no compile competes with a
-  timed run for the host or the device. A config is recorded as ``OOM`` before it runs when its train state or its
-  compiled memory estimate exceeds the memory limit; an ``OOM`` (estimated or raised) at a
-  length marks the variant's longer lengths ``skipped``.
+  timed run for the host or the device. A config is recorded as ``OOM`` before it runs when
+  its train state or its compiled memory estimate exceeds the memory limit; an ``OOM``
+  (estimated or raised) at a length marks the variant's longer lengths ``skipped``.
 
   Args:
     labels: row labels (default :func:`variant_labels`, read from the registry now).
