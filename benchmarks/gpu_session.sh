@@ -14,8 +14,9 @@
 #             and 16K                                      (7 minutes on an H100, 2026-11-23)
 #   bf16      the benchmark table, bfloat16, 1K..32K, every variant       (stops at 9 minutes)
 #   fp32      the same in float32                                          (stops at 9 minutes)
-#   leads     simple at 4K with and without dropout, and at L + 1 = 4096 against 4097; the
-#             profile of softmax_flash on cuDNN                     (estimated at 3 minutes)
+#   leads     simple at 4K with and without dropout, and at L + 1 = 4096 against 4097; simple
+#             and softmax_flash at 4K and 16K with model.length_multiple=8; the profile of
+#             softmax_flash on cuDNN (JSONs in leads.tar.gz)        (estimated at 5 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each): the ungrouped run compiles
@@ -126,8 +127,13 @@ case "$part" in
         --set dropout_rate=$rate --out "$work/dropout_$rate" --cache-dir /tmp/jax_cache \
         >>"$log" 2>&1
       cp "$work/dropout_$rate/speed_memory.md" "$OUT/leads_dropout_$rate.md"
-      cp "$work/dropout_$rate/speed_memory.json" "$OUT/leads_dropout_$rate.json"
     done
+    # The fix for the odd length, if it pays: 4097 positions padded to 4104 (16K: 16385 to
+    # 16392) with masked positions; compare with the 4096 rows above and with cls_only_false.md.
+    python benchmarks/speed_memory.py --dtype bfloat16 --variants simple softmax_flash \
+      --lengths 4096 16384 --set length_multiple=8 --out "$work/multiple8" \
+      --cache-dir /tmp/jax_cache >>"$log" 2>&1
+    cp "$work/multiple8/speed_memory.md" "$OUT/leads_multiple8.md"
     python benchmarks/profile_step.py --variant softmax_flash --length 4096 --dtype bfloat16 \
       --out "$work/profile_softmax_flash" >>"$log" 2>&1
     cp "$work/profile_softmax_flash/profile_summary.txt" "$OUT/profile_softmax_flash_4k_bf16.txt"

@@ -6,6 +6,7 @@
     python benchmarks/speed_memory.py --quick --variants softmax simple --lengths 256 512 \
         --out /tmp/speed_memory
     python benchmarks/speed_memory.py --variants simple --set last_block_cls_only=true
+    python benchmarks/speed_memory.py --variants simple --set length_multiple=8
     python benchmarks/speed_memory.py --dtype bfloat16 --compile-workers 8   # many CPU cores
 
 The model is LRA's byte-level text classifier (``text_classification/configs/base_tc_config.py``
@@ -190,6 +191,7 @@ def lra_text_config(length: int, attention_name: str, attention_kwargs: dict[str
   config.model.learn_pos_emb = False
   config.model.classifier_pool = "CLS"
   config.model.last_block_cls_only = False
+  config.model.length_multiple = 1
   config.model.dtype = dtype
   for field, value in (model_overrides or {}).items():
     if field not in config.model:

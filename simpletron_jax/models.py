@@ -51,6 +51,12 @@ class Encoder(nn.Module):
       :class:`layers.EncoderBlock` ``num_queries``). The logits are those of the full
       block; only the random dropout masks of that block are drawn for the smaller shape.
       Saves the last block's MLP and residual work on L - 1 positions. Ignored for MEAN.
+    length_multiple: pads the sequence (CLS included) with masked positions at the end to a
+      multiple of this before the blocks, so that a GPU's matrix units see even lengths:
+      LRA's lengths with CLS are odd (2001, 4001, 1025), and XLA pads odd matmul dimensions
+      on every call instead. The outputs are unchanged (allowed only for the attentions in
+      :data:`LENGTH_PADDING_EXACT`, see :func:`validate_model_config`); dropout masks in the
+      blocks are drawn for the longer shape. 1: no padding (LRA).
     dtype: activation dtype, e.g. ``jnp.float32`` or ``jnp.bfloat16``.
 
   Call: ``(tokens_BxL int, mask_BxL bool | None, deterministic) -> [B, E]``
@@ -78,6 +84,7 @@ class Encoder(nn.Module):
   final_layer_norm: bool = True
   zero_pad_embedding: bool = False
   last_block_cls_only: bool = False
+  length_multiple: int = 1
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -102,6 +109,10 @@ class Encoder(nn.Module):
     if self.embedding_dropout:
       x_BxLxE = nn.Dropout(self.dropout_rate)(x_BxLxE, deterministic=deterministic)
     x_BxLxE = x_BxLxE.astype(self.dtype)
+    pad = -x_BxLxE.shape[1] % self.length_multiple
+    if pad:   # masked positions at the end, which every allowed attention ignores
+      x_BxLxE = jnp.pad(x_BxLxE, ((0, 0), (0, pad), (0, 0)))
+      mask_BxL = jnp.pad(mask_BxL, ((0, 0), (0, pad)))
     names = layer_attentions(self.attention, self.attention_per_layer, self.num_layers)
     for i in range(self.num_layers):
       x_BxLxE = layers.EncoderBlock(
@@ -237,7 +248,8 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
       ``num_heads``, ``qkv_dim != emb_dim`` for an attention without an
       output projection (``simple``, ``simple_res``), or a ``model.attention_per_layer``
       whose length is not ``num_layers`` or that holds an unknown name; an unknown
-      ``model.head_activation``, ``model.interaction`` or ``model.pos_emb_init``.
+      ``model.head_activation``, ``model.interaction`` or ``model.pos_emb_init``; a
+      ``model.length_multiple`` that is not a positive int or could change the function.
   """
   _validate_choices(model)
   spec = attention.get(model.attention)
@@ -267,6 +279,38 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
           f"attention {name!r} has no output projection, so model.qkv_dim "
           f"({model.qkv_dim}) must equal model.emb_dim ({model.emb_dim}); use "
           "'simple_resl' to decouple them")
+  _check_length_multiple(model, names)
+
+
+# Attentions whose output at a real position is a masked sum over all keys, so masked
+# positions appended after the last token change nothing (model.length_multiple). Attentions
+# with blocks, chunks, hashing or random blocks laid out over the length, or with weights sized
+# by max_length, are left out.
+LENGTH_PADDING_EXACT = ("softmax", "simple", "simple_res", "simple_resl", "linear", "performer",
+                        "aft_simple")
+
+
+def _check_length_multiple(model: ml_collections.ConfigDict, names: tuple[str, ...]) -> None:
+  """Raises ValueError naming ``model.length_multiple`` when it is not a positive int, or when
+  padding the length could change the function (an attention outside
+  :data:`LENGTH_PADDING_EXACT`, or Simple's published ``normalizer="padded"`` /
+  ``mask_pads=False``, which let the pads in)."""
+  multiple = _option(model, "length_multiple")
+  if not isinstance(multiple, int) or multiple < 1:
+    raise ValueError(f"model.length_multiple={multiple!r} must be a positive int (1: off)")
+  if multiple == 1:
+    return
+  inexact = sorted(set(names) - set(LENGTH_PADDING_EXACT))
+  if inexact:
+    raise ValueError(f"model.length_multiple={multiple} would change what attention "
+                     f"{inexact[0]!r} computes; it is exact only for "
+                     f"{list(LENGTH_PADDING_EXACT)}")
+  kwargs = dict(model.get("attention_kwargs") or {})
+  if model.attention.startswith("simple") and (kwargs.get("normalizer", "real") != "real"
+                                               or not kwargs.get("mask_pads", True)):
+    raise ValueError(f"model.length_multiple={multiple} with model.attention_kwargs "
+                     f"{kwargs} lets the padding into Simple attention; use "
+                     "normalizer='real' and mask_pads=True, or length_multiple=1")
 
 
 # Model options of config.model with their defaults (LRA's function); configs that predate
@@ -274,7 +318,15 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
 OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
                    "attention_branch_dropout": True, "final_layer_norm": True,
                    "zero_pad_embedding": False, "head_activation": "relu",
-                   "interaction": "concat"}
+                   "interaction": "concat", "last_block_cls_only": False,
+                   "length_multiple": 1}
+
+
+def with_option_defaults(model_config: Mapping[str, Any]) -> dict[str, Any]:
+  """A saved ``config.model`` dict with :data:`OPTION_DEFAULTS` filled in where it lacks an
+  option, so a checkpoint written before an option existed matches a config that has it at
+  its default."""
+  return {**OPTION_DEFAULTS, **model_config}
 
 
 def _option(model: ml_collections.ConfigDict, field: str):
@@ -319,10 +371,10 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       learn_pos_emb=model.learn_pos_emb, classifier_pool=model.classifier_pool,
       dtype=_DTYPES[model.dtype],
-      last_block_cls_only=bool(model.get("last_block_cls_only", False)),
       **{f: _option(model, f) for f in ("pos_emb_init", "embedding_dropout",
                                         "attention_branch_dropout", "final_layer_norm",
-                                        "zero_pad_embedding")})
+                                        "zero_pad_embedding", "last_block_cls_only",
+                                        "length_multiple")})
   head_activation = _option(model, "head_activation")
   if dual:
     return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,

@@ -203,11 +203,12 @@ def test_flash_equals_einsum_on_gpu_bfloat16_with_padding(fresh_log, caplog):
 # The last block on the CLS position only.
 
 
-def _classifier(attention_name, cls_only, pool="CLS", num_layers=1, **attention_kwargs):
+def _classifier(attention_name, cls_only, pool="CLS", num_layers=1, length_multiple=1,
+                **attention_kwargs):
   encoder = models.Encoder(vocab_size=20, emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32,
                            num_layers=num_layers, max_length=12, attention=attention_name,
                            attention_kwargs=attention_kwargs, classifier_pool=pool,
-                           last_block_cls_only=cls_only)
+                           last_block_cls_only=cls_only, length_multiple=length_multiple)
   return models.ClassificationEncoder(encoder=encoder, num_classes=3)
 
 
@@ -254,3 +255,53 @@ def test_num_queries_is_not_a_user_option():
   model.attention_kwargs.num_queries = 1
   with pytest.raises(ValueError, match="model.last_block_cls_only"):
     models.validate_model_config(model)
+
+
+# ----------------------------------------------------------------------------
+# The length padded to a multiple with masked positions (model.length_multiple).
+
+
+def test_length_multiple_keeps_the_logits_of_every_attention_it_allows():
+  tokens = _tokens()   # 12 tokens + CLS = 13 positions, padded to 16
+  for name in models.LENGTH_PADDING_EXACT:
+    reference, padded = _classifier(name, False), _classifier(name, False, length_multiple=8)
+    params = reference.init(jax.random.PRNGKey(0), tokens)
+    chex.assert_trees_all_close(padded.apply(params, tokens), reference.apply(params, tokens),
+                                rtol=1e-5, atol=1e-6, custom_message=name)
+
+
+def test_length_multiple_keeps_the_gradients_and_pads_the_blocks():
+  tokens = _tokens()
+  reference = _classifier("simple", False, num_layers=2)
+  padded = _classifier("simple", True, num_layers=2, length_multiple=8)   # with CLS-only too
+  params = jax.jit(reference.init)(jax.random.PRNGKey(0), tokens)
+
+  def logits_and_grads(model):
+    loss = lambda p: jnp.sum(jnp.sin(model.apply(p, tokens)))  # noqa: E731
+    return jax.jit(lambda p: (model.apply(p, tokens), jax.grad(loss)(p)))(params)
+  (logits, grads), (logits_ref, grads_ref) = map(logits_and_grads, (padded, reference))
+  chex.assert_trees_all_close(logits, logits_ref, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(grads, grads_ref, rtol=1e-4, atol=1e-6)
+  blocks = jax.eval_shape(lambda p: padded.apply(p, tokens, capture_intermediates=True,
+                                                 mutable="intermediates")[1],
+                          params)["intermediates"]["encoder"]
+  chex.assert_shape(blocks["encoderblock_0"]["__call__"][0], (3, 16, 16))
+  chex.assert_shape(blocks["encoderblock_1"]["__call__"][0], (3, 1, 16))
+
+
+@pytest.mark.parametrize("attention_name, kwargs, multiple, message", [
+    ("linformer", {}, 8, "would change what attention 'linformer' computes"),
+    ("simple", {"normalizer": "padded"}, 8, "lets the padding into Simple attention"),
+    ("simple", {"mask_pads": False}, 8, "lets the padding into Simple attention"),
+    ("simple", {}, 0, "must be a positive int"),
+])
+def test_length_multiple_is_refused_where_it_would_change_the_function(attention_name, kwargs,
+                                                                      multiple, message):
+  from configs import lra  # noqa: PLC0415
+  model = lra.make_config("listops", attention_name, "tiny").model
+  model.attention_kwargs.update(kwargs)
+  model.length_multiple = multiple
+  with pytest.raises(ValueError, match=message):
+    models.validate_model_config(model)
+  model.length_multiple = 1
+  models.validate_model_config(model)

@@ -203,6 +203,21 @@ def test_resume_with_another_model_config_lists_the_fields(initial_state, tmp_pa
     train_lib.restore_checkpoint(manager, state, model_config=other.model)
 
 
+def test_a_checkpoint_from_before_an_option_existed_resumes(initial_state, tmp_path):
+  # Saved by an older version: its model config lacks the options added since.
+  config, state = initial_state
+  manager = train_lib.checkpoint_manager(str(tmp_path / "checkpoints"), None)
+  saved = train_lib.model_config_dict(config.model)
+  for option in ("length_multiple", "last_block_cls_only"):
+    assert saved.pop(option) == models.OPTION_DEFAULTS[option]
+  train_lib.save_checkpoint(manager, 2, state.replace(step=2), {"model_config": saved})
+  assert train_lib.restore_checkpoint(manager, state, model_config=config.model)[2] == 2
+  other = fault_config(**{"model.length_multiple": 8})
+  with pytest.raises(run_guard.ConfigMismatchError,
+                     match=r"model.length_multiple: checkpoint 1, config 8"):
+    train_lib.restore_checkpoint(manager, state, model_config=other.model)
+
+
 def test_a_skipped_save_stops_with_path_and_reason(initial_state, tmp_path):
   config, state, manager = _saved_steps(tmp_path, initial_state, steps=(6,))
   with pytest.raises(run_guard.CheckpointError, match=r"orbax skipped saving step 4 .*step 6"):
