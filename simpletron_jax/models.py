@@ -52,9 +52,9 @@ class Encoder(nn.Module):
       block; only the random dropout masks of that block are drawn for the smaller shape.
       Saves the last block's MLP and residual work on L - 1 positions. Ignored for MEAN.
     length_multiple: pads the sequence (CLS included) with masked positions at the end to a
-      multiple of this before the blocks, so that a GPU's matrix units see even lengths:
-      LRA's lengths with CLS are odd (2001, 4001, 1025), and XLA pads odd matmul dimensions
-      on every call instead. The outputs are unchanged (allowed only for the attentions in
+      multiple of this before the blocks. LRA's lengths with CLS are odd (2001, 4001, 1025),
+      and on Ampere and newer GPUs XLA pads both matrix dimensions of each bfloat16 cuBLAS
+      matmul to a multiple of 8 (``CublasPadForGemms``) in every step instead. The outputs are unchanged (allowed only for the attentions in
       :data:`LENGTH_PADDING_EXACT`, see :func:`validate_model_config`); dropout masks in the
       blocks are drawn for the longer shape. 1: no padding (LRA).
     dtype: activation dtype, e.g. ``jnp.float32`` or ``jnp.bfloat16``.
