@@ -194,14 +194,31 @@ def test_precompile_finds_the_widths_the_run_meets(presence_task):
 
 
 def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(presence_task,
-                                                                             tmp_path):
+                                                                             tmp_path,
+                                                                             monkeypatch):
   config = tiny_config(num_train_steps=4, eval_frequency=4, checkpoint_every=4, warmup=2,
                        num_eval_steps=2, num_test_steps=2,
                        **{"data.bucket": 8, "data.group_by_length": True,
                           "model.num_layers": 1})
   plain = train_lib.train_and_evaluate(config, str(tmp_path / "plain"), data=presence_task)
+  direct_calls, pmap_steps = [], train_lib.pmap_steps
+
+  class Counted:   # a pmapped step whose direct calls (which would compile) are counted
+    def __init__(self, step, kind):
+      self.step, self.kind = step, kind
+
+    def __call__(self, *args):
+      direct_calls.append(self.kind)
+      return self.step(*args)
+
+    def lower(self, *args):
+      return self.step.lower(*args)
+
+  monkeypatch.setattr(train_lib, "pmap_steps", lambda apply_fn: tuple(
+      Counted(step, kind) for step, kind in zip(pmap_steps(apply_fn), ("train", "eval"))))
   pre = train_lib.train_and_evaluate(config, str(tmp_path / "pre"), data=presence_task,
                                      precompile_workers=2)
+  assert direct_calls == [], "every step must run a precompiled program"
   assert pre["train_shapes_compiled_in_loop"] == 0
   assert pre["precompiled_train_shapes"] == plain["train_shapes_compiled_in_loop"] >= 2
   assert pre["precompiled_eval_shapes"] >= 1
