@@ -54,14 +54,15 @@ bench() {  # bench <dtype> <seconds>
   # cells now compile side by side in 8 threads of the machine's 16 cores, before they run
   # (speed from this on a GPU not yet measured: compare the log's compile lines and each
   # cell's prepare_wall_s with the one-by-one figures above, and the simple and softmax_flash
-  # rows with speed_memory_core_cells.jsonl). Cells measured by an earlier call on another
-  # machine are reused if their partial file was carried in as .bench_resume/<dtype>.jsonl.
+  # rows with speed_memory_core_cells.jsonl). A slow cell's timed runs are cut to about 2 s
+  # each (--run-seconds). Cells measured by an earlier call on another machine are reused if
+  # their partial file was carried in as .bench_resume/<dtype>.jsonl.
   mkdir -p "$work/$1"
   if [ -f ".bench_resume/$1.jsonl" ] && [ ! -f "$work/$1/speed_memory.partial.jsonl" ]; then
     cp ".bench_resume/$1.jsonl" "$work/$1/speed_memory.partial.jsonl"
   fi
   timeout "$2" python benchmarks/speed_memory.py --dtype "$1" --lengths 1024 4096 16384 32768 \
-    --out "$work/$1" --resume --cache-dir /tmp/jax_cache --compile-workers 8 \
+    --out "$work/$1" --resume --cache-dir /tmp/jax_cache --compile-workers 8 --run-seconds 2 \
     >"$work/$1.log" 2>&1
   echo "speed_memory exit $? (124 = stopped by the time limit; call the part again)" >>"$log"
   tail -c 300000 "$work/$1.log" >>"$log"

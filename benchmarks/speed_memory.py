@@ -40,7 +40,9 @@ Every (variant, length) cell runs in this one process:
 * steps/s: the real pmapped train step of :mod:`simpletron_jax.train_lib` (forward,
   backward, AdamW) on a random full-length byte batch placed on the devices once. After
   compiling and one warm-up step, ``--rounds`` timed runs of ``--steps`` back-to-back steps
-  each block once at their end; the median per-step time is reported.
+  each block once at their end; the median per-step time is reported. With
+  ``--run-seconds S`` one more step is timed alone first, and a slow cell's runs get as many
+  steps as fit in S seconds (at least 1), so the long lengths do not dominate the table's time.
 * FLOPs: analytic, from the step's jaxpr (:mod:`flops`: every ``dot_general``, 2 FLOPs per
   multiply-add, plus cuDNN attention), per device. XLA's ``cost_analysis()`` is kept as
   ``xla_cost_analysis_flops``; on GPU it leaves out cuBLAS and cuDNN calls. Achieved FLOP/s is
@@ -57,7 +59,8 @@ FLOPs, still render with :func:`markdown_report`):
 * ``command``, ``argv``, ``created`` (UTC ISO time), ``benchmark`` = ``"speed_memory"``.
 * ``wall_s``: seconds the whole run took, the matmul-peak measurement included.
 * ``settings``: ``labels``, ``lengths``, ``batch``, ``dtype``, ``steps``, ``rounds``,
-  ``quick``, ``max_memory_bytes``, ``in_process`` (True), ``compile_workers``, ``model``
+  ``run_seconds``, ``quick``, ``max_memory_bytes``, ``in_process`` (True),
+  ``compile_workers``, ``model``
   (``config.model``), ``vocab_size``, ``num_classes``.
 * ``machine``: ``platform``, ``device_kind``, ``device_slug``, ``n_devices``, ``cpu_count``,
   ``cpus_usable`` (the process's CPU affinity, e.g. under ``taskset``),
@@ -74,10 +77,10 @@ FLOPs, still render with :func:`markdown_report`):
   compiled ``compile_s``, ``fallbacks``, ``memory_analysis`` (the XLA fields and
   ``estimate_bytes``), ``flops_per_step_per_device``, ``flop_count``,
   ``xla_cost_analysis_flops``; when ``ok`` also ``median_s_per_step``, ``steps_per_sec``,
-  ``step_times_s``, ``memory_bytes``, ``memory_source``, ``peak_bytes_in_use``,
-  ``n_devices``, ``final_loss``, ``achieved_flops_per_s_per_device``,
-  ``achieved_fraction_of_peak``, ``fastest_softmax``, ``speedup_vs_softmax``,
-  ``memory_ratio_vs_softmax``, ``speedup_vs_fastest_softmax``,
+  ``steps_per_run``, ``probe_s`` (with ``run_seconds``), ``step_times_s``,
+  ``memory_bytes``, ``memory_source``, ``peak_bytes_in_use``, ``n_devices``, ``final_loss``,
+  ``achieved_flops_per_s_per_device``, ``achieved_fraction_of_peak``, ``fastest_softmax``,
+  ``speedup_vs_softmax``, ``memory_ratio_vs_softmax``, ``speedup_vs_fastest_softmax``,
   ``memory_ratio_vs_fastest_softmax`` (None where the baseline did not run).
 * ``time_ratio``: ``short``, ``long`` (1024 and 4096 when both run, else the shortest and
   longest lengths) and ``by_label`` ``{label: t(long) / t(short) or None}``.
@@ -521,12 +524,30 @@ def prepare_cell(label: str, length: int, batch: int, dtype: str,
     return record, None
 
 
-def run_cell(cell: PreparedCell, steps: int, rounds: int = 3) -> dict[str, Any]:
+def steps_per_run(steps: int, run_seconds: float, probe_s: float) -> int:
+  """Steps in each timed run: ``steps``, or with ``run_seconds > 0`` as many as fit in
+  ``run_seconds`` at ``probe_s`` seconds a step, at least 1 and at most ``steps``."""
+  if run_seconds <= 0:
+    return steps
+  return max(1, min(steps, int(run_seconds / max(probe_s, 1e-9))))
+
+
+def run_cell(cell: PreparedCell, steps: int, rounds: int = 3,
+             run_seconds: float = 0.0) -> dict[str, Any]:
   """Runs a :func:`prepare_cell` cell on the devices: init, a warm-up step, the timed runs.
 
+  Args:
+    cell: the prepared cell.
+    steps: steps per timed run (at most, with ``run_seconds``).
+    rounds: timed runs; the median per-step time is reported.
+    run_seconds: if > 0, one more untimed step is timed alone (``probe_s``) and each run
+      gets :func:`steps_per_run` steps, so a slow cell (long lengths) runs about this long
+      per run instead of ``steps`` steps. 0: always ``steps``.
+
   Returns:
-    ``cell.record``, completed (status ``ok``, or ``OOM`` / ``error`` when running raised).
-    Never raises for a failing config.
+    ``cell.record``, completed (status ``ok``, or ``OOM`` / ``error`` when running raised),
+    with ``steps_per_run`` and, with ``run_seconds``, ``probe_s``. Never raises for a
+    failing config.
   """
   record, phases = cell.record, cell.record["phase_s"]
   state = data = None
@@ -537,13 +558,21 @@ def run_cell(cell: PreparedCell, steps: int, rounds: int = 3) -> dict[str, Any]:
     jax.block_until_ready(state)
     phases["init"] = time.perf_counter() - start
     data = _device_batch(cell.batch, cell.length, n_dev)
-    keys = jax.random.split(jax.random.PRNGKey(1), 1 + steps * rounds)
+    keys = jax.random.split(jax.random.PRNGKey(1), 2 + steps * rounds)
     start = time.perf_counter()
     state, sums = cell.step(state, data, keys[0])   # warm-up step
     jax.block_until_ready(sums)
     phases["warmup"] = time.perf_counter() - start
+    n = steps
+    if run_seconds > 0:
+      start = time.perf_counter()
+      state, sums = cell.step(state, data, keys[-1])   # the probe, untimed in the result
+      jax.block_until_ready(sums)
+      record["probe_s"] = phases["probe"] = time.perf_counter() - start
+      n = steps_per_run(steps, run_seconds, record["probe_s"])
+    record["steps_per_run"] = n
     start = time.perf_counter()
-    state, sums, times = _timed_rounds(cell.step, state, data, keys[1:], steps, rounds)
+    state, sums, times = _timed_rounds(cell.step, state, data, keys[1:], n, rounds)
     phases["timed"] = time.perf_counter() - start
     median = statistics.median(times)
     peaks = [(_memory_stats(d) or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
@@ -563,7 +592,7 @@ def run_cell(cell: PreparedCell, steps: int, rounds: int = 3) -> dict[str, Any]:
 def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
                    max_memory_bytes: float | None = None,
                    model_overrides: dict[str, Any] | None = None,
-                   rounds: int = 3) -> dict[str, Any]:
+                   rounds: int = 3, run_seconds: float = 0.0) -> dict[str, Any]:
   """Steps/s, memory and FLOPs of one (variant, length): :func:`prepare_cell`, :func:`run_cell`.
 
   Args:
@@ -577,6 +606,7 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
       as ``OOM`` without running.
     model_overrides: extra ``model.*`` fields (tests shrink the model).
     rounds: timed runs after the warm-up step; the median per-step time is reported.
+    run_seconds: see :func:`run_cell`.
 
   Returns:
     A JSON-ready record: ``label``, ``length``, ``batch``, ``status`` (``"ok"``, ``"OOM"``
@@ -593,7 +623,7 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
     failure is the record's ``status`` and ``reason``.
   """
   record, cell = prepare_cell(label, length, batch, dtype, max_memory_bytes, model_overrides)
-  return record if cell is None else run_cell(cell, steps, rounds)
+  return record if cell is None else run_cell(cell, steps, rounds, run_seconds)
 
 
 # ----------------------------------------------------------------------------
@@ -699,7 +729,8 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
                   model_overrides: dict[str, Any] | None = None,
                   log: Callable[[str], None] = print,
                   partial_path: str | None = None, resume: bool = False,
-                  rounds: int = 3, compile_workers: int = 1) -> dict[str, Any]:
+                  rounds: int = 3, compile_workers: int = 1,
+                  run_seconds: float = 0.0) -> dict[str, Any]:
   """Measures every (variant, length) in this process and returns the JSON payload.
 
   Lengths run in the outer loop, so a slow spell on a shared machine hits all variants of a
@@ -722,7 +753,10 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
     resume: reuse the records already in ``partial_path`` that have the same batch, dtype,
       steps and model overrides instead of measuring them again (their ``resumed`` field is
       True), so a killed run goes on where it stopped. False: an old file is deleted first.
+      ``run_seconds`` is not compared: each record keeps its own ``steps_per_run``.
     compile_workers: threads that compile a length's cells side by side (1: one by one).
+    run_seconds: with > 0, each timed run of a slow cell is cut to about this many seconds
+      (:func:`run_cell`); 0: ``steps`` steps every time.
 
   Returns:
     The ``speed_memory.json`` payload; its schema is in the module docstring.
@@ -736,6 +770,8 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
   lengths = sorted(set(lengths or DEFAULT_LENGTHS))
   for label in labels:
     variant_setup(label, lengths[0])   # fail fast on unknown labels
+  if run_seconds < 0:
+    raise ValueError(f"--run-seconds must be >= 0 (0: off); got {run_seconds}")
   if min(lengths) <= 0 or min(batch, steps, rounds, compile_workers) <= 0:
     raise ValueError(f"--lengths, --batch, --steps, --rounds and --compile-workers must be "
                      f"positive; got {lengths}, {batch}, {steps}, {rounds}, {compile_workers}")
@@ -775,7 +811,7 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
         record, cell, prepare_s = prepared[label]
         start = time.perf_counter()
         if cell is not None:
-          record = run_cell(cell, steps, rounds)
+          record = run_cell(cell, steps, rounds, run_seconds)
         record["prepare_wall_s"] = prepare_s
         record["run_wall_s"] = time.perf_counter() - start
         record["wall_s"] = prepare_s + record["run_wall_s"]
@@ -790,7 +826,7 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
   add_ratios(results)
   payload = _payload(labels, lengths, batch, dtype, steps, rounds, max_memory_bytes, machine,
                      model_overrides, results)
-  payload["settings"]["compile_workers"] = compile_workers
+  payload["settings"].update(compile_workers=compile_workers, run_seconds=run_seconds)
   payload["wall_s"] = time.perf_counter() - run_start
   return payload
 
@@ -894,7 +930,10 @@ def _timing_text(settings: dict[str, Any]) -> str:
   if "rounds" not in settings:   # schema 1: one block per step, a process per cell
     return (f"median of {settings['steps']} timed steps after a warm-up step, one fresh "
             "process per cell" + (" (here: in-process)" if settings["in_process"] else ""))
-  return (f"median over {settings['rounds']} timed runs of {settings['steps']} back-to-back "
+  steps = f"{settings['steps']}"
+  if settings.get("run_seconds"):
+    steps = f"up to {steps} (as many as fit in {settings['run_seconds']:g} s)"
+  return (f"median over {settings['rounds']} timed runs of {steps} back-to-back "
           "steps (one block per run, batch resident on the device) after a warm-up step, "
           "every cell in one process")
 
@@ -1081,6 +1120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="matrix side for the matmul peak (default 8192; CPU 1024)")
   parser.add_argument("--in-process", action="store_true",
                       help="accepted for old commands; every cell runs in this process")
+  parser.add_argument("--run-seconds", type=float, default=0.0,
+                      help="cut each timed run of a slow cell to about this many seconds "
+                      "(at least 1 step; timed from one extra step); 0: --steps every time")
   parser.add_argument("--compile-workers", type=int, default=1,
                       help="threads that compile a length's cells side by side before they "
                       "run one by one (default 1)")
@@ -1126,7 +1168,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       steps=args.steps or (2 if args.quick else 10), max_memory_gb=args.max_memory_gb,
       matmul_n=args.matmul_n, model_overrides=parse_overrides(args.set) or None,
       log=lambda line: print(line, file=sys.stderr, flush=True), partial_path=partial,
-      resume=args.resume, rounds=args.rounds, compile_workers=args.compile_workers)
+      resume=args.resume, rounds=args.rounds, compile_workers=args.compile_workers,
+      run_seconds=args.run_seconds)
   payload["argv"] = sys.argv if argv is None else [sys.argv[0], *argv]
   payload["command"] = "python " + shlex.join(payload["argv"])
   payload["settings"]["quick"] = args.quick

@@ -35,11 +35,11 @@ TINY = {"num_layers": 1, "emb_dim": 32, "qkv_dim": 32, "mlp_dim": 64, "num_heads
 
 @pytest.fixture(scope="module")
 def payload():
-  """One run: softmax and simple at length 64, batch 2, 2 timed runs of 2 steps, the two
-  cells compiled side by side in 2 threads."""
+  """One run: softmax and simple at length 64, batch 2, 2 timed runs of 2 steps (the
+  1000 s run time caps nothing), the two cells compiled side by side in 2 threads."""
   return sm.run_benchmark(labels=["softmax", "simple"], lengths=[64], batch=2, steps=2,
                           rounds=2, matmul_n=128, model_overrides=TINY, log=lambda _: None,
-                          compile_workers=2)
+                          compile_workers=2, run_seconds=1000.0)
 
 
 def test_labels_follow_the_registry():
@@ -79,7 +79,9 @@ def test_run_records_measurements_and_self_ratio(payload):
     assert record["flops_per_step_per_device"] > 0
     assert 0 < record["achieved_fraction_of_peak"]
     assert record["wall_s"] == record["prepare_wall_s"] + record["run_wall_s"]
-    assert set(record["phase_s"]) == {"init_compile", "flop_count", "init", "warmup", "timed"}
+    assert set(record["phase_s"]) == {"init_compile", "flop_count", "init", "warmup", "probe",
+                                      "timed"}
+    assert record["steps_per_run"] == 2 and record["probe_s"] > 0
   assert payload["settings"]["compile_workers"] == 2
   assert payload["wall_s"] >= max(r["wall_s"] for r in records.values())
   assert records["softmax"]["speedup_vs_softmax"] == 1.0
@@ -167,6 +169,22 @@ def test_partial_records_let_a_killed_run_resume(tmp_path, monkeypatch):
                                 "model_overrides": TINY}) == {}
   sm.run_benchmark(**kwargs)
   assert len(calls) == 3
+
+
+def test_run_seconds_cuts_the_runs_of_slow_cells_only():
+  assert sm.steps_per_run(10, 0.0, 5.0) == 10          # off
+  assert sm.steps_per_run(10, 2.0, 0.01) == 10         # fast: capped at --steps
+  assert sm.steps_per_run(10, 2.0, 0.5) == 4
+  assert sm.steps_per_run(10, 2.0, 5.0) == 1           # slower than the budget: one step
+  out = sm.run_benchmark(labels=["simple"], lengths=[32], batch=2, steps=3, rounds=2,
+                         matmul_n=64, model_overrides=TINY, log=lambda _: None,
+                         run_seconds=1e-9)
+  (record,) = out["results"]
+  assert record["status"] == "ok" and record["steps_per_run"] == 1
+  assert len(record["step_times_s"]) == 2
+  assert "up to 3 (as many as fit in 1e-09 s)" in sm.markdown_report(out)
+  with pytest.raises(ValueError, match="--run-seconds"):
+    sm.run_benchmark(labels=["simple"], lengths=[32], run_seconds=-1.0)
 
 
 def test_a_cell_that_failed_beside_others_is_prepared_again_alone(monkeypatch):
