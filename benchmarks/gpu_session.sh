@@ -133,7 +133,7 @@ case "$part" in
     # 16392) with masked positions; compare with the 4096 rows above and with cls_only_false.md.
     python benchmarks/speed_memory.py --dtype bfloat16 --variants simple softmax_flash \
       --lengths 4096 16384 --set length_multiple=8 --out "$work/multiple8" \
-      --cache-dir /tmp/jax_cache >>"$log" 2>&1
+      --cache-dir /tmp/jax_cache --compile-workers 2 >>"$log" 2>&1
     cp "$work/multiple8/speed_memory.md" "$OUT/leads_multiple8.md"
     python benchmarks/profile_step.py --variant softmax_flash --length 4096 --dtype bfloat16 \
       --out "$work/profile_softmax_flash" >>"$log" 2>&1
