@@ -218,35 +218,40 @@ def _tokens():
   return jnp.asarray(rng.integers(1, 20, (3, 12)) * real, jnp.int32)
 
 
-@pytest.mark.parametrize("name, kwargs", [("softmax", {"causal": True}), ("simple", {})])
-def test_last_block_cls_only_gives_the_same_logits_and_gradients(name, kwargs):
-  tokens = _tokens()
-  full, cls_only = _classifier(name, False, **kwargs), _classifier(name, True, **kwargs)
-  params = jax.jit(full.init)(jax.random.PRNGKey(0), tokens)
+def _assert_same_logits_and_grads(model, reference, tokens):
+  """``model`` and ``reference`` (same parameters) agree in logits and every gradient."""
+  params = jax.jit(reference.init)(jax.random.PRNGKey(0), tokens)
 
-  def logits_and_grads(model):
-    loss = lambda p: jnp.sum(jnp.sin(model.apply(p, tokens)))  # noqa: E731
-    return jax.jit(lambda p: (model.apply(p, tokens), jax.grad(loss)(p)))(params)
-  (logits, grads), (logits_ref, grads_ref) = map(logits_and_grads, (cls_only, full))
+  def logits_and_grads(m):
+    loss = lambda p: jnp.sum(jnp.sin(m.apply(p, tokens)))  # noqa: E731
+    return jax.jit(lambda p: (m.apply(p, tokens), jax.grad(loss)(p)))(params)
+  (logits, grads), (logits_ref, grads_ref) = map(logits_and_grads, (model, reference))
   chex.assert_trees_all_close(logits, logits_ref, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(grads, grads_ref, rtol=1e-4, atol=1e-6)
 
 
+def _block_output_shapes(model, tokens) -> list[tuple[int, ...]]:
+  """The output shape of each encoder block, from shapes alone."""
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)
+  blocks = jax.eval_shape(lambda p: model.apply(p, tokens, capture_intermediates=True,
+                                                mutable="intermediates")[1],
+                          params)["intermediates"]["encoder"]
+  return [out["__call__"][0].shape for name, out in sorted(blocks.items())
+          if name.startswith("encoderblock_")]
+
+
+@pytest.mark.parametrize("name, kwargs", [("softmax", {"causal": True}), ("simple", {})])
+def test_last_block_cls_only_gives_the_same_logits_and_gradients(name, kwargs):
+  _assert_same_logits_and_grads(_classifier(name, True, **kwargs),
+                                _classifier(name, False, **kwargs), _tokens())
+
+
 def test_last_block_cls_only_skips_work_and_mean_pooling_ignores_it():
   tokens = _tokens()
-  model = _classifier("softmax", True, num_layers=2)
-  params = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)   # shapes only
-
-  def intermediates(model):
-    return jax.eval_shape(lambda p: model.apply(p, tokens, capture_intermediates=True,
-                                                mutable="intermediates")[1], params)
-  blocks = intermediates(model)["intermediates"]["encoder"]
-  chex.assert_shape(blocks["encoderblock_0"]["__call__"][0], (3, 13, 16))
-  chex.assert_shape(blocks["encoderblock_1"]["__call__"][0], (3, 1, 16))
-  mean = _classifier("simple", True, "MEAN", num_layers=2)
-  params = jax.eval_shape(mean.init, jax.random.PRNGKey(0), tokens)
-  blocks = intermediates(mean)["intermediates"]["encoder"]
-  chex.assert_shape(blocks["encoderblock_1"]["__call__"][0], (3, 12, 16))
+  assert _block_output_shapes(_classifier("softmax", True, num_layers=2), tokens) == [
+      (3, 13, 16), (3, 1, 16)]
+  assert _block_output_shapes(_classifier("simple", True, "MEAN", num_layers=2), tokens) == [
+      (3, 12, 16), (3, 12, 16)]
 
 
 def test_num_queries_is_not_a_user_option():
@@ -271,22 +276,9 @@ def test_length_multiple_keeps_the_logits_of_every_attention_it_allows():
 
 
 def test_length_multiple_keeps_the_gradients_and_pads_the_blocks():
-  tokens = _tokens()
-  reference = _classifier("simple", False, num_layers=2)
   padded = _classifier("simple", True, num_layers=2, length_multiple=8)   # with CLS-only too
-  params = jax.jit(reference.init)(jax.random.PRNGKey(0), tokens)
-
-  def logits_and_grads(model):
-    loss = lambda p: jnp.sum(jnp.sin(model.apply(p, tokens)))  # noqa: E731
-    return jax.jit(lambda p: (model.apply(p, tokens), jax.grad(loss)(p)))(params)
-  (logits, grads), (logits_ref, grads_ref) = map(logits_and_grads, (padded, reference))
-  chex.assert_trees_all_close(logits, logits_ref, rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_close(grads, grads_ref, rtol=1e-4, atol=1e-6)
-  blocks = jax.eval_shape(lambda p: padded.apply(p, tokens, capture_intermediates=True,
-                                                 mutable="intermediates")[1],
-                          params)["intermediates"]["encoder"]
-  chex.assert_shape(blocks["encoderblock_0"]["__call__"][0], (3, 16, 16))
-  chex.assert_shape(blocks["encoderblock_1"]["__call__"][0], (3, 1, 16))
+  _assert_same_logits_and_grads(padded, _classifier("simple", False, num_layers=2), _tokens())
+  assert _block_output_shapes(padded, _tokens()) == [(3, 16, 16), (3, 1, 16)]
 
 
 @pytest.mark.parametrize("attention_name, kwargs, multiple, message", [
