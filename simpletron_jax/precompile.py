@@ -2,9 +2,10 @@
 
 Batches are padded to a length bucket (``data.bucket``, 128 tokens in the LRA configs), and
 ``jax.pmap`` compiles one program per batch shape the first time it sees it, in the middle of
-the loop and one after another. A grouped ListOps run (``data.group_by_length``) meets all 16
-buckets of its 2000 tokens; the benchmark model's ``simple`` step took 9 to 14 s to compile on an
-H100 (issue 10). ``train.py --precompile_workers N`` finds the shapes first, from the example
+the loop and one after another. In one epoch of the paper ListOps config a grouped run
+(``data.group_by_length``) meets 13 widths and an ungrouped one 6
+(``benchmarks/results/cpu/listops_widths.md``); the benchmark model's ``simple`` step took 9 to
+14 s to compile on an H100 (issue 10). ``train.py --precompile_workers N`` finds the shapes first, from the example
 indices alone, and compiles them in ``N`` threads side by side (XLA compiles with Python's lock
 released); the loop then calls the compiled programs. The function computed is unchanged: the
 same programs run on the same batches.
