@@ -5,10 +5,10 @@ Batches are padded to a length bucket (``data.bucket``, 128 tokens in the LRA co
 the loop and one after another. In one epoch of the paper ListOps config a grouped run
 (``data.group_by_length``) meets 13 widths and an ungrouped one 6
 (``benchmarks/results/cpu/listops_widths.md``); the benchmark model's ``simple`` step took 9 to
-14 s to compile on an H100 (issue 10). ``train.py --precompile_workers N`` finds the shapes first, from the example
-indices alone, and compiles them in ``N`` threads side by side (XLA compiles with Python's lock
-released); the loop then calls the compiled programs. The function computed is unchanged: the
-same programs run on the same batches.
+14 s to compile on an H100 (issue 10). ``train.py --precompile_workers N`` finds the shapes
+first, from the example indices alone, and compiles them in ``N`` threads side by side (XLA
+compiles with Python's lock released); the loop then calls the compiled programs. The function
+computed is unchanged: the same programs run on the same batches.
 
 Which shapes: the train micro-batches from the resume point to the end of the run or of one
 epoch, whichever comes first, and the batches of a validation (``num_eval_steps``) and of the
