@@ -14,9 +14,10 @@
 #             and 16K                                      (7 minutes on an H100, 2026-11-23)
 #   bf16      the benchmark table, bfloat16, 1K..32K, every variant       (stops at 9 minutes)
 #   fp32      the same in float32                                          (stops at 9 minutes)
-#   leads     simple at 4K with and without dropout, and at L + 1 = 4096 against 4097; simple
-#             and softmax_flash at 4K and 16K with model.length_multiple=8; the profile of
-#             softmax_flash on cuDNN (JSONs in leads.tar.gz)        (estimated at 5 minutes)
+#   leads     the pads XLA puts before matmuls at L + 1 = 4096, 4097 and 4097 -> 4104
+#             (hlo_pads.py); simple at 4K with and without dropout, and at L + 1 = 4096 against
+#             4097; simple and softmax_flash at 4K and 16K with model.length_multiple=8; the
+#             profile of softmax_flash on cuDNN (JSONs in leads.tar.gz)  (estimated at 6 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each): the ungrouped run compiles
@@ -123,6 +124,13 @@ case "$part" in
     # 0, same shapes) and the odd length L + 1 (4095 + CLS = 4096 against 4096 + CLS = 4097).
     # Also the profile of softmax_flash on cuDNN, and each cell's phase_s in the JSON.
     # (File names without '=': the device tool returns only letters, digits, '.', '_', '-'.)
+    # First, from the compiled HLO alone: does XLA pad the matmuls at the odd length 4097, and
+    # not at 4096 or with length_multiple=8? (The programs land in the cache the runs below use.)
+    python benchmarks/hlo_pads.py --variant simple --lengths 4095 4096 --dtype bfloat16 \
+      --cache-dir /tmp/jax_cache --out "$work/hlo_pads" >>"$log" 2>&1
+    python benchmarks/hlo_pads.py --variant simple --lengths 4096 --dtype bfloat16 \
+      --set length_multiple=8 --cache-dir /tmp/jax_cache --out "$work/hlo_pads_m8" >>"$log" 2>&1
+    cat "$work/hlo_pads/hlo_pads.md" "$work/hlo_pads_m8/hlo_pads.md" >"$OUT/leads_hlo_pads.md"
     for rate in 0.1 0.0; do
       python benchmarks/speed_memory.py --dtype bfloat16 --variants simple --lengths 4095 4096 \
         --set dropout_rate=$rate --out "$work/dropout_$rate" --cache-dir /tmp/jax_cache \

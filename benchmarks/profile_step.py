@@ -232,12 +232,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{args.steps} traced steps on {device.device_kind} ({device.platform}), "
             f"jax {jax.__version__}" + (f", set {' '.join(args.set)}" if args.set else ""))
   summary["header"] = header
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "profile_summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
   text = summary_text(summary, header)
-  with open(os.path.join(args.out, "profile_summary.txt"), "w") as f:
-    f.write(text)
+  sm.write_json_and_text(args.out, "profile_summary", summary, text, text_ext="txt")
   print(text)
   return summary
 

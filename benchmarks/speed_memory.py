@@ -1061,19 +1061,31 @@ def plot(payload: dict[str, Any], path: str) -> bool:
   return True
 
 
+def write_json_and_text(out_dir: str, stem: str, payload: Any, text: str,
+                        text_ext: str = "md") -> dict[str, str]:
+  """Writes ``<stem>.json`` (``payload``) and ``<stem>.<text_ext>`` (``text``) to ``out_dir``,
+  which is created if missing; the benchmarks' common output pair.
+
+  Returns:
+    ``{"json": path, text_ext: path}``.
+  """
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {"json": os.path.join(out_dir, f"{stem}.json"),
+           text_ext: os.path.join(out_dir, f"{stem}.{text_ext}")}
+  with open(paths["json"], "w") as f:
+    json.dump(payload, f, indent=2)
+  with open(paths[text_ext], "w") as f:
+    f.write(text)
+  return paths
+
+
 def write_outputs(payload: dict[str, Any], out_dir: str) -> dict[str, str]:
   """Writes ``speed_memory.json``, ``.md`` and (if matplotlib is present) ``.png``.
 
   Returns:
     ``{"json", "md", "png"}`` paths (``png`` absent when not written).
   """
-  os.makedirs(out_dir, exist_ok=True)
-  paths = {"json": os.path.join(out_dir, "speed_memory.json"),
-           "md": os.path.join(out_dir, "speed_memory.md")}
-  with open(paths["json"], "w") as f:
-    json.dump(payload, f, indent=2)
-  with open(paths["md"], "w") as f:
-    f.write(markdown_report(payload))
+  paths = write_json_and_text(out_dir, "speed_memory", payload, markdown_report(payload))
   png = os.path.join(out_dir, "speed_memory.png")
   if plot(payload, png):
     paths["png"] = png

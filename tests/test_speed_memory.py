@@ -241,6 +241,39 @@ def _trace(process, lines):
   return {"traceEvents": events}
 
 
+# Optimized GPU HLO in the form XLA prints it: a padded operand fed to a cuBLAS gemm through a
+# fusion, and an unpadded cuBLASLt matmul.
+_PADDED_GEMM_HLO = """
+%fused_computation.3 (param_0.1: bf16[32,4097,64]) -> bf16[32,4104,64] {
+  %param_0.1 = bf16[32,4097,64]{2,1,0} parameter(0)
+  %constant.2 = bf16[] constant(0)
+  ROOT %pad.1 = bf16[32,4104,64]{2,1,0} pad(bf16[32,4097,64]{2,1,0} %param_0.1, bf16[] %constant.2), padding=0_0x0_7x0_0
+}
+
+ENTRY %main.9 (Arg_0.1: bf16[32,4097,64]) -> bf16[32,64,64] {
+  %Arg_0.1 = bf16[32,4097,64]{2,1,0} parameter(0)
+  %loop_pad_fusion = bf16[32,4104,64]{2,1,0} fusion(bf16[32,4097,64]{2,1,0} %Arg_0.1), kind=kLoop, calls=%fused_computation.3
+  %custom-call.1 = (bf16[32,64,64]{2,1,0}, s8[1024]{0}) custom-call(bf16[32,4104,64]{2,1,0} %loop_pad_fusion, bf16[32,4104,64]{2,1,0} %Arg_0.1), custom_call_target="__cublas$gemm"
+  %get-tuple-element.1 = bf16[32,64,64]{2,1,0} get-tuple-element((bf16[32,64,64]{2,1,0}, s8[1024]{0}) %custom-call.1), index=0
+  %custom-call.2 = (bf16[32,64,64]{2,1,0}, s8[1024]{0}) custom-call(bf16[32,64,64]{2,1,0} %get-tuple-element.1, bf16[32,64,64]{2,1,0} %get-tuple-element.1), custom_call_target="__cublas$lt$matmul"
+  ROOT %get-tuple-element.2 = bf16[32,64,64]{2,1,0} get-tuple-element((bf16[32,64,64]{2,1,0}, s8[1024]{0}) %custom-call.2), index=0
+}
+"""
+
+
+def test_hlo_pads_finds_the_padded_gemm_operand():
+  hp = _load_benchmark("hlo_pads")
+  found = hp.count_pads(_PADDED_GEMM_HLO)
+  assert found["matmuls"] == 2
+  assert found["pads"] == [{"computation": "fused_computation.3", "name": "pad.1",
+                            "shape": "bf16[32,4104,64]{2,1,0}", "padding": "0_0x0_7x0_0"}]
+  assert found["padded_matmul_operands"] == [
+      {"matmul": "custom-call.1", "target": "__cublas$gemm", "operand": "loop_pad_fusion"}]
+  text = hp.markdown([{"label": "simple", "positions": 4097, "status": "ok",
+                       **found, "n_pads": 1, "n_padded_matmul_operands": 1}], "h")
+  assert "| `simple` | 4097 | 1 | 1 | 2 | bf16[32,4104,64]{2,1,0} 0_0x0_7x0_0 |" in text
+
+
 def test_profile_counts_each_kernel_once():
   prof = _load_benchmark("profile_step")
   # GPU: kernels on the stream; the module span and the per-op line repeat them.
