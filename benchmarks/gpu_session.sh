@@ -17,7 +17,8 @@
 #   leads     the pads XLA puts before matmuls at L + 1 = 4096, 4097 and 4097 -> 4104
 #             (hlo_pads.py); simple at 4K with and without dropout, and at L + 1 = 4096 against
 #             4097; simple and softmax_flash at 4K and 16K with model.length_multiple=8; the
-#             profile of softmax_flash on cuDNN (JSONs in leads.tar.gz)  (estimated at 6 minutes)
+#             profile of softmax_flash on cuDNN; simple's profile with the op behind each kernel,
+#             with and without length_multiple=8 (JSONs in leads.tar.gz) (estimated at 8 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each): the ungrouped run compiles
@@ -122,7 +123,7 @@ case "$part" in
   leads)
     # What the next speed-ups of simple's step would be worth: its dropout (rate 0.1 against
     # 0, same shapes) and the odd length L + 1 (4095 + CLS = 4096 against 4096 + CLS = 4097).
-    # Also the profile of softmax_flash on cuDNN, and each cell's phase_s in the JSON.
+    # Each cell's phase_s is in the JSON (leads.tar.gz).
     # (File names without '=': the device tool returns only letters, digits, '.', '_', '-'.)
     # First, from the compiled HLO alone: does XLA pad the matmuls at the odd length 4097, and
     # not at 4096 or with length_multiple=8? (The programs land in the cache the runs below use.)
@@ -143,8 +144,18 @@ case "$part" in
       --lengths 4096 16384 --set length_multiple=8 --out "$work/multiple8" \
       --cache-dir /tmp/jax_cache --compile-workers 2 >>"$log" 2>&1
     cp "$work/multiple8/speed_memory.md" "$OUT/leads_multiple8.md"
-    python benchmarks/profile_step.py --variant softmax_flash --length 4096 --dtype bfloat16 \
-      --out "$work/profile_softmax_flash" >>"$log" 2>&1
+    # simple's profile again, now with the JAX op behind each kernel (where do the copies and
+    # transposes come from?), as it is and with length_multiple=8.
+    for set in "dropout_rate=0.1" "length_multiple=8"; do
+      JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache python benchmarks/profile_step.py --variant simple \
+        --length 4096 --dtype bfloat16 --set "$set" --top 40 --out "$work/profile_simple_$set" \
+        >>"$log" 2>&1
+      cat "$work/profile_simple_$set/profile_summary.txt" >>"$OUT/leads_profile_simple.txt"
+    done
+    # Last, as the least urgent if the call runs out of time: softmax_flash on cuDNN.
+    JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache python benchmarks/profile_step.py \
+      --variant softmax_flash --length 4096 --dtype bfloat16 --out "$work/profile_softmax_flash" \
+      >>"$log" 2>&1
     cp "$work/profile_softmax_flash/profile_summary.txt" "$OUT/profile_softmax_flash_4k_bf16.txt"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;

@@ -10,9 +10,10 @@ is read back and every complete event ("ph": "X") on the kernel tracks (GPU stre
 ``XLA Ops`` line, on CPU the XLA thunks) is summed by name. The lines XProf derives from the
 kernels (``XLA Modules``, ``XLA Ops`` beside streams, ...) are not counted again; the
 ``XLA Modules`` line gives the program time per step, gaps included. Writes
-``profile_summary.txt`` (the top ``--top`` kernels with their share of kernel time, and shares
-by kind: matmul, attention, fusions, copies, random bits) and ``profile_summary.json`` to
-``--out``; the raw trace stays in ``--out/trace``.
+``profile_summary.txt`` (the top ``--top`` kernels with their share of kernel time, each with
+the JAX op it comes from, read from the compiled step's HLO metadata, and shares by kind:
+matmul, attention, fusions, copies, random bits) and ``profile_summary.json`` to ``--out``;
+the raw trace stays in ``--out/trace``.
 """
 
 from __future__ import annotations
@@ -167,6 +168,44 @@ def summarize(events: list[dict[str, Any]], steps: int, top: int) -> dict[str, A
   }
 
 
+_NAMED = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*\bop_name=\"([^\"]*)\"")
+
+
+def hlo_sources(hlo_text: str) -> dict[str, str]:
+  """``{kernel name: JAX op path}`` from an optimized HLO module's metadata.
+
+  A GPU kernel is named after its HLO instruction with ``.`` turned into ``_``
+  (``loop_pad_fusion.8`` runs as ``loop_pad_fusion_8``); library kernels (cuBLAS ``nvjet_*``,
+  cuDNN) have no instruction of their name and get no entry.
+
+  Returns:
+    Both spellings of each instruction name with ``metadata={op_name=...}``, mapped to that
+    op_name (e.g. ``pmap(train_step)/.../encoderblock_0/SimpleAttention_0/mul``).
+  """
+  out = {}
+  for line in hlo_text.splitlines():
+    found = _NAMED.match(line)
+    if found:
+      name, op_name = found.groups()
+      out[name] = out[name.replace(".", "_")] = op_name
+  return out
+
+
+def attach_sources(summary: dict[str, Any], sources: dict[str, str]) -> None:
+  """Adds, in place, each top kernel's ``source`` (:func:`hlo_sources`; "" if unknown)."""
+  for kernel in summary["kernels"]:
+    kernel["source"] = sources.get(kernel["name"], "")
+
+
+def _short_source(op_name: str, limit: int = 80) -> str:
+  """``op_name`` from the encoder block on (or its last ``limit`` characters), marked
+  ``backward`` when it comes from the gradient (``transpose(jvp(...))``)."""
+  cut = re.search(r"encoderblock_\d+/.*$", op_name)
+  text = cut.group(0) if cut else op_name
+  text = text if len(text) <= limit else "..." + text[-limit:]
+  return ("backward " if "transpose(jvp" in op_name else "") + text
+
+
 def summary_text(summary: dict[str, Any], header: str) -> str:
   """The ``profile_summary.txt`` table."""
   lines = [header, "", f"kernel time per step: {summary['device_us_per_step'] / 1e3:.2f} ms "
@@ -180,12 +219,18 @@ def summary_text(summary: dict[str, Any], header: str) -> str:
   for k in summary["kernels"]:
     lines.append(f"{100 * k['share']:5.1f}% {k['us_per_step'] / 1e3:8.3f} "
                  f"{k['calls_per_step']:6.1f}  {k['kind']}: {k['name'][:110]}")
+    if k.get("source"):
+      lines.append(f"{'':23}from {_short_source(k['source'])}")
   return "\n".join(lines) + "\n"
 
 
 def profile(variant: str, length: int, dtype: str, batch: int, steps: int, out: str,
-            model_overrides: dict[str, Any] | None = None) -> str:
-  """Compiles, warms up and traces ``steps`` train steps; returns the trace folder."""
+            model_overrides: dict[str, Any] | None = None) -> tuple[str, str]:
+  """Compiles, warms up and traces ``steps`` train steps.
+
+  Returns:
+    ``(trace folder, the compiled step's optimized HLO text)``.
+  """
   setup = sm.variant_setup(variant, length)
   config = sm.lra_text_config(length, setup.attention, setup.attention_kwargs, batch, dtype,
                               {**setup.model_overrides, **(model_overrides or {})})
@@ -196,15 +241,16 @@ def profile(variant: str, length: int, dtype: str, batch: int, steps: int, out: 
   p_train, _ = train_lib.pmap_steps(model.apply)
   data = sm._device_batch(batch, length, jax.local_device_count())
   keys = jax.random.split(jax.random.PRNGKey(1), steps + 2)
+  step = p_train.lower(state, data, keys[0]).compile()   # its HLO names the kernels
   for i in range(2):
-    state, sums = p_train(state, data, keys[i])
+    state, sums = step(state, data, keys[i])
   jax.block_until_ready((state, sums))
   trace_dir = os.path.join(out, "trace")
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     for i in range(steps):
-      state, sums = p_train(state, data, keys[2 + i])
+      state, sums = step(state, data, keys[2 + i])
     jax.block_until_ready((state, sums))
-  return trace_dir
+  return trace_dir, step.as_text()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -220,11 +266,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       help="model.* overrides, as in speed_memory.py")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
-  trace_dir = profile(args.variant, args.length, args.dtype, args.batch, args.steps, args.out,
-                      sm.parse_overrides(args.set))
+  trace_dir, hlo_text = profile(args.variant, args.length, args.dtype, args.batch, args.steps,
+                                args.out, sm.parse_overrides(args.set))
   trace = load_trace(trace_dir)
   events, tracks = device_events(trace)
   summary = summarize(events, args.steps, args.top)
+  attach_sources(summary, hlo_sources(hlo_text))
   summary["tracks"] = tracks
   summary["module_us_per_step"] = module_us_per_step(trace, args.steps)
   device = jax.local_devices()[0]

@@ -301,6 +301,28 @@ def test_profile_counts_each_kernel_once():
     prof.device_events(_trace("/device:GPU:0", {"Launch Stats": [("x", 1.0)]}))
 
 
+def test_profile_names_the_op_each_kernel_comes_from():
+  prof = _load_benchmark("profile_step")
+  hlo = """
+ENTRY %main.9 (Arg_0.1: bf16[8,64]) -> bf16[8,64] {
+  %Arg_0.1 = bf16[8,64]{1,0} parameter(0)
+  %loop_pad_fusion.8 = bf16[8,64]{1,0} fusion(bf16[8,64]{1,0} %Arg_0.1), kind=kLoop, calls=%c.1, metadata={op_name="pmap(train_step)/jit(main)/transpose(jvp(ClassificationEncoder))/encoder/encoderblock_2/SimpleAttention_0/dot_general" source_file="x.py" source_line=3}
+  ROOT %wrapped_transpose.1 = bf16[8,64]{0,1} fusion(bf16[8,64]{1,0} %loop_pad_fusion.8), kind=kInput, calls=%c.2, metadata={op_name="pmap(train_step)/jit(main)/jvp(ClassificationEncoder)/encoder/encoderblock_0/MlpBlock_0/mul"}
+}
+"""
+  sources = prof.hlo_sources(hlo)
+  assert sources["loop_pad_fusion_8"] == sources["loop_pad_fusion.8"]
+  summary = {"device_us_per_step": 3.0, "kinds": {"fusion (elementwise)": 1.0},
+             "kernels": [{"name": n, "kind": "fusion (elementwise)", "us_per_step": 1.0,
+                          "share": 1 / 3, "calls_per_step": 1.0}
+                         for n in ("loop_pad_fusion_8", "wrapped_transpose_1", "nvjet_sm90")]}
+  prof.attach_sources(summary, sources)
+  assert [k["source"] == "" for k in summary["kernels"]] == [False, False, True]
+  text = prof.summary_text(summary, "h")
+  assert "from backward encoderblock_2/SimpleAttention_0/dot_general" in text
+  assert "from encoderblock_0/MlpBlock_0/mul" in text
+
+
 def test_attention_op_candidates_compute_the_same_function():
   aop = _load_benchmark("attention_op")
   q, k, v, dy, mask = aop.inputs(batch=3, length=12, heads=2, head_dim=8, dtype="float32")
