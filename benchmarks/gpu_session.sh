@@ -16,9 +16,10 @@
 #   fp32      the same in float32                                          (stops at 9 minutes)
 #   leads     the pads XLA puts before matmuls at L + 1 = 4096, 4097 and 4097 -> 4104
 #             (hlo_pads.py); simple at 4K with and without dropout, and at L + 1 = 4096 against
-#             4097; simple and softmax_flash at 4K and 16K with model.length_multiple=8; the
-#             profile of softmax_flash on cuDNN; simple's profile with the op behind each kernel,
-#             with and without length_multiple=8 (JSONs in leads.tar.gz) (estimated at 8 minutes)
+#             4097; simple and softmax_flash at 4K and 16K with model.length_multiple=8
+#             (JSONs in leads.tar.gz)                                (estimated at 5 minutes)
+#   profiles  simple's profile at 4K with the op behind each kernel, with and without
+#             length_multiple=8; the profile of softmax_flash on cuDNN  (estimated at 3 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each): the ungrouped run compiles
@@ -32,15 +33,16 @@
 # carry [".whl", ".bench_resume"].
 # Measured on 2026-11-23 (benchmarks/results/nvidia-h100-80gb-hbm3/README.md): check is done
 # (rerun its test after changing a fast path); a benchmark cell takes 12 to 46 s uncached,
-# mostly compiling and setting up, so the bf16 table needs several calls. Next order: leads,
-# listops, bf16 (resumed), fp32.
+# mostly compiling and setting up, so the bf16 table needs several calls (cells now compile 8
+# side by side, not yet measured on a GPU). Next order: leads, profiles, listops, bf16
+# (resumed), fp32.
 # Chain the calls: the machine is handed back 30 s after a call ends, and a fresh one starts
 # bare (no compilation cache, no generated ListOps). Logs of the long steps are cut to their
 # tails, because the device tool returns no file over 16 MiB.
 # Everything is written under $OUT (default /tmp/gpu_session): at most 8 files per part, as
 # the device tool returns them; each part also packs its folder into <part>.tar.gz.
 set -uo pipefail
-part=${1:?usage: bash benchmarks/gpu_session.sh check|leads|bf16|fp32|listops}
+part=${1:?usage: bash benchmarks/gpu_session.sh check|leads|profiles|bf16|fp32|listops}
 OUT=${OUT:-/tmp/gpu_session}
 work=/tmp/gpu_session_work/$part
 mkdir -p "$OUT" "$work"
@@ -144,15 +146,17 @@ case "$part" in
       --lengths 4096 16384 --set length_multiple=8 --out "$work/multiple8" \
       --cache-dir /tmp/jax_cache --compile-workers 2 >>"$log" 2>&1
     cp "$work/multiple8/speed_memory.md" "$OUT/leads_multiple8.md"
+    ;;
+  profiles)
     # simple's profile again, now with the JAX op behind each kernel (where do the copies and
     # transposes come from?), as it is and with length_multiple=8.
     for set in "dropout_rate=0.1" "length_multiple=8"; do
       JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache python benchmarks/profile_step.py --variant simple \
         --length 4096 --dtype bfloat16 --set "$set" --top 40 --out "$work/profile_simple_$set" \
         >>"$log" 2>&1
-      cat "$work/profile_simple_$set/profile_summary.txt" >>"$OUT/leads_profile_simple.txt"
+      cat "$work/profile_simple_$set/profile_summary.txt" >>"$OUT/profile_simple_sources.txt"
     done
-    # Last, as the least urgent if the call runs out of time: softmax_flash on cuDNN.
+    # Then softmax_flash on cuDNN.
     JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache python benchmarks/profile_step.py \
       --variant softmax_flash --length 4096 --dtype bfloat16 --out "$work/profile_softmax_flash" \
       >>"$log" 2>&1
