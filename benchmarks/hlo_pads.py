@@ -130,7 +130,11 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-  """Command line: counts the pads for each length and writes the two files."""
+  """Command line: counts the pads for each length and writes the two files.
+
+  Raises:
+    SystemExit: (after writing them) if no length compiled.
+  """
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--variant", default="simple", help="a speed_memory.py row label")
   parser.add_argument("--lengths", nargs="+", type=int, default=[4095, 4096])
@@ -151,8 +155,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"jax {jax.__version__}" + (f", set {' '.join(args.set)}" if args.set else "")
             + f". Command: `python benchmarks/hlo_pads.py {' '.join(argv or sys.argv[1:])}`")
   text = markdown(rows, header)
-  sm.write_json_and_text(args.out, "hlo_pads", {"header": header, "rows": rows}, text)
+  paths = sm.write_json_and_text(args.out, "hlo_pads", {"header": header, "rows": rows}, text)
   print(text)
+  if not any(r["status"] == "ok" for r in rows):
+    raise SystemExit(f"hlo_pads: no cell compiled; the reasons are in {paths['md']}")
   return rows
 
 

@@ -491,16 +491,16 @@ def prepare_cell(label: str, length: int, batch: int, dtype: str,
     model = models.build_classifier(config.model, vocab_size=BYTE_VOCAB,
                                     num_classes=NUM_CLASSES)
     rng = jax.random.PRNGKey(config.seed)
-    create = jax.jit(lambda r: train_lib.create_train_state(config, model, r))
-    state_shapes = jax.eval_shape(create, rng)
+    start = time.perf_counter()
+    lowered_init = jax.jit(lambda r: train_lib.create_train_state(config, model, r)).lower(rng)
+    state_shapes = lowered_init.out_info   # the train state's shapes, traced once
     state_bytes = _tree_bytes(state_shapes)
     record["train_state_bytes"] = state_bytes
     if max_memory_bytes and state_bytes * host_share > max_memory_bytes:
       record.update(status="OOM", reason=f"train state {state_bytes / GIB:.2f} GiB x "
                     f"{host_share} exceeds the memory limit {max_memory_bytes / GIB:.2f} GiB")
       return record, None
-    start = time.perf_counter()
-    init = create.lower(rng).compile()
+    init = lowered_init.compile()
     record["phase_s"]["init_compile"] = time.perf_counter() - start
     state = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct((n_dev, *x.shape), x.dtype), state_shapes)
@@ -613,8 +613,8 @@ def measure_config(label: str, length: int, batch: int, dtype: str, steps: int,
     or ``"error"``), ``reason``; once compiled ``compile_s`` (lowering and compiling the
     step), ``memory_analysis``, ``flops_per_step_per_device`` (analytic, :mod:`flops`),
     ``flop_count``, ``xla_cost_analysis_flops``, ``fallbacks`` (the softmax module's
-    fallback reasons), ``phase_s`` (seconds spent on ``init_compile``: compiling the train
-    state's init; ``flop_count``; ``init``: running it; ``warmup``: the first step;
+    fallback reasons), ``phase_s`` (seconds spent on ``init_compile``: tracing and compiling
+    the train state's init; ``flop_count``; ``init``: running it; ``warmup``: the first step;
     ``timed``: the timed runs; with ``compile_s`` and the record's ``wall_s`` they say where a
     cell's time goes); for ``ok`` also ``median_s_per_step``, ``steps_per_sec``,
     ``step_times_s`` (per-step seconds of each timed run), ``memory_bytes`` (the compiled
@@ -1168,7 +1168,12 @@ def enable_compilation_cache(path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-  """Runs the benchmark from the command line, writes the outputs, prints the tables."""
+  """Runs the benchmark from the command line, writes the outputs, prints the tables.
+
+  Raises:
+    SystemExit: (after writing the outputs) if every cell failed or was skipped, so a run
+      that measured nothing does not exit 0.
+  """
   args = parse_args(argv)
   enable_compilation_cache(args.cache_dir)
   out = args.out or os.path.join(ROOT, "benchmarks", "results", "{device}")
@@ -1194,6 +1199,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   print("wrote " + ", ".join(paths.values()), file=sys.stderr)
   if "png" not in paths:
     print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+  if not any(r["status"] in ("ok", "OOM") for r in payload["results"]):
+    raise SystemExit(f"speed_memory: no cell ran or was found out of memory; the reasons are "
+                     f"in {paths['md']}")
   return payload
 
 

@@ -54,9 +54,10 @@ class Encoder(nn.Module):
     length_multiple: pads the sequence (CLS included) with masked positions at the end to a
       multiple of this before the blocks. LRA's lengths with CLS are odd (2001, 4001, 1025),
       and on Ampere and newer GPUs XLA pads both matrix dimensions of each bfloat16 cuBLAS
-      matmul to a multiple of 8 (``CublasPadForGemms``) in every step instead. The outputs are unchanged (allowed only for the attentions in
-      :data:`LENGTH_PADDING_EXACT`, see :func:`validate_model_config`); dropout masks in the
-      blocks are drawn for the longer shape. 1: no padding (LRA).
+      matmul to a multiple of 8 (``CublasPadForGemms``) in every step instead. The outputs
+      are unchanged (allowed only for the attentions in :data:`LENGTH_PADDING_EXACT`, see
+      :func:`validate_model_config`); dropout masks in the blocks are drawn for the longer
+      shape. 1: no padding (LRA).
     dtype: activation dtype, e.g. ``jnp.float32`` or ``jnp.bfloat16``.
 
   Call: ``(tokens_BxL int, mask_BxL bool | None, deterministic) -> [B, E]``

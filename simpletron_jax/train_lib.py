@@ -781,16 +781,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   p_train, p_eval = pmap_steps(state.apply_fn)
   state_repl = flax.jax_utils.replicate(state)
   schedule = make_schedule(config)
-  train_fn, eval_fn, precompiled = p_train, p_eval, {}
+  train_programs, eval_fn, precompiled = {}, p_eval, {}   # {batch_shape_key: program}
   if precompile_workers:
     from simpletron_jax import precompile  # pylint: disable=import-outside-toplevel  (a cycle)
-    train_fn, eval_fn, precompiled = precompile.precompile_steps(
+    train_steps, eval_fn, precompiled = precompile.precompile_steps(
         p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers)
     logger.write(start_step, precompiled, "info")
     print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
           f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
           f"{precompiled['precompile_seconds']:.1f} s ({precompile_workers} threads)",
           file=sys.stderr)
+    train_programs = train_steps.compiled
   batches = train_batches(data.train, config, start_step * accum)
   window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
   window_sums, window_steps = [], 0
@@ -798,7 +799,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   window_start, window_excluded = time.time(), 0.0
   # Each new batch shape (a length bucket) compiles its own step inside p_train's call; that
   # call's time is logged as compile_seconds, and steps/s is also given without it.
-  seen_shapes = set(getattr(train_fn, "compiled", ()))   # precompiled shapes count as seen
+  seen_shapes = set(train_programs)   # precompiled shapes count as seen
   window_compile_s, window_new_shapes, compile_s_this_run, loop_shapes = 0.0, 0, 0.0, 0
   val_majority = None   # majority rate of the examples the last validation read
   train_seconds = float(meta["train_seconds"])
@@ -812,12 +813,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       batch = shard(next(batches), n_dev)
       rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
       shapes = batch_shape_key(batch)
+      step_fn = train_programs.get(shapes, p_train)
       if shapes in seen_shapes:
-        state_repl, sums = train_fn(state_repl, batch, rng)
+        state_repl, sums = step_fn(state_repl, batch, rng)
       else:   # drain the queue first, so the call's time is the compile's alone
         jax.block_until_ready(state_repl)
         call_start = time.time()
-        state_repl, sums = train_fn(state_repl, batch, rng)
+        state_repl, sums = step_fn(state_repl, batch, rng)
         seen_shapes.add(shapes)
         window_compile_s += time.time() - call_start
         window_new_shapes += 1

@@ -187,6 +187,19 @@ def test_run_seconds_cuts_the_runs_of_slow_cells_only():
     sm.run_benchmark(labels=["simple"], lengths=[32], run_seconds=-1.0)
 
 
+def test_a_run_that_measured_nothing_does_not_exit_0(tmp_path):
+  # Every cell fails validation at once (length_multiple is refused for Linformer).
+  bad = ["--set", "length_multiple=8", "--lengths", "32", "--batch", "2", "--cache-dir", ""]
+  with pytest.raises(SystemExit, match="speed_memory: no cell ran"):
+    sm.main(["--variants", "linformer", "--steps", "1", "--rounds", "1", "--matmul-n", "64",
+             "--out", str(tmp_path / "sm"), *bad])
+  assert os.path.exists(tmp_path / "sm" / "speed_memory.md")   # the reasons are written
+  with pytest.raises(SystemExit, match="hlo_pads: no cell compiled"):
+    _load_benchmark("hlo_pads").main(["--variant", "linformer", "--out",
+                                      str(tmp_path / "hp"), *bad])
+  assert os.path.exists(tmp_path / "hp" / "hlo_pads.md")
+
+
 def test_a_cell_that_failed_beside_others_is_prepared_again_alone(monkeypatch):
   calls = []
 
