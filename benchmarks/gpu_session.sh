@@ -20,6 +20,10 @@
 #             (JSONs in leads.tar.gz)                                (estimated at 5 minutes)
 #   profiles  simple's profile at 4K with the op behind each kernel, with and without
 #             length_multiple=8; the profile of softmax_flash on cuDNN  (estimated at 3 minutes)
+#   torch     PyTorch's speed on the same model and batch (benchmarks/torch_step.py: SDPA
+#             softmax and simple, eager and torch.compile, 1K/4K/16K) beside the JAX rows
+#             softmax_flash and simple measured just before in the same call, with the ratios
+#                                                                  (estimated at 7 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each): the ungrouped run compiles
@@ -34,7 +38,7 @@
 # Measured on 2026-11-23 (benchmarks/results/nvidia-h100-80gb-hbm3/README.md): check is done
 # (rerun its test after changing a fast path); a benchmark cell takes 12 to 46 s uncached,
 # mostly compiling and setting up, so the bf16 table needs several calls (cells now compile 8
-# side by side, not yet measured on a GPU). Next order: leads, profiles, listops, bf16
+# side by side, not yet measured on a GPU). Next order: leads, profiles, torch, listops, bf16
 # (resumed), fp32.
 # Chain the calls: the machine is handed back 30 s after a call ends, and a fresh one starts
 # bare (no compilation cache, no generated ListOps). Logs of the long steps are cut to their
@@ -42,7 +46,7 @@
 # Everything is written under $OUT (default /tmp/gpu_session): at most 8 files per part, as
 # the device tool returns them; each part also packs its folder into <part>.tar.gz.
 set -uo pipefail
-part=${1:?usage: bash benchmarks/gpu_session.sh check|leads|profiles|bf16|fp32|listops}
+part=${1:?usage: bash benchmarks/gpu_session.sh check|leads|profiles|torch|bf16|fp32|listops}
 OUT=${OUT:-/tmp/gpu_session}
 work=/tmp/gpu_session_work/$part
 mkdir -p "$OUT" "$work"
@@ -161,6 +165,21 @@ case "$part" in
       --variant softmax_flash --length 4096 --dtype bfloat16 --out "$work/profile_softmax_flash" \
       >>"$log" 2>&1
     cp "$work/profile_softmax_flash/profile_summary.txt" "$OUT/profile_softmax_flash_4k_bf16.txt"
+    ;;
+  torch)
+    # The JAX rows first (their own process, which frees the GPU when it exits), then PyTorch.
+    # torch_step rewrites its outputs after every cell, so a run stopped by its limit keeps them.
+    timeout 200 python benchmarks/speed_memory.py --dtype bfloat16 --variants softmax_flash simple \
+      --lengths 1024 4096 16384 --out "$work/jax" --cache-dir /tmp/jax_cache --compile-workers 8 \
+      --run-seconds 2 >>"$log" 2>&1
+    echo "speed_memory exit $?" >>"$log"
+    jax_results=()
+    [ -f "$work/jax/speed_memory.json" ] && jax_results=(--jax-results "$work/jax/speed_memory.json")
+    timeout 330 python benchmarks/torch_step.py --dtype bfloat16 --lengths 1024 4096 16384 \
+      --run-seconds 2 "${jax_results[@]}" --out "$work/torch" >>"$log" 2>&1
+    echo "torch_step exit $? (124 = stopped by the time limit)" >>"$log"
+    cp "$work/jax/speed_memory.md" "$OUT/torch_part_jax_rows.md" 2>/dev/null
+    cp "$work/torch"/torch_step.{json,md} "$OUT"/ 2>/dev/null
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac

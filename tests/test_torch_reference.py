@@ -1,0 +1,148 @@
+"""The PyTorch reference model of benchmarks/torch_step.py computes the JAX model's function.
+
+Skipped where PyTorch is not installed; `.ci/run` installs it (the CPU build).
+"""
+
+import json
+import os
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+
+import speed_memory  # noqa: E402
+import torch_step  # noqa: E402
+
+from simpletron_jax import models, train_lib  # noqa: E402
+
+TINY = {"emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_layers": 2}
+LENGTH = 12
+
+
+def _jax_model(kind: str):
+  setup = speed_memory.variant_setup(kind, LENGTH)
+  config = speed_memory.lra_text_config(LENGTH, setup.attention, setup.attention_kwargs, 3,
+                                        "float32", TINY)
+  return models.build_classifier(config.model, vocab_size=speed_memory.BYTE_VOCAB,
+                                 num_classes=speed_memory.NUM_CLASSES)
+
+
+def test_the_torch_model_has_the_benchmark_model_sizes():
+  model = speed_memory.lra_text_config(1024, "simple", {}, 32, "bfloat16").model
+  assert {k: model[k] for k in torch_step.MODEL} == torch_step.MODEL
+
+
+@pytest.mark.parametrize("kind", ["softmax", "simple"])
+def test_torch_logits_and_gradients_equal_jax_with_padding(kind):
+  """Same parameters, a padded batch, no dropout: the logits, the loss and the gradient of
+  every parameter agree in float32."""
+  model = _jax_model(kind)
+  rng = np.random.default_rng(1)
+  lengths = np.array([LENGTH, 7, 3])
+  tokens = rng.integers(1, speed_memory.BYTE_VOCAB, (3, LENGTH)).astype(np.int32)
+  tokens[np.arange(LENGTH)[None, :] >= lengths[:, None]] = 0
+  mask = tokens > 0
+  targets = np.array([0, 1, 1], np.int32)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.asarray(tokens))["params"]
+  # Move every parameter off its initial value (zero CLS, 1e-6 biases, unit LayerNorm scales),
+  # so a parameter loaded into the wrong place cannot go unnoticed; on the host, not op by op.
+  params = jax.tree_util.tree_map(
+      lambda leaf: np.asarray(leaf) + rng.normal(0.0, 0.3, leaf.shape).astype(np.float32),
+      params)
+
+  def loss_of(p):
+    logits = model.apply({"params": p}, jnp.asarray(tokens), jnp.asarray(mask),
+                         deterministic=True)
+    sums = train_lib.metric_sums(logits, jnp.asarray(targets), jnp.ones(3))
+    return sums["loss"] / sums["count"], logits
+
+  (loss, logits), grads = jax.jit(jax.value_and_grad(loss_of, has_aux=True))(params)
+
+  reference = torch_step.TextClassifier(kind, speed_memory.BYTE_VOCAB,
+                                        speed_memory.NUM_CLASSES, LENGTH, dropout_rate=0.1,
+                                        **TINY)
+  torch_step.load_flax_params(reference, params)
+  reference.eval()
+  torch_logits = reference(torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(mask))
+  torch_loss = torch.nn.functional.cross_entropy(torch_logits,
+                                                 torch.from_numpy(targets.astype(np.int64)))
+  torch_loss.backward()
+  chex.assert_shape(torch_logits, (3, speed_memory.NUM_CLASSES))
+  np.testing.assert_allclose(torch_logits.detach().numpy(), np.asarray(logits), rtol=1e-4,
+                             atol=1e-5)
+  np.testing.assert_allclose(torch_loss.item(), float(loss), rtol=1e-5)
+
+  # The JAX gradients, loaded into a second copy through the same mapping, against .grad.
+  expected = torch_step.TextClassifier(kind, speed_memory.BYTE_VOCAB, speed_memory.NUM_CLASSES,
+                                       LENGTH, **TINY)
+  torch_step.load_flax_params(expected, grads)
+  got = dict(reference.named_parameters())
+  for name, value in expected.named_parameters():
+    assert got[name].grad is not None, name
+    np.testing.assert_allclose(got[name].grad.numpy(), value.detach().numpy(), rtol=1e-3,
+                               atol=1e-5, err_msg=name)
+
+
+def test_a_wrong_parameter_tree_is_refused():
+  reference = torch_step.TextClassifier("simple", speed_memory.BYTE_VOCAB, 2, LENGTH, **TINY)
+  params = jax.eval_shape(_jax_model("simple").init, jax.random.PRNGKey(0),
+                          jnp.ones((1, LENGTH), jnp.int32))["params"]
+  wide = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), params)
+  wide["head_logits"]["kernel"] = np.zeros((TINY["mlp_dim"], 3), np.float32)
+  with pytest.raises(ValueError, match="does not fit"):
+    torch_step.load_flax_params(reference, wide)
+
+
+def test_the_benchmark_writes_rows_and_ratios_against_jax(tmp_path):
+  """Eager rows at one length on CPU; the JAX row read from a speed_memory payload is divided
+  by the fastest PyTorch row of each attention."""
+  jax_path = tmp_path / "speed_memory.json"
+  jax_path.write_text(json.dumps({"results": [
+      {"label": "simple", "length": 16, "status": "ok", "steps_per_sec": 3.0},
+      {"label": "softmax_flash", "length": 16, "status": "OOM"}]}))
+  payload = torch_step.main(["--lengths", "16", "--batch", "2", "--modes", "eager",
+                             "--steps", "2", "--rounds", "1", "--dtype", "float32",
+                             "--jax-results", str(jax_path), "--out", str(tmp_path)])
+  records = {r["label"]: r for r in payload["records"]}
+  assert set(records) == {"torch_softmax_eager", "torch_simple_eager"}
+  for record in records.values():
+    assert record["status"] == "ok", record
+    assert record["steps_per_run"] == 2 and len(record["step_times_s"]) == 1
+    assert np.isfinite(record["final_loss"])
+  text = (tmp_path / "torch_step.md").read_text()
+  softmax_ratio = 3.0 / records["torch_softmax_eager"]["steps_per_sec"]
+  simple_ratio = 3.0 / records["torch_simple_eager"]["steps_per_sec"]
+  row = next(line for line in text.splitlines() if line.startswith("| `simple` |"))
+  cells = [cell.strip() for cell in row.strip("| ").split("|")]
+  assert cells[1:] == ["3", f"{softmax_ratio:.2f}x", f"{simple_ratio:.2f}x"]
+  assert "softmax_flash" not in text   # no ok cell, no row
+  assert json.loads((tmp_path / "torch_step.json").read_text())["records"] == payload["records"]
+
+
+def test_the_report_gives_gpu_memory_and_the_failed_cells():
+  """A GPU payload (peak memory recorded) with an OOM cell and the row it stopped."""
+  def cell(label, length, status, **fields):
+    kind = label.split("_")[1]
+    return {"label": label, "attention": kind, "length": length, "status": status,
+            "reason": "CUDA out of memory" if status == "OOM" else "", **fields}
+  payload = {"command": "python benchmarks/torch_step.py", "created": "2026-11-23",
+             "machine": {"device_type": "cuda", "device_name": "GPU", "torch": "2.11.0",
+                         "cuda": "13.0", "cudnn": 91000},
+             "settings": {"lengths": [1024, 4096], "dtype": "bfloat16", "batch": 32,
+                          "rounds": 3, "steps": 10, "run_seconds": 2.0,
+                          "attention_dropout": 0.0, "jax_results": None},
+             "records": [cell("torch_softmax_eager", 1024, "ok", steps_per_sec=80.0,
+                              peak_bytes=2 * torch_step.GIB),
+                         cell("torch_softmax_eager", 4096, "OOM")],
+             "jax_results": None}
+  lines = torch_step.markdown_report(payload).splitlines()
+  assert "| row | steps/s 1024 | steps/s 4096 | peak GiB 1024 | peak GiB 4096 | " in lines
+  assert "| `torch_softmax_eager` | 80 | OOM | 2.00 |  | " in lines
+  assert "- `torch_softmax_eager` at 4096: OOM, CUDA out of memory" in lines
