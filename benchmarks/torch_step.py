@@ -261,7 +261,8 @@ def load_flax_params(model: TextClassifier, params: dict[str, Any]) -> None:
   dense(model.head_logits, params["head_logits"])
 
 
-def make_step(model: TextClassifier, mode: str, dtype: str, device: torch.device
+def make_step(model: TextClassifier, mode: str, dtype: str, device: torch.device,
+              compile_mode: str = "default"
               ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
   """One training step of ``model``: forward, cross-entropy, backward, AdamW.
 
@@ -270,6 +271,8 @@ def make_step(model: TextClassifier, mode: str, dtype: str, device: torch.device
     mode: ``"eager"`` or ``"compile"`` (``torch.compile`` of forward and loss, static shapes).
     dtype: ``"float32"`` or ``"bfloat16"`` (``torch.autocast``).
     device: where the model lives.
+    compile_mode: ``torch.compile``'s ``mode`` in ``compile`` mode: ``"default"``,
+      ``"reduce-overhead"`` (CUDA graphs) or ``"max-autotune"``.
 
   Returns:
     ``step(tokens_BxL, targets_B) -> loss`` (a 0-d float32 tensor on the device).
@@ -289,7 +292,8 @@ def make_step(model: TextClassifier, mode: str, dtype: str, device: torch.device
       logits_BxC = model(tokens_BxL)
     return F.cross_entropy(logits_BxC.float(), targets_B)
 
-  forward = torch.compile(loss_fn, dynamic=False) if mode == "compile" else loss_fn
+  forward = (torch.compile(loss_fn, dynamic=False, mode=compile_mode) if mode == "compile"
+             else loss_fn)
 
   def step(tokens_BxL, targets_B):
     loss = forward(tokens_BxL, targets_B)
@@ -313,7 +317,8 @@ def _is_oom(error: BaseException) -> bool:
 
 def measure(kind: str, mode: str, length: int, batch: int, dtype: str, steps: int, rounds: int,
             device: torch.device, run_seconds: float = 0.0, attention_dropout: float = 0.0,
-            model_sizes: dict[str, Any] | None = None) -> dict[str, Any]:
+            model_sizes: dict[str, Any] | None = None,
+            compile_mode: str = "default") -> dict[str, Any]:
   """Steps/s and peak memory of one (attention, mode, length) cell.
 
   Args:
@@ -329,6 +334,7 @@ def measure(kind: str, mode: str, length: int, batch: int, dtype: str, steps: in
       :func:`speed_memory.steps_per_run` steps.
     attention_dropout: ``softmax``'s attention dropout.
     model_sizes: :data:`MODEL` fields to replace (tests shrink the model).
+    compile_mode: see :func:`make_step`.
 
   Returns:
     A record: ``label`` (``torch_<kind>_<mode>``), ``status`` (``ok``, ``OOM`` or ``error``),
@@ -349,7 +355,7 @@ def measure(kind: str, mode: str, length: int, batch: int, dtype: str, steps: in
                                   speed_memory.BYTE_VOCAB, 1, speed_memory.NUM_CLASSES)
     tokens = torch.from_numpy(host["inputs"][0].astype(np.int64)).to(device)
     targets = torch.from_numpy(host["targets"][0].astype(np.int64)).to(device)
-    step = make_step(model, mode, dtype, device)
+    step = make_step(model, mode, dtype, device, compile_mode)
     if device.type == "cuda":
       torch.cuda.empty_cache()
       torch.cuda.reset_peak_memory_stats(device)
@@ -405,8 +411,8 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 def run(kinds, modes, lengths, batch: int, dtype: str, steps: int, rounds: int,
         device: torch.device, run_seconds: float = 0.0, attention_dropout: float = 0.0,
         model_sizes: dict[str, Any] | None = None,
-        on_record: Callable[[list[dict[str, Any]]], None] | None = None
-        ) -> list[dict[str, Any]]:
+        on_record: Callable[[list[dict[str, Any]]], None] | None = None,
+        compile_mode: str = "default") -> list[dict[str, Any]]:
   """Every (attention, mode) row at every length, shortest first; a row stops at its first
   ``OOM`` (its longer lengths get ``skipped`` records). Arguments as :func:`measure`;
   ``on_record(records so far)`` is called after each cell (progress and partial outputs)."""
@@ -420,7 +426,7 @@ def run(kinds, modes, lengths, batch: int, dtype: str, steps: int, rounds: int,
                     "reason": "OOM at a shorter length"}
         else:
           record = measure(kind, mode, length, batch, dtype, steps, rounds, device,
-                           run_seconds, attention_dropout, model_sizes)
+                           run_seconds, attention_dropout, model_sizes, compile_mode)
         if record["status"] == "OOM":
           stopped.add((kind, mode))
         records.append(record)
@@ -470,7 +476,8 @@ def markdown_report(payload: dict[str, Any]) -> str:
            + f"; {payload['created']}. Median of {settings['rounds']} runs of up to "
            f"{settings['steps']} steps"
            + (f" (about {settings['run_seconds']} s each)" if settings["run_seconds"] else "")
-           + f"; softmax attention dropout {settings['attention_dropout']}.", ""]
+           + f"; softmax attention dropout {settings['attention_dropout']}; torch.compile mode "
+           f"{settings.get('compile_mode', 'default')}.", ""]
   by_cell = {(r["label"], r["length"]): r for r in records}
   with_memory = any(r.get("peak_bytes") for r in records)
   lines += ["| row | " + " | ".join(f"steps/s {n}" for n in lengths) + " | "
@@ -524,6 +531,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="cut a slow cell's runs to about this many seconds (0: off)")
   parser.add_argument("--attention-dropout", type=float, default=0.0,
                       help="softmax's attention dropout (0: as speed_memory's softmax_flash)")
+  parser.add_argument("--compile-mode", default="default",
+                      choices=("default", "reduce-overhead", "max-autotune"),
+                      help="torch.compile's mode for the compile rows")
   parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
   parser.add_argument("--jax-results", default=None,
                       help="a speed_memory.json measured just before on the same machine, for "
@@ -586,7 +596,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
   records = run(args.attentions, args.modes, sorted(args.lengths), args.batch, args.dtype,
                 args.steps, args.rounds, device, args.run_seconds, args.attention_dropout,
-                on_record=on_record)
+                on_record=on_record, compile_mode=args.compile_mode)
   paths = write(records)
   print(markdown_report(payload))
   print("wrote", ", ".join(paths.values()))
