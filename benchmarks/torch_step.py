@@ -8,8 +8,8 @@ Speed is judged against the fastest alternative a user has, and for softmax atte
 GPU that includes PyTorch's ``scaled_dot_product_attention`` (flash attention). This script
 trains the model of :mod:`speed_memory` (LRA's byte-level text classifier: 4 layers, emb 256,
 4 heads, qkv 256, mlp 1024, byte vocabulary 257, 2 classes, CLS pooling, sinusoidal positions,
-dropout 0.1, AdamW) written in PyTorch, so that its rows and the JAX rows come from one device
-call. Two attentions:
+dropout 0.1 (``--dropout``), AdamW) written in PyTorch, so that its rows and the JAX rows come
+from one device call. Two attentions:
 
 * ``softmax``: ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch picks the
   kernel: flash attention or cuDNN on an H100 when no mask is given), then the output
@@ -476,7 +476,8 @@ def markdown_report(payload: dict[str, Any]) -> str:
            + f"; {payload['created']}. Median of {settings['rounds']} runs of up to "
            f"{settings['steps']} steps"
            + (f" (about {settings['run_seconds']} s each)" if settings["run_seconds"] else "")
-           + f"; softmax attention dropout {settings['attention_dropout']}; torch.compile mode "
+           + f"; dropout {settings.get('dropout', MODEL['dropout_rate'])}, softmax attention "
+           f"dropout {settings['attention_dropout']}; torch.compile mode "
            f"{settings.get('compile_mode', 'default')}.", ""]
   by_cell = {(r["label"], r["length"]): r for r in records}
   with_memory = any(r.get("peak_bytes") for r in records)
@@ -529,6 +530,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--rounds", type=int, default=3, help="timed runs per cell")
   parser.add_argument("--run-seconds", type=float, default=0.0,
                       help="cut a slow cell's runs to about this many seconds (0: off)")
+  parser.add_argument("--dropout", type=float, default=MODEL["dropout_rate"],
+                      help="embedding, residual and MLP dropout (speed_memory's "
+                      "--set dropout_rate=...)")
   parser.add_argument("--attention-dropout", type=float, default=0.0,
                       help="softmax's attention dropout (0: as speed_memory's softmax_flash)")
   parser.add_argument("--compile-mode", default="default",
@@ -546,6 +550,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
       parser.error(f"{flag} must be at least 1, got {value}")
   if min(args.lengths) < 1:
     parser.error(f"--lengths must be positive, got {args.lengths}")
+  for flag, rate in (("--dropout", args.dropout), ("--attention-dropout",
+                                                   args.attention_dropout)):
+    if not 0.0 <= rate < 1.0:
+      parser.error(f"{flag} must be in [0, 1), got {rate}")
   return args
 
 
@@ -579,7 +587,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "wall_s": 0.0, "machine": machine_info(device),
       "settings": {**{k: v for k, v in vars(args).items() if k != "out"},
-                   "lengths": sorted(args.lengths), "model": MODEL,
+                   "lengths": sorted(args.lengths),
+                   "model": {**MODEL, "dropout_rate": args.dropout},
                    "learning_rate": LEARNING_RATE, "adam": ADAM},
       "records": [], "jax_results": jax_payload}
 
@@ -596,7 +605,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
   records = run(args.attentions, args.modes, sorted(args.lengths), args.batch, args.dtype,
                 args.steps, args.rounds, device, args.run_seconds, args.attention_dropout,
-                on_record=on_record, compile_mode=args.compile_mode)
+                {"dropout_rate": args.dropout}, on_record=on_record,
+                compile_mode=args.compile_mode)
   paths = write(records)
   print(markdown_report(payload))
   print("wrote", ", ".join(paths.values()))

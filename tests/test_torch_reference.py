@@ -146,3 +146,11 @@ def test_the_report_gives_gpu_memory_and_the_failed_cells():
   assert "| row | steps/s 1024 | steps/s 4096 | peak GiB 1024 | peak GiB 4096 | " in lines
   assert "| `torch_softmax_eager` | 80 | OOM | 2.00 |  | " in lines
   assert "- `torch_softmax_eager` at 4096: OOM, CUDA out of memory" in lines
+
+
+@pytest.mark.parametrize("flags", [["--dropout", "1.0"], ["--attention-dropout", "-0.1"],
+                                   ["--steps", "0"]])
+def test_bad_flags_are_refused(flags, capsys):
+  with pytest.raises(SystemExit):
+    torch_step.parse_args(flags)
+  assert flags[0] in capsys.readouterr().err
