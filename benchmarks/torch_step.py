@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -311,10 +312,6 @@ def _synchronize(device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
-def _is_oom(error: BaseException) -> bool:
-  return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
-
-
 def measure(kind: str, mode: str, length: int, batch: int, dtype: str, steps: int, rounds: int,
             device: torch.device, run_seconds: float = 0.0, attention_dropout: float = 0.0,
             model_sizes: dict[str, Any] | None = None,
@@ -340,7 +337,8 @@ def measure(kind: str, mode: str, length: int, batch: int, dtype: str, steps: in
     A record: ``label`` (``torch_<kind>_<mode>``), ``status`` (``ok``, ``OOM`` or ``error``),
     ``reason``, ``compile_s`` (the warm-up step, seconds), ``median_s_per_step``,
     ``steps_per_sec``, ``step_times_s``, ``steps_per_run``, ``peak_bytes`` (CUDA only) and
-    ``final_loss``. Never raises for a failing cell.
+    ``final_loss``; a failed cell has ``error_type``, and a non-finite final loss makes it an
+    ``error``. Never raises for a failing cell.
   """
   record: dict[str, Any] = {"label": f"torch_{kind}_{mode}", "attention": kind, "mode": mode,
                             "length": length, "batch": batch, "status": "error", "reason": ""}
@@ -378,14 +376,15 @@ def measure(kind: str, mode: str, length: int, batch: int, dtype: str, steps: in
       _synchronize(device)
       times.append((time.perf_counter() - start) / n)
     median = statistics.median(times)
+    if not math.isfinite(float(loss)):
+      raise FloatingPointError(f"the loss after {1 + rounds * n} steps is {float(loss)}")
     record.update(status="ok", median_s_per_step=median, steps_per_sec=1.0 / median,
                   step_times_s=times, steps_per_run=n, final_loss=float(loss),
                   peak_bytes=(torch.cuda.max_memory_allocated(device)
                               if device.type == "cuda" else None))
   except Exception as error:  # noqa: BLE001  (any failure is this cell's result)
-    record.update(status="OOM" if _is_oom(error) else "error",
-                  reason=str(error).strip().splitlines()[0][:300] if str(error) else "",
-                  error_type=type(error).__name__)
+    record.update(status="OOM" if speed_memory._is_oom(error) else "error",
+                  reason=speed_memory._first_line(error), error_type=type(error).__name__)
   finally:
     del model, step, tokens, targets
     if device.type == "cuda":
@@ -564,7 +563,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     The payload written to ``torch_step.json``.
 
   Raises:
-    FileNotFoundError: ``--jax-results`` names a missing file.
+    FileNotFoundError: ``--jax-results`` names a missing file; ValueError: a file that is not
+      a ``speed_memory.json``.
     SystemExit: non-zero for ``--device cuda`` without a CUDA device, and when no cell ran
       (ok or OOM), after writing the outputs.
   """
@@ -575,6 +575,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       raise FileNotFoundError(f"--jax-results {args.jax_results}: no such file")
     with open(args.jax_results) as f:
       jax_payload = json.load(f)
+    if not isinstance(jax_payload, dict) or not isinstance(jax_payload.get("results"), list):
+      raise ValueError(f"--jax-results {args.jax_results}: not a speed_memory.json (it has no "
+                       "'results' list)")
   device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
   if device.type == "cuda" and not torch.cuda.is_available():
     raise SystemExit(f"--device {args.device}: this PyTorch ({torch.__version__}) sees no CUDA "

@@ -154,3 +154,15 @@ def test_bad_flags_are_refused(flags, capsys):
   with pytest.raises(SystemExit):
     torch_step.parse_args(flags)
   assert flags[0] in capsys.readouterr().err
+
+
+def test_a_non_finite_loss_is_an_error_and_a_foreign_json_is_refused(tmp_path, monkeypatch):
+  monkeypatch.setattr(torch_step, "make_step",
+                      lambda *args: lambda tokens, targets: torch.tensor(float("nan")))
+  record = torch_step.measure("simple", "eager", 8, 2, "float32", 1, 1, torch.device("cpu"),
+                              model_sizes=TINY)
+  assert record["status"] == "error" and "nan" in record["reason"], record
+  foreign = tmp_path / "other.json"
+  foreign.write_text(json.dumps({"records": []}))
+  with pytest.raises(ValueError, match="not a speed_memory.json"):
+    torch_step.main(["--jax-results", str(foreign), "--out", str(tmp_path)])
