@@ -25,8 +25,9 @@ as one jitted call of ``x * mask / keep``:
 * ``bernoulli``: ``jax.random.bernoulli`` with the default (threefry) key, what flax's
   ``nn.Dropout`` does;
 * ``bernoulli_rbg``: the same with an ``rbg`` key;
-* ``bits16`` (candidate): one 32-bit random word per two elements, each 16-bit half kept when
-  below ``round(keep * 2^16)`` (keep probability 0.899994 for 0.9).
+* ``bits16``: ``layers.PackedDropout`` (``model.dropout_mask_bits=16``): one 32-bit random
+  word per two elements, each 16-bit half kept when below ``round(keep * 2^16)`` (keep
+  probability 0.899994 for 0.9).
 
 Timing: compile, one warm-up call, then ``--rounds`` runs of ``--steps`` back-to-back calls
 that block once per run; the median time per call, in milliseconds. Memory: the compiled
@@ -58,6 +59,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import speed_memory as sm  # noqa: E402
+from simpletron_jax import layers  # noqa: E402
 from simpletron_jax.attention import simple, softmax  # noqa: E402
 
 SOFTMAX_OPS = ("softmax_einsum", "softmax_xla", "softmax_flash")
@@ -152,15 +154,9 @@ def dropout_fn(method: str, rate: float = DROPOUT_RATE) -> Callable:
       return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros((), x.dtype))
     return drop
   if method == "bits16":
-    threshold = np.uint32(round(keep * 2 ** 16))
-
-    def drop16(x, key):
-      if x.shape[-1] % 2:
-        raise ValueError(f"bits16 needs an even last dimension, got {x.shape}")
-      bits = jax.random.bits(key, (*x.shape[:-1], x.shape[-1] // 2), jnp.uint32)
-      halves = jnp.stack([bits & np.uint32(0xFFFF), bits >> np.uint32(16)], axis=-1)
-      mask = halves.reshape(x.shape) < threshold
-      return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros((), x.dtype))
+    def drop16(x, key):   # the model's model.dropout_mask_bits=16
+      return layers.PackedDropout(rate).apply({}, x, deterministic=False,
+                                              rngs={"dropout": key})
     return drop16
   raise ValueError(f"unknown dropout method {method!r}; expected one of {DROPOUT_METHODS}")
 

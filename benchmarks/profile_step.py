@@ -32,7 +32,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-import flax  # noqa: E402
 import jax  # noqa: E402
 
 import speed_memory as sm  # noqa: E402
@@ -236,7 +235,7 @@ def profile(variant: str, length: int, dtype: str, batch: int, steps: int, out: 
                               {**setup.model_overrides, **(model_overrides or {})})
   model = models.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
                                   num_classes=sm.NUM_CLASSES)
-  state = flax.jax_utils.replicate(
+  state = train_lib.replicate(
       train_lib.create_train_state(config, model, jax.random.PRNGKey(0)))
   p_train, _ = train_lib.pmap_steps(model.apply)
   data = sm._device_batch(batch, length, jax.local_device_count())

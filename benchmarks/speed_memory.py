@@ -195,6 +195,7 @@ def lra_text_config(length: int, attention_name: str, attention_kwargs: dict[str
   config.model.classifier_pool = "CLS"
   config.model.last_block_cls_only = False
   config.model.length_multiple = 1
+  config.model.dropout_mask_bits = 32
   config.model.dtype = dtype
   for field, value in (model_overrides or {}).items():
     if field not in config.model:
@@ -554,7 +555,7 @@ def run_cell(cell: PreparedCell, steps: int, rounds: int = 3,
   try:
     n_dev = jax.local_device_count()
     start = time.perf_counter()
-    state = flax.jax_utils.replicate(cell.init(cell.rng))
+    state = train_lib.replicate(cell.init(cell.rng))
     jax.block_until_ready(state)
     phases["init"] = time.perf_counter() - start
     data = _device_batch(cell.batch, cell.length, n_dev)
@@ -938,6 +939,12 @@ def _timing_text(settings: dict[str, Any]) -> str:
           "every cell in one process")
 
 
+def _mask_bits_text(model: dict) -> str:
+  """`` (16-bit masks)`` when ``model.dropout_mask_bits`` is not flax's 32, else ``""``."""
+  bits = model.get("dropout_mask_bits", 32)
+  return "" if bits == 32 else f" ({bits}-bit masks)"
+
+
 def markdown_report(payload: dict[str, Any]) -> str:
   """The ``speed_memory.md`` text: LRA Table 2 layout (rows = variants, columns = lengths)."""
   settings, machine = payload["settings"], payload["machine"]
@@ -988,7 +995,8 @@ def markdown_report(payload: dict[str, Any]) -> str:
       f"Model: LRA text classifier, {model['num_layers']} layers, emb {model['emb_dim']}, "
       f"{model['num_heads']} heads, qkv {model['qkv_dim']}, mlp {model['mlp_dim']}, byte "
       f"vocabulary {settings['vocab_size']}, {settings['num_classes']} classes, CLS pooling, "
-      f"sinusoidal positions, dropout {model['dropout_rate']}; batch {settings['batch']}, "
+      f"sinusoidal positions, dropout {model['dropout_rate']}{_mask_bits_text(model)}; "
+      f"batch {settings['batch']}, "
       f"{settings['dtype']}. Each cell is the full pmapped train step (forward, backward, "
       f"AdamW) on random full-length byte sequences: {_timing_text(settings)}.", "",
       *([f"Command: `{payload['command']}`", ""] if payload.get("command") else []),

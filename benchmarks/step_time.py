@@ -2,6 +2,11 @@
 
     python benchmarks/step_time.py --configs configs/listops/simple.py:tiny_lra \
         configs/listops/transformer.py:tiny_lra --lengths 1024 2000 --out benchmarks/results/cpu
+    python benchmarks/step_time.py --configs configs/text/simple.py \
+        configs/text/simple.py,model.dropout_mask_bits=16 --lengths 1024 --batch 2
+
+A spec is ``path.py[:variant]`` followed by optional ``,dotted.field=value`` overrides of the
+config (values parsed as Python literals, else kept as strings).
 
 Each measurement is the real pmapped train step (forward, backward, AdamW) on
 a batch of random tokens without padding (every row is exactly ``length``
@@ -12,6 +17,7 @@ and each config's time relative to the first. Writes ``step_time.json`` and
 """
 
 import argparse
+import ast
 import importlib.util
 import json
 import os
@@ -22,7 +28,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import flax  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -30,12 +35,33 @@ from simpletron_jax import models, train_lib  # noqa: E402
 
 
 def load_config(spec: str):
-  """Loads ``path.py[:variant]`` the way train.py's ``--config`` does."""
-  path, _, variant = spec.partition(":")
+  """Loads ``path.py[:variant][,dotted.field=value...]`` the way train.py's ``--config`` and
+  ``--config.<field>`` flags do.
+
+  Raises:
+    ValueError: for an override without ``=`` or naming a field the config lacks.
+  """
+  path_variant, *overrides = spec.split(",")
+  path, _, variant = path_variant.partition(":")
   module_spec = importlib.util.spec_from_file_location("bench_config", os.path.join(ROOT, path))
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
-  return module.get_config(variant or None)
+  config = module.get_config(variant or None)
+  for item in overrides:
+    field, sep, text = item.partition("=")
+    *parents, leaf = field.split(".")
+    node = config
+    for name in parents:
+      node = node.get(name) if hasattr(node, "get") else None
+    if not sep or node is None or leaf not in node:
+      raise ValueError(f"config spec {spec!r}: {item!r} is not FIELD=VALUE for a field of "
+                       f"{path}")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    node[leaf] = value
+  return config
 
 
 def random_batch(rng, batch_size: int, length: int, vocab: int, n_dev: int,
@@ -65,7 +91,7 @@ def main():
   for spec in args.configs:
     config = load_config(spec)
     model = models.build_classifier(config.model, vocab_size=args.vocab, num_classes=10)
-    state = flax.jax_utils.replicate(
+    state = train_lib.replicate(
         train_lib.create_train_state(config, model, jax.random.PRNGKey(0)))
     p_train, _ = train_lib.pmap_steps(model.apply)
     runs.append({"spec": spec, "config": config, "state": state, "p_train": p_train,

@@ -58,6 +58,9 @@ class Encoder(nn.Module):
       are unchanged (allowed only for the attentions in :data:`LENGTH_PADDING_EXACT`, see
       :func:`validate_model_config`); dropout masks in the blocks are drawn for the longer
       shape. 1: no padding (LRA).
+    dropout_mask_bits: random bits per element of the embedding, residual and MLP dropout
+      masks: 32 (flax ``nn.Dropout``, default) or 16 (:class:`layers.PackedDropout`: half
+      the threefry hashes, the rate quantised to ``2**-16``).
     dtype: activation dtype, e.g. ``jnp.float32`` or ``jnp.bfloat16``.
 
   Call: ``(tokens_BxL int, mask_BxL bool | None, deterministic) -> [B, E]``
@@ -86,6 +89,7 @@ class Encoder(nn.Module):
   zero_pad_embedding: bool = False
   last_block_cls_only: bool = False
   length_multiple: int = 1
+  dropout_mask_bits: int = 32
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -108,7 +112,8 @@ class Encoder(nn.Module):
     x_BxLxE = layers.AddPositionEmbs(max_len, learned=self.learn_pos_emb,
                                      init=self.pos_emb_init, name="posembed")(x_BxLxE)
     if self.embedding_dropout:
-      x_BxLxE = nn.Dropout(self.dropout_rate)(x_BxLxE, deterministic=deterministic)
+      x_BxLxE = layers.dropout(self.dropout_rate, self.dropout_mask_bits)(
+          x_BxLxE, deterministic=deterministic)
     x_BxLxE = x_BxLxE.astype(self.dtype)
     pad = -x_BxLxE.shape[1] % self.length_multiple
     if pad:   # masked positions at the end, which every allowed attention ignores
@@ -123,7 +128,7 @@ class Encoder(nn.Module):
           dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
           attention_branch_dropout=self.attention_branch_dropout,
-          num_queries=self._block_queries(i),
+          dropout_mask_bits=self.dropout_mask_bits, num_queries=self._block_queries(i),
           name=f"encoderblock_{i}")(x_BxLxE, mask_BxL, deterministic=deterministic)
     if self.final_layer_norm:
       x_BxLxE = nn.LayerNorm(epsilon=layers.LN_EPSILON, dtype=self.dtype,
@@ -249,7 +254,8 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
       ``num_heads``, ``qkv_dim != emb_dim`` for an attention without an
       output projection (``simple``, ``simple_res``), or a ``model.attention_per_layer``
       whose length is not ``num_layers`` or that holds an unknown name; an unknown
-      ``model.head_activation``, ``model.interaction`` or ``model.pos_emb_init``; a
+      ``model.head_activation``, ``model.interaction``, ``model.pos_emb_init`` or
+      ``model.dropout_mask_bits``; a
       ``model.length_multiple`` that is not a positive int or could change the function.
   """
   _validate_choices(model)
@@ -320,7 +326,7 @@ OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
                    "attention_branch_dropout": True, "final_layer_norm": True,
                    "zero_pad_embedding": False, "head_activation": "relu",
                    "interaction": "concat", "last_block_cls_only": False,
-                   "length_multiple": 1}
+                   "length_multiple": 1, "dropout_mask_bits": 32}
 
 
 def with_option_defaults(model_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -336,11 +342,13 @@ def _option(model: ml_collections.ConfigDict, field: str):
 
 
 def _validate_choices(model: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming ``model.head_activation``, ``model.interaction`` or
-  ``model.pos_emb_init`` when it is not one of the known choices."""
+  """Raises ValueError naming ``model.head_activation``, ``model.interaction``,
+  ``model.pos_emb_init`` or ``model.dropout_mask_bits`` when it is not one of the known
+  choices."""
   for field, choices in (("head_activation", sorted(HEAD_ACTIVATIONS)),
                          ("interaction", list(INTERACTIONS)),
-                         ("pos_emb_init", sorted(layers.POS_EMB_INITS))):
+                         ("pos_emb_init", sorted(layers.POS_EMB_INITS)),
+                         ("dropout_mask_bits", list(layers.DROPOUT_MASK_BITS))):
     if _option(model, field) not in choices:
       raise ValueError(f"model.{field}={_option(model, field)!r}; expected one of {choices}")
 
@@ -375,7 +383,7 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
       **{f: _option(model, f) for f in ("pos_emb_init", "embedding_dropout",
                                         "attention_branch_dropout", "final_layer_norm",
                                         "zero_pad_embedding", "last_block_cls_only",
-                                        "length_multiple")})
+                                        "length_multiple", "dropout_mask_bits")})
   head_activation = _option(model, "head_activation")
   if dual:
     return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,

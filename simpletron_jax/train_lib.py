@@ -15,6 +15,7 @@ Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import math
 import os
@@ -224,6 +225,36 @@ def pmap_steps(apply_fn, devices=None):
 def batch_shape_key(batch: Batch) -> tuple:
   """``((field, shape), ...)`` of a batch, sorted by field: one compiled step per key."""
   return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _pmapped_identity(devices: tuple | None) -> Callable:
+  return jax.pmap(lambda tree: tree, axis_name=AXIS, devices=devices)
+
+
+def replicate(tree, devices=None):
+  """One copy of every leaf per device, laid out as the pmapped steps return their state.
+
+  ``flax.jax_utils.replicate`` places the copies under a sharding whose mesh axis is not
+  :data:`AXIS`. JAX (0.10) implements ``pmap`` with ``jit``, whose cache key includes the
+  input shardings, so the state the first train step returns differs in sharding from the
+  state it was given, and the second step compiled the whole train step again (measured:
+  3.2 s more on CPU for ``configs/listops/simple.py:tiny``). Passing the copies through a
+  pmapped identity gives them the steps' own output sharding, so each batch shape compiles
+  once. (Called AOT-compiled steps, as in the benchmarks, never recompiled.)
+
+  Args:
+    tree: a pytree of arrays or scalars (e.g. a ``TrainState`` or its ``params``).
+    devices: the devices of :func:`pmap_steps` (default: all local devices).
+
+  Returns:
+    The same pytree with every leaf ``x`` as a ``[n_devices, *x.shape]`` array of the same
+    dtype on those devices.
+  """
+  n = len(devices) if devices else jax.local_device_count()
+  host = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (n, *np.shape(x))),
+                                tree)
+  return _pmapped_identity(tuple(devices) if devices else None)(host)
 
 
 def unreplicate(tree):
@@ -779,7 +810,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                "info")
 
   p_train, p_eval = pmap_steps(state.apply_fn)
-  state_repl = flax.jax_utils.replicate(state)
+  state_repl = replicate(state)
   schedule = make_schedule(config)
   train_programs, eval_fn, precompiled = {}, p_eval, {}   # {batch_shape_key: program}
   if precompile_workers:
@@ -900,7 +931,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   best_state, best_meta, best_step = restore_checkpoint(
       best_ckpts, state, step=meta["best_step"], model_config=config.model)
   test = final_test if best_step == last_step else evaluate(
-      eval_fn, flax.jax_utils.replicate(best_state.params), data.test, config, test_limit)
+      eval_fn, replicate(best_state.params), data.test, config, test_limit)
   logger.write(best_step, test, "test")
   results = {
       "task": config.task, "attention": config.model.attention,
@@ -978,7 +1009,7 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   _, p_eval = pmap_steps(state.apply_fn)
   limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
-  params_repl = flax.jax_utils.replicate(state.params)
+  params_repl = replicate(state.params)
   if precompile_workers:
     from simpletron_jax import precompile  # pylint: disable=import-outside-toplevel  (a cycle)
     start = time.time()

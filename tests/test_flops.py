@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,8 +42,9 @@ def test_train_step_matches_a_hand_count(name):
                               {"num_layers": 1, "emb_dim": e, "qkv_dim": e, "mlp_dim": m,
                                "num_heads": h})
   model = models.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB, num_classes=c)
-  state = jax.eval_shape(lambda: flax.jax_utils.replicate(   # shapes suffice: no compile
-      train_lib.create_train_state(config, model, jax.random.PRNGKey(0))))
+  state = jax.tree_util.tree_map(   # shapes suffice: no compile
+      lambda x: jax.ShapeDtypeStruct((2, *x.shape), x.dtype),
+      jax.eval_shape(lambda: train_lib.create_train_state(config, model, jax.random.PRNGKey(0))))
   p_train, _ = train_lib.pmap_steps(model.apply)
   data = step_time.random_batch(np.random.default_rng(0), 4, t - 1, sm.BYTE_VOCAB, 2, c)
   count = flops.function_flops(p_train, state, data, jax.random.PRNGKey(0))
@@ -59,3 +59,14 @@ def test_train_step_matches_a_hand_count(name):
   # Backward: two products of the same size per forward product (both operands need grads).
   assert count.total == count.dot_general == 3 * forward
   assert count.while_loops == 0
+
+
+def test_step_time_config_spec_overrides_fields_and_names_a_bad_one():
+  config = step_time.load_config(
+      "configs/text/simple.py:tiny,model.dropout_mask_bits=16,model.attention_kwargs.normalizer=padded")
+  assert config.model.dropout_mask_bits == 16
+  assert config.model.attention_kwargs.normalizer == "padded"
+  for bad in ("model.dropout_mask_bitz=16", "model.dropout_mask_bits"):
+    with pytest.raises(ValueError, match=f"'{bad}' is not FIELD=VALUE for a field of "
+                                         "configs/text/simple.py"):
+      step_time.load_config(f"configs/text/simple.py,{bad}")

@@ -5,7 +5,6 @@ import json
 import os
 import sys
 
-import flax
 import matplotlib.image
 import numpy as np
 import pytest
@@ -72,7 +71,7 @@ def test_results_json_scores_the_final_and_the_best_validation_parameters(seed_r
     manager = train_lib.checkpoint_manager(os.path.join(workdir, sub), 2)
     state, _, step = train_lib.restore_checkpoint(manager, fresh)
     assert step == results[step_key]
-    test = train_lib.evaluate(p_eval, flax.jax_utils.replicate(state.params),
+    test = train_lib.evaluate(p_eval, train_lib.replicate(state.params),
                               presence_task.test, config)
     assert results[f"test_accuracy_{key}"] == test["accuracy"]
     assert results[f"test_loss_{key}"] == pytest.approx(test["loss"])

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax import attention
+from simpletron_jax import attention, layers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -352,10 +352,11 @@ def test_attention_op_candidates_compute_the_same_function():
     for op, transpose in others:
       for got, expected in zip(run(op, transpose), want):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=op)
-  # The candidate dropout keeps about 90% and scales what it keeps by 1 / 0.9.
+  # The model's 16-bit dropout keeps about 90% and scales what it keeps by 1 / keep.
   x = jnp.ones((4, 256, 64))
   y = np.asarray(jax.jit(aop.dropout_fn("bits16"))(x, jax.random.key(0)))
-  np.testing.assert_allclose(np.unique(y), [0.0, 1 / 0.9], rtol=1e-6)
+  np.testing.assert_allclose(np.unique(y), [0.0, 1 / layers.realised_keep_prob(0.1)],
+                             rtol=1e-6)
   assert abs((y == 0).mean() - 0.1) < 0.01
   # A cell over the memory limit is recorded as OOM before it runs.
   payload = aop.run([16], batch=2, heads=2, head_dim=8, dtype="float32", steps=1, rounds=1,

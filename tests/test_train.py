@@ -5,7 +5,6 @@ import json
 import os
 
 import chex
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,7 +50,7 @@ def test_pmap_on_two_devices_equals_one_device(presence_task):
   results = []
   for n in (1, 2):
     p_train, _ = train_lib.pmap_steps(model.apply, devices=jax.local_devices()[:n])
-    new_state, sums = p_train(flax.jax_utils.replicate(state, jax.local_devices()[:n]),
+    new_state, sums = p_train(train_lib.replicate(state, jax.local_devices()[:n]),
                               train_lib.shard(batch, n), rng)
     results.append((train_lib.unreplicate(new_state).params,
                     jax.device_get(train_lib.unreplicate(sums))))
@@ -77,22 +76,39 @@ def test_bucket_padding_gives_same_loss_and_grads_as_max_length(presence_task, a
   chex.assert_trees_all_close(grads_b, grads_f, rtol=1e-4, atol=1e-6)
 
 
-def test_gradient_accumulation_equals_one_big_batch(presence_task):
+def _backend_compiles(fn):
+  """``(fn(), number of XLA backend compilations fn caused)``."""
+  names = []
+  listener = lambda name, *_, **__: names.append(name)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    result = fn()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  return result, names.count("/jax/core/compile/backend_compile_duration")
+
+
+def test_gradient_accumulation_equals_one_big_batch_and_compiles_once(presence_task):
   config = tiny_config(**{"model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0})
   model, _ = _state(config, presence_task)
   batch = make_batch(presence_task.train, np.arange(16), max_length=40, bucket=0)
   halves = [{k: v[i * 8:(i + 1) * 8] for k, v in batch.items()} for i in range(2)]
   devices = jax.local_devices()[:1]
   p_train, _ = train_lib.pmap_steps(model.apply, devices=devices)
-  params = []
+  params, compiles = [], []
   for accum, batches in ((1, [batch]), (2, halves)):
     config.grad_accum_steps = accum
-    state = flax.jax_utils.replicate(train_lib.create_train_state(config, model,
-                                                                  jax.random.PRNGKey(0)), devices)
+    state = train_lib.replicate(train_lib.create_train_state(config, model,
+                                                             jax.random.PRNGKey(0)), devices)
     for b in batches:
-      state, _ = p_train(state, train_lib.shard(b, 1), jax.random.PRNGKey(1))
+      (state, _), n = _backend_compiles(
+          lambda: p_train(state, train_lib.shard(b, 1), jax.random.PRNGKey(1)))
+      compiles.append(n)
     params.append(train_lib.unreplicate(state).params)
   chex.assert_trees_all_close(params[0], params[1], rtol=1e-5, atol=1e-6)
+  # Each batch shape compiles once: the state a step returns (train_lib.replicate's layout)
+  # must not compile the step again, as flax.jax_utils.replicate's did.
+  assert compiles[0] >= 1 and compiles[1] >= 1 and compiles[2] == 0, compiles
 
 
 def test_checkpoint_round_trip(presence_task, tmp_path):
@@ -170,12 +186,12 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   best = train_lib.checkpoint_manager(os.path.join(workdir, "best"), 1)
   state, meta, step = train_lib.restore_checkpoint(best, state)
   assert step == results["best_step"]
-  test = train_lib.evaluate(p_eval, flax.jax_utils.replicate(state.params), presence_task.test,
+  test = train_lib.evaluate(p_eval, train_lib.replicate(state.params), presence_task.test,
                             config)
   assert test["accuracy"] == results["test_accuracy"] and test["count"] == 200
   assert test["majority_rate"] == pytest.approx(presence_task.test.majority_rate())
   # A subset evaluation reports the majority rate of the examples it read.
-  sub = train_lib.evaluate(p_eval, flax.jax_utils.replicate(state.params), presence_task.test,
+  sub = train_lib.evaluate(p_eval, train_lib.replicate(state.params), presence_task.test,
                            config, num_batches=2)
   k = int(sub["count"])
   assert 0 < k < 200

@@ -3,7 +3,6 @@
 import re
 
 import chex
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -80,7 +79,7 @@ def test_frozen_parameters_stay_bit_identical(presence_task, freeze, lora_rank):
   state = train_lib.create_train_state(config, model, jax.random.PRNGKey(0))
   before = transfer.flatten(jax.device_get(state.params))
   p_train, _ = train_lib.pmap_steps(state.apply_fn)
-  state_repl = flax.jax_utils.replicate(state)
+  state_repl = train_lib.replicate(state)
   for step in range(3):
     batch = make_batch(presence_task.train, np.arange(16 * step, 16 * step + 16),
                        max_length=40, bucket=8)

@@ -20,7 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-import flax  # noqa: E402  pylint: disable=wrong-import-position
 import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
@@ -174,7 +173,7 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
   model = train_lib.build_model(config, data)
   _, p_eval = train_lib.pmap_steps(model.apply)
   limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
-  return train_lib.evaluate(p_eval, flax.jax_utils.replicate(params), getattr(data, split),
+  return train_lib.evaluate(p_eval, train_lib.replicate(params), getattr(data, split),
                             config, limit)
 
 
