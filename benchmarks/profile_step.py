@@ -37,10 +37,11 @@ import jax  # noqa: E402
 import speed_memory as sm  # noqa: E402
 from simpletron_jax import models, train_lib  # noqa: E402
 
-# Kernel kinds, first match wins (names of cuBLAS/cuDNN/XLA GPU kernels and XLA CPU ops).
+# Kernel kinds, first match wins (names of cuBLAS/cuDNN/XLA GPU kernels and XLA CPU ops;
+# XLA CPU runs many dots as XNNPACK/YNNPACK fusions, ``ynn_fusion.N``).
 KINDS = (
     ("attention (cuDNN)", r"cudnn|flash|fmha|sdpa"),
-    ("matmul", r"gemm|cublas|cutlass|matmul|dot|sm90_xmma|nvjet"),
+    ("matmul", r"gemm|cublas|cutlass|matmul|dot|sm90_xmma|nvjet|[xy]nn_fusion"),
     ("random bits", r"threefry|rng|random"),
     ("copy / transpose", r"copy|transpose|memcpy|memset"),
     ("reduction", r"reduce"),
@@ -48,9 +49,19 @@ KINDS = (
 )
 
 
-def kind_of(name: str) -> str:
-  """The kernel kind of a trace event name (see :data:`KINDS`); ``"other"`` if none."""
+# JAX ops whose kernels draw random bits, in a kernel's source op path: XLA fuses threefry's
+# rounds into plain ``broadcast_add_fusion``s (CPU) or ``loop_*`` fusions (GPU).
+RANDOM_SOURCE = re.compile(r"threefry|random_bits|jit\((?:_uniform|_bernoulli)\)")
+
+
+def kind_of(name: str, source: str = "") -> str:
+  """The kernel kind of a trace event name (see :data:`KINDS`); ``"other"`` if none.
+  ``source``, the JAX op path the kernel comes from (:func:`hlo_sources`), marks the fused
+  rounds of the random-bit generator as ``random bits`` (:data:`RANDOM_SOURCE`) unless the
+  name says matmul."""
   lower = name.lower()
+  if RANDOM_SOURCE.search(source) and kind_of(name) != "matmul":
+    return "random bits"
   for kind, pattern in KINDS:
     if re.search(pattern, lower):
       return kind
@@ -143,25 +154,35 @@ def module_us_per_step(trace: dict[str, Any], steps: int) -> float | None:
   return max(per_line.values()) / steps
 
 
-def summarize(events: list[dict[str, Any]], steps: int, top: int) -> dict[str, Any]:
+def summarize(events: list[dict[str, Any]], steps: int, top: int,
+              sources: dict[str, str] | None = None) -> dict[str, Any]:
   """Per-name and per-kind totals of ``events`` (durations in microseconds).
 
+  Args:
+    events: kernel events (:func:`device_events`).
+    steps: traced steps, to divide by.
+    top: kernels to list.
+    sources: ``{kernel name: JAX op path}`` (:func:`hlo_sources`); used for each kernel's
+      kind (:func:`kind_of`) and listed as its ``source`` ("" if unknown).
+
   Returns:
-    ``{"device_us_per_step", "kernels": [{name, kind, us_per_step, share, calls_per_step}],
-    "kinds": {kind: share}}``, kernels sorted by time, the first ``top`` of them.
+    ``{"device_us_per_step", "kernels": [{name, kind, us_per_step, share, calls_per_step,
+    source}], "kinds": {kind: share}}``, kernels sorted by time, the first ``top`` of them.
   """
+  sources = sources or {}
   by_name: dict[str, list[float]] = collections.defaultdict(list)
   for e in events:
     by_name[e["name"]].append(float(e["dur"]))
   total = sum(sum(d) for d in by_name.values()) or 1.0
   kinds: dict[str, float] = collections.Counter()
   for name, durs in by_name.items():
-    kinds[kind_of(name)] += sum(durs) / total
+    kinds[kind_of(name, sources.get(name, ""))] += sum(durs) / total
   ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
   return {
       "device_us_per_step": total / steps,
-      "kernels": [{"name": name, "kind": kind_of(name), "us_per_step": sum(d) / steps,
-                   "share": sum(d) / total, "calls_per_step": len(d) / steps}
+      "kernels": [{"name": name, "kind": kind_of(name, sources.get(name, "")),
+                   "us_per_step": sum(d) / steps, "share": sum(d) / total,
+                   "calls_per_step": len(d) / steps, "source": sources.get(name, "")}
                   for name, d in ranked[:top]],
       "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
   }
@@ -188,12 +209,6 @@ def hlo_sources(hlo_text: str) -> dict[str, str]:
       name, op_name = found.groups()
       out[name] = out[name.replace(".", "_")] = op_name
   return out
-
-
-def attach_sources(summary: dict[str, Any], sources: dict[str, str]) -> None:
-  """Adds, in place, each top kernel's ``source`` (:func:`hlo_sources`; "" if unknown)."""
-  for kernel in summary["kernels"]:
-    kernel["source"] = sources.get(kernel["name"], "")
 
 
 def _short_source(op_name: str, limit: int = 80) -> str:
@@ -269,8 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 args.out, sm.parse_overrides(args.set))
   trace = load_trace(trace_dir)
   events, tracks = device_events(trace)
-  summary = summarize(events, args.steps, args.top)
-  attach_sources(summary, hlo_sources(hlo_text))
+  summary = summarize(events, args.steps, args.top, hlo_sources(hlo_text))
   summary["tracks"] = tracks
   summary["module_us_per_step"] = module_us_per_step(trace, args.steps)
   device = jax.local_devices()[0]

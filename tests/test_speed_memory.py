@@ -325,12 +325,17 @@ ENTRY %main.9 (Arg_0.1: bf16[8,64]) -> bf16[8,64] {
 """
   sources = prof.hlo_sources(hlo)
   assert sources["loop_pad_fusion_8"] == sources["loop_pad_fusion.8"]
-  summary = {"device_us_per_step": 3.0, "kinds": {"fusion (elementwise)": 1.0},
-             "kernels": [{"name": n, "kind": "fusion (elementwise)", "us_per_step": 1.0,
-                          "share": 1 / 3, "calls_per_step": 1.0}
-                         for n in ("loop_pad_fusion_8", "wrapped_transpose_1", "nvjet_sm90")]}
-  prof.attach_sources(summary, sources)
-  assert [k["source"] == "" for k in summary["kernels"]] == [False, False, True]
+  # On CPU, threefry's rounds run as plain fusions: their source says random bits.
+  sources["broadcast_add_fusion.6"] = ("jit(_fun)/jvp(ClassificationEncoder)/encoder/"
+                                       "Dropout_0/jit(_bernoulli)/jit(_uniform)/add")
+  events = [{"name": n, "dur": d} for n, d in (
+      ("loop_pad_fusion_8", 3.0), ("wrapped_transpose_1", 2.0), ("nvjet_sm90", 2.0),
+      ("broadcast_add_fusion.6", 1.0), ("ynn_fusion.151", 1.0), ("select_fusion", 1.0))]
+  summary = prof.summarize(events, steps=1, top=6, sources=sources)
+  assert [(k["kind"], k["source"] != "") for k in summary["kernels"]] == [
+      ("fusion (elementwise)", True), ("copy / transpose", True), ("matmul", False),
+      ("random bits", True), ("matmul", False), ("fusion (elementwise)", False)]
+  assert summary["kinds"]["random bits"] == pytest.approx(0.1)
   text = prof.summary_text(summary, "h")
   assert "from backward encoderblock_2/SimpleAttention_0/dot_general" in text
   assert "from encoderblock_0/MlpBlock_0/mul" in text

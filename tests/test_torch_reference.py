@@ -166,3 +166,28 @@ def test_a_non_finite_loss_is_an_error_and_a_foreign_json_is_refused(tmp_path, m
   foreign.write_text(json.dumps({"records": []}))
   with pytest.raises(ValueError, match="not a speed_memory.json"):
     torch_step.main(["--jax-results", str(foreign), "--out", str(tmp_path)])
+
+
+def test_the_interleaved_benchmark_times_both_frameworks_in_turn(tmp_path):
+  """benchmarks/jax_vs_torch.py: one JAX row against its PyTorch model, rounds interleaved;
+  the PyTorch model starts from the JAX parameters, and a failing cell is a record."""
+  jvt = pytest.importorskip("jax_vs_torch")
+  sets = [f"{k}={v}" for k, v in TINY.items()]
+  payload = jvt.main(["--variants", "simple", "--lengths", "16", "--rounds", "3",
+                      "--set", *sets, "--out", str(tmp_path)])
+  (record,) = payload["results"]
+  assert record["status"] == "ok", record
+  assert record["torch_label"] == "torch_simple_eager"
+  assert len(record["jax_s"]) == len(record["torch_s"]) == 3
+  assert record["jax_speed_vs_torch"] == pytest.approx(
+      np.median(record["torch_s"]) / np.median(record["jax_s"]))
+  assert np.isfinite(record["jax_final_loss"]) and np.isfinite(record["torch_final_loss"])
+  text = (tmp_path / "jax_vs_torch.md").read_text()
+  assert f"| `simple` | `torch_simple_eager` | 16 | {record['jax_median_s']:.4g} |" in text
+  assert json.loads((tmp_path / "jax_vs_torch.json").read_text())["results"] == [record]
+  # A config the JAX side refuses is recorded, not raised.
+  failed = jvt.measure_pair("simple", 16, 2, "float32", 1, 1, torch.device("cpu"),
+                            overrides={**TINY, "num_heads": 3})
+  assert failed["status"] == "error" and "num_heads=3" in failed["reason"]
+  with pytest.raises(ValueError, match="unknown variant 'nope'"):
+    jvt.main(["--variants", "nope", "--out", str(tmp_path)])
