@@ -13,13 +13,12 @@ respect to ``q, k, v`` (forward and backward):
 * ``softmax_xla``: ``jax.nn.dot_product_attention(implementation="xla")`` with the mask;
 * ``softmax_flash``: ``softmax.flash_attention`` (cuDNN, key lengths from the mask); only
   where cuDNN runs (a GPU, bfloat16 or float16), else recorded as ``skipped`` with the reason;
-* ``simple``: ``simple.simple_attention`` as the model runs it: ``[B, L, H, K]`` in and out,
-  transposed to ``[B, H, L, K]`` inside (``[B, L, H, K]`` einsums before 2026-11-23);
+* ``simple``: ``simple.simple_attention`` as the model runs it by default (``[B, L, H, K]``
+  einsums; ``heads_first=True`` is ``simple_bhlk`` plus three transposes);
 * ``simple_f32kv`` (candidate): the same function with ``K^T V`` and ``Q (K^T V)`` accumulated
   and kept in float32 (``preferred_element_type``), the output cast back to the input dtype;
 * ``simple_bhlk`` (candidate): the same function on ``[B, H, L, K]`` inputs and output, the
-  layout whose einsums need no transposes (the transposes are done once, outside the timing;
-  against ``simple`` it now measures what the transposes cost).
+  layout whose einsums need no transposes (the transposes are done once, outside the timing).
 
 Dropout masks, on ``x`` of ``[B, L, E]`` (``E = H K``, an encoder activation), rate 0.1, each
 as one jitted call of ``x * mask / keep``:

@@ -16,9 +16,9 @@
 #   fp32      the same in float32                                          (stops at 9 minutes)
 #   leads     the pads XLA puts before matmuls at L + 1 = 4096, 4097 and 4097 -> 4104
 #             (hlo_pads.py); simple at 4K with and without dropout, and at L + 1 = 4096 against
-#             4097; simple at 4K and 16K with model.dropout_mask_bits=16; simple and
-#             softmax_flash at 4K and 16K with model.length_multiple=8
-#             (JSONs in leads.tar.gz)                                (estimated at 6 minutes)
+#             4097; simple at 4K with model.dropout_mask_bits=16, and at 4K and 16K with
+#             attention_kwargs.heads_first; simple and softmax_flash at 4K and 16K with
+#             model.length_multiple=8 (JSONs in leads.tar.gz)       (estimated at 7 minutes)
 #   profiles  simple's profile at 4K with the op behind each kernel, with and without
 #             length_multiple=8; the profile of softmax_flash on cuDNN  (estimated at 3 minutes)
 #   torch     PyTorch's speed on the same model and batch (benchmarks/torch_step.py: SDPA
@@ -145,12 +145,17 @@ case "$part" in
         >>"$log" 2>&1
       cp "$work/dropout_$rate/speed_memory.md" "$OUT/leads_dropout_$rate.md"
     done
-    # 16-bit dropout masks in the full step (1.10x on CPU; the masks alone 0.85x on an H100):
-    # compare with the 4096 row of leads_dropout_0.1.md.
-    python benchmarks/speed_memory.py --dtype bfloat16 --variants simple --lengths 4096 16384 \
+    # 16-bit dropout masks in the full step (1.10x on CPU; the masks alone 0.85x on an H100),
+    # and Simple's products on [B, H, L, K] (attention_kwargs.heads_first; 1.03x-1.06x on CPU):
+    # compare with the 4096 row of leads_dropout_0.1.md and with cls_only_false.md.
+    python benchmarks/speed_memory.py --dtype bfloat16 --variants simple --lengths 4096 \
       --set dropout_mask_bits=16 --out "$work/mask16" --cache-dir /tmp/jax_cache \
-      --compile-workers 2 >>"$log" 2>&1
+      >>"$log" 2>&1
     cp "$work/mask16/speed_memory.md" "$OUT/leads_mask16.md"
+    python benchmarks/speed_memory.py --dtype bfloat16 --variants simple --lengths 4096 16384 \
+      --set 'attention_kwargs={"heads_first": true}' --out "$work/heads_first" \
+      --cache-dir /tmp/jax_cache --compile-workers 2 >>"$log" 2>&1
+    cp "$work/heads_first/speed_memory.md" "$OUT/leads_heads_first.md"
     # The fix for the odd length, if it pays: 4097 positions padded to 4104 (16K: 16385 to
     # 16392) with masked positions; compare with the 4096 rows above and with cls_only_false.md.
     python benchmarks/speed_memory.py --dtype bfloat16 --variants simple softmax_flash \

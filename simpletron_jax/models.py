@@ -4,6 +4,7 @@ bug fixed (LRA's MEAN pooling averages over pads too)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -331,9 +332,18 @@ OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
 
 def with_option_defaults(model_config: Mapping[str, Any]) -> dict[str, Any]:
   """A saved ``config.model`` dict with :data:`OPTION_DEFAULTS` filled in where it lacks an
-  option, so a checkpoint written before an option existed matches a config that has it at
-  its default."""
-  return {**OPTION_DEFAULTS, **model_config}
+  option, and ``attention_kwargs`` with the options of ``model.attention`` it lacks at their
+  module defaults (``AttentionSpec.options``, as JSON), so a checkpoint written before an
+  option existed matches a config that has it at its default. An unknown attention name
+  gets no attention defaults (the model validation names it)."""
+  out = {**OPTION_DEFAULTS, **model_config}
+  try:
+    spec = attention.get(out.get("attention", ""))
+  except ValueError:
+    return out
+  defaults = json.loads(json.dumps(spec.options(), default=str))
+  out["attention_kwargs"] = {**defaults, **(out.get("attention_kwargs") or {})}
+  return out
 
 
 def _option(model: ml_collections.ConfigDict, field: str):

@@ -40,9 +40,9 @@ def test_output_shape(name):
   chex.assert_tree_all_finite(y)
 
 
-@pytest.mark.parametrize("pad", [0, 5])
-def test_simple_equals_naive_quadratic_form(pad):
-  module = _build("simple")
+@pytest.mark.parametrize("pad,heads_first", [(0, False), (5, True)])
+def test_simple_equals_naive_quadratic_form(pad, heads_first):
+  module = _build("simple", heads_first=heads_first)
   x = _inputs(L + pad)
   lengths = jnp.array([L, L - 4])
   mask = jnp.arange(L + pad)[None, :] < lengths[:, None]

@@ -137,6 +137,8 @@ def test_simple_option_errors():
     _build("simple", normalizer="max").init(jax.random.PRNGKey(0), x, None)
   with pytest.raises(ValueError, match="kv_dropout_rate > 0 needs causal=False"):
     _build("simple", causal=True, kv_dropout_rate=0.1).init(jax.random.PRNGKey(0), x, None)
+  with pytest.raises(ValueError, match="heads_first=True needs causal=False"):
+    _build("simple", causal=True, heads_first=True).init(jax.random.PRNGKey(0), x, None)
 
 
 # --- LRA's missing padding masks -----------------------------------------------------------

@@ -46,7 +46,7 @@ def _check_normalizer(normalizer: str) -> None:
 
 
 def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: str = "real",
-                     mask_pads: bool = True, kv_dropout=None):
+                     mask_pads: bool = True, kv_dropout=None, heads_first: bool = False):
   """Non-causal SimpleAttention on projected heads.
 
   Args:
@@ -57,6 +57,13 @@ def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: s
     mask_pads: True zeroes Q, K and V at pads, so pads stay out of ``K^T V``; False lets
       them in (the authors' code).
     kv_dropout: optional callable applied to ``K^T V`` (``[B, H, K, K]``), e.g. dropout.
+    heads_first: False: both products as ``[B, L, H, K]`` einsums, around which XLA
+      transposes operands and results (their batch dimensions ``B, H`` are not leading).
+      True: the inputs are swapped to ``[B, H, L, K]`` first (XLA fuses the swaps into the
+      pad masking) and the output swapped back. The same function, summed in another order,
+      so not bit-identical: on CPU it made the benchmark's ``simple`` step 1.03x to 1.06x
+      faster (``benchmarks/results/cpu/simple_layout.md``); on an H100 the products alone
+      were 1.03x (``attention_op_bf16.md``, ``simple_bhlk``).
 
   Returns:
     ``[B, L, H, K]``; rows at padded positions are 0 when ``mask_pads``. No ``L x L``
@@ -66,24 +73,26 @@ def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: s
     ValueError: for an unknown ``normalizer``.
   """
   _check_normalizer(normalizer)
-  # Heads before positions, so both products are batched over (B, H) with no transposes
-  # inside them; XLA fuses the three transposes into the pad masking. On CPU this made the
-  # benchmark's simple step 1.04x to 1.06x faster (benchmarks/results/cpu/simple_layout.md);
-  # on an H100 the op alone was 1.03x (attention_op_bf16.md, simple_bhlk).
-  q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
+  q, k, v = q_BxLxHxK, k_BxLxHxK, v_BxLxHxK
+  if heads_first:   # [B, H, L, K] from here on; "l" and "h" swap places in the einsums
+    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
+    m = mask_BxL[:, None, :, None].astype(q.dtype)
+    kv_spec, y_spec = "bhld,bhle->bhde", "bhld,bhde->bhle"
+  else:
+    m = mask_BxL[:, :, None, None].astype(q.dtype)
+    kv_spec, y_spec = "blhd,blhe->bhde", "blhd,bhde->blhe"
   if mask_pads:
-    m_Bx1xLx1 = mask_BxL[:, None, :, None].astype(q_BxLxHxK.dtype)
-    q, k, v = q * m_Bx1xLx1, k * m_Bx1xLx1, v * m_Bx1xLx1
-  kv_BxHxKxK = jnp.einsum("bhld,bhle->bhde", k, v)
+    q, k, v = q * m, k * m, v * m
+  kv_BxHxKxK = jnp.einsum(kv_spec, k, v)
   if kv_dropout is not None:
     kv_BxHxKxK = kv_dropout(kv_BxHxKxK)
-  y_BxHxLxK = jnp.einsum("bhld,bhde->bhle", q, kv_BxHxKxK)
+  y = jnp.einsum(y_spec, q, kv_BxHxKxK)
   if normalizer == "padded":
-    y_BxHxLxK = y_BxHxLxK / jnp.sqrt(jnp.asarray(q.shape[2], y_BxHxLxK.dtype))
+    y = y / jnp.sqrt(jnp.asarray(q_BxLxHxK.shape[1], y.dtype))
   else:
-    n_B = jnp.maximum(mask_BxL.sum(axis=-1), 1).astype(y_BxHxLxK.dtype)
-    y_BxHxLxK = y_BxHxLxK / jnp.sqrt(n_B)[:, None, None, None]
-  return jnp.swapaxes(y_BxHxLxK, 1, 2)
+    n_B = jnp.maximum(mask_BxL.sum(axis=-1), 1).astype(y.dtype)
+    y = y / jnp.sqrt(n_B)[:, None, None, None]
+  return jnp.swapaxes(y, 1, 2) if heads_first else y
 
 
 def causal_simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, chunk_size: int, *,
@@ -158,6 +167,8 @@ class SimpleAttention(nn.Module):
       as the authors' code did (outputs then depend on the padding).
     kv_dropout_rate: dropout on the entries of ``K^T V`` in training (the authors used
       0.1); 0 (default): none. Non-causal only.
+    heads_first: run the products on ``[B, H, L, K]`` arrays (see :func:`simple_attention`;
+      the same function, fewer transposes, not bit-identical to the default). Non-causal only.
     dtype: computation dtype.
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
@@ -166,7 +177,8 @@ class SimpleAttention(nn.Module):
     ValueError: if ``use_output_proj`` is False and ``qkv_dim != out_dim``
       (config fields ``model.qkv_dim`` and ``model.emb_dim``); for an unknown
       ``normalizer``; for ``kv_dropout_rate > 0`` with ``causal`` (the causal form has
-      one ``K^T V`` state per chunk, not one per sequence); each naming its
+      one ``K^T V`` state per chunk, not one per sequence), or ``heads_first`` with
+      ``causal``; each naming its
       ``model.attention_kwargs`` field.
   """
 
@@ -180,6 +192,7 @@ class SimpleAttention(nn.Module):
   normalizer: str = "real"
   mask_pads: bool = True
   kv_dropout_rate: float = 0.0
+  heads_first: bool = False
   dtype: base.Dtype = jnp.float32
 
   @nn.compact
@@ -187,6 +200,9 @@ class SimpleAttention(nn.Module):
     if self.causal and self.kv_dropout_rate > 0:
       raise ValueError("model.attention_kwargs.kv_dropout_rate > 0 needs causal=False: the "
                        "causal form has no single K^T V to drop out")
+    if self.causal and self.heads_first:
+      raise ValueError("model.attention_kwargs.heads_first=True needs causal=False: the "
+                       "causal form keeps its own chunked layout")
     if not self.use_output_proj and self.qkv_dim != self.out_dim:
       raise ValueError(
           f"attention 'simple' and 'simple_res' have no output projection, so "
@@ -203,7 +219,8 @@ class SimpleAttention(nn.Module):
         kv_dropout = functools.partial(nn.Dropout(self.kv_dropout_rate, name="kv_dropout"),
                                        deterministic=deterministic)
       y_BxLxHxK = simple_attention(q, k, v, mask_BxL, normalizer=self.normalizer,
-                                   mask_pads=self.mask_pads, kv_dropout=kv_dropout)
+                                   mask_pads=self.mask_pads, kv_dropout=kv_dropout,
+                                   heads_first=self.heads_first)
     if self.use_output_proj:
       return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
     return y_BxLxHxK.reshape(*y_BxLxHxK.shape[:2], self.qkv_dim)
