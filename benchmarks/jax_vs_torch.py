@@ -36,6 +36,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -97,8 +98,8 @@ def measure_pair(label: str, length: int, batch: int, dtype: str, steps: int, ro
     A record: ``label``, ``torch_label``, ``length``, ``status`` (``ok``, ``OOM`` or
     ``error``), ``reason``, and when ok ``jax_s`` and ``torch_s`` (seconds per step of every
     round), their medians ``jax_median_s`` and ``torch_median_s``, ``jax_speed_vs_torch``
-    (``torch_median_s / jax_median_s``), and each side's final loss. Never raises for a
-    failing cell.
+    (``torch_median_s / jax_median_s``), and each side's final loss; a non-finite final
+    loss makes the cell an ``error``. Never raises for a failing cell.
   """
   kind = torch_kind(label)
   record: dict[str, Any] = {"label": label, "torch_label": f"torch_{kind}_{torch_mode}",
@@ -145,11 +146,14 @@ def measure_pair(label: str, length: int, batch: int, dtype: str, steps: int, ro
       jax_s.append(t_jax)
       torch_s.append(t_torch)
     jax_median, torch_median = statistics.median(jax_s), statistics.median(torch_s)
-    record.update(
-        status="ok", jax_s=jax_s, torch_s=torch_s, jax_median_s=jax_median,
-        torch_median_s=torch_median, jax_speed_vs_torch=torch_median / jax_median,
-        jax_final_loss=float(np.asarray(sums["loss"])[0] / np.asarray(sums["count"])[0]),
-        torch_final_loss=float(loss))
+    losses = {"jax_final_loss": float(np.asarray(sums["loss"])[0] / np.asarray(sums["count"])[0]),
+              "torch_final_loss": float(loss)}
+    record.update(jax_s=jax_s, torch_s=torch_s, jax_median_s=jax_median,
+                  torch_median_s=torch_median, jax_speed_vs_torch=torch_median / jax_median,
+                  **losses)
+    bad = [name for name, value in losses.items() if not np.isfinite(value)]
+    record.update(status="error" if bad else "ok",
+                  reason=f"non-finite {', '.join(bad)}" if bad else "")
   except Exception as error:  # noqa: BLE001  (any failure is this cell's result)
     record.update(status="OOM" if sm._is_oom(error) else "error",  # pylint: disable=protected-access
                   reason=sm._first_line(error))  # pylint: disable=protected-access
@@ -187,7 +191,13 @@ def markdown_report(payload: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-  """Command line: see the module docstring. Returns the JSON payload."""
+  """Command line: see the module docstring. Returns the JSON payload.
+
+  Raises:
+    ValueError: for an unknown row label in ``--variants``.
+    SystemExit: (after writing the outputs) when no cell ran, so a run that measured nothing
+      does not exit 0.
+  """
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--variants", nargs="+", default=["simple", "softmax_xla"],
                       help="speed_memory.py row labels")
@@ -223,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   payload = {
       "benchmark": "jax_vs_torch",
       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "command": "python benchmarks/jax_vs_torch.py " + " ".join(
+      "command": "python benchmarks/jax_vs_torch.py " + shlex.join(
           argv if argv is not None else sys.argv[1:]),
       "settings": {"variants": args.variants, "lengths": args.lengths, "batch": args.batch,
                    "dtype": args.dtype, "steps": args.steps, "rounds": args.rounds,
@@ -241,6 +251,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   with open(os.path.join(args.out, "jax_vs_torch.md"), "w") as f:
     f.write(text)
   print(text)
+  if not any(r["status"] == "ok" for r in results):
+    raise SystemExit("jax_vs_torch: no cell ran; see the reasons in "
+                     + os.path.join(args.out, "jax_vs_torch.md"))
   return payload
 
 

@@ -60,12 +60,8 @@ def kind_of(name: str, source: str = "") -> str:
   rounds of the random-bit generator as ``random bits`` (:data:`RANDOM_SOURCE`) unless the
   name says matmul."""
   lower = name.lower()
-  if RANDOM_SOURCE.search(source) and kind_of(name) != "matmul":
-    return "random bits"
-  for kind, pattern in KINDS:
-    if re.search(pattern, lower):
-      return kind
-  return "other"
+  kind = next((kind for kind, pattern in KINDS if re.search(pattern, lower)), "other")
+  return "random bits" if kind != "matmul" and RANDOM_SOURCE.search(source) else kind
 
 
 def load_trace(trace_dir: str) -> dict[str, Any]:

@@ -238,8 +238,9 @@ def replicate(tree, devices=None):
   ``flax.jax_utils.replicate`` places the copies under a sharding whose mesh axis is not
   :data:`AXIS`. JAX (0.10) implements ``pmap`` with ``jit``, whose cache key includes the
   input shardings, so the state the first train step returns differs in sharding from the
-  state it was given, and the second step compiled the whole train step again (measured:
-  3.2 s more on CPU for ``configs/listops/simple.py:tiny``). Passing the copies through a
+  state it was given, and the second step built the whole train step again (2.2 s on CPU for
+  the paper ListOps config at batch 2 with the persistent cache on,
+  ``benchmarks/results/cpu/replicate_compiles.md``). Passing the copies through a
   pmapped identity gives them the steps' own output sharding, so each batch shape compiles
   once. (Called AOT-compiled steps, as in the benchmarks, never recompiled.)
 

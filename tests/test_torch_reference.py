@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 
+import jax_vs_torch  # noqa: E402
 import speed_memory  # noqa: E402
 import torch_step  # noqa: E402
 
@@ -168,10 +169,10 @@ def test_a_non_finite_loss_is_an_error_and_a_foreign_json_is_refused(tmp_path, m
     torch_step.main(["--jax-results", str(foreign), "--out", str(tmp_path)])
 
 
-def test_the_interleaved_benchmark_times_both_frameworks_in_turn(tmp_path):
+def test_the_interleaved_benchmark_times_both_frameworks_in_turn(tmp_path, monkeypatch):
   """benchmarks/jax_vs_torch.py: one JAX row against its PyTorch model, rounds interleaved;
   the PyTorch model starts from the JAX parameters, and a failing cell is a record."""
-  jvt = pytest.importorskip("jax_vs_torch")
+  jvt = jax_vs_torch
   sets = [f"{k}={v}" for k, v in TINY.items()]
   payload = jvt.main(["--variants", "simple", "--lengths", "16", "--rounds", "3",
                       "--set", *sets, "--out", str(tmp_path)])
@@ -189,5 +190,14 @@ def test_the_interleaved_benchmark_times_both_frameworks_in_turn(tmp_path):
   failed = jvt.measure_pair("simple", 16, 2, "float32", 1, 1, torch.device("cpu"),
                             overrides={**TINY, "num_heads": 3})
   assert failed["status"] == "error" and "num_heads=3" in failed["reason"]
+  with pytest.raises(SystemExit, match="jax_vs_torch: no cell ran"):
+    jvt.main(["--variants", "simple", "--lengths", "16", "--rounds", "1",
+              "--set", *sets, "num_heads=3", "--out", str(tmp_path / "none")])
+  assert (tmp_path / "none" / "jax_vs_torch.md").exists()   # the reasons are written
+  # A non-finite loss is an error, not a timing.
+  monkeypatch.setattr(torch_step, "make_step",
+                      lambda *a, **k: (lambda tokens, targets: torch.tensor(float("nan"))))
+  nan = jvt.measure_pair("simple", 16, 2, "float32", 1, 1, torch.device("cpu"), overrides=TINY)
+  assert nan["status"] == "error" and nan["reason"] == "non-finite torch_final_loss"
   with pytest.raises(ValueError, match="unknown variant 'nope'"):
     jvt.main(["--variants", "nope", "--out", str(tmp_path)])
