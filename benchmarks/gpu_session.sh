@@ -19,6 +19,10 @@
 #             4097; simple at 4K with model.dropout_mask_bits=16, and at 4K and 16K with
 #             attention_kwargs.heads_first; simple and softmax_flash at 4K and 16K with
 #             model.length_multiple=8 (JSONs in leads.tar.gz)       (estimated at 7 minutes)
+#   layouts   simple at 4K and 16K as it is, with attention_kwargs.heads_first, with
+#             attention_kwargs.block_diagonal, and with block_diagonal + last_block_cls_only +
+#             length_multiple=8; hlo_cost.py on this GPU's compile; the profile of the last
+#             one                                              (estimated at 6 minutes)
 #   profiles  simple's profile at 4K with the op behind each kernel, with and without
 #             length_multiple=8; the profile of softmax_flash on cuDNN  (estimated at 3 minutes)
 #   torch     PyTorch's speed on the same model and batch (benchmarks/torch_step.py: SDPA
@@ -39,15 +43,15 @@
 # Measured on 2026-11-23 (benchmarks/results/nvidia-h100-80gb-hbm3/README.md): check is done
 # (rerun its test after changing a fast path); a benchmark cell takes 12 to 46 s uncached,
 # mostly compiling and setting up, so the bf16 table needs several calls (cells now compile 8
-# side by side, not yet measured on a GPU). Next order: leads, profiles, torch, listops, bf16
-# (resumed), fp32.
+# side by side, not yet measured on a GPU). Next order: layouts, leads, profiles, torch,
+# listops, bf16 (resumed), fp32.
 # Chain the calls: the machine is handed back 30 s after a call ends, and a fresh one starts
 # bare (no compilation cache, no generated ListOps). Logs of the long steps are cut to their
 # tails, because the device tool returns no file over 16 MiB.
 # Everything is written under $OUT (default /tmp/gpu_session): at most 8 files per part, as
 # the device tool returns them; each part also packs its folder into <part>.tar.gz.
 set -uo pipefail
-part=${1:?usage: bash benchmarks/gpu_session.sh check|leads|profiles|torch|bf16|fp32|listops}
+part=${1:?usage: bash benchmarks/gpu_session.sh check|layouts|leads|profiles|torch|bf16|fp32|listops}
 OUT=${OUT:-/tmp/gpu_session}
 work=/tmp/gpu_session_work/$part
 mkdir -p "$OUT" "$work"
@@ -162,6 +166,31 @@ case "$part" in
       --lengths 4096 16384 --set length_multiple=8 --out "$work/multiple8" \
       --cache-dir /tmp/jax_cache --compile-workers 2 >>"$log" 2>&1
     cp "$work/multiple8/speed_memory.md" "$OUT/leads_multiple8.md"
+    ;;
+  layouts)
+    # Simple's layouts in the full step, the default first in the same call: the model of
+    # benchmarks/hlo_cost.py (compiled for an H100 without one,
+    # benchmarks/results/nvidia-h100-80gb-hbm3/hlo_cost/) gives block_diagonal with
+    # last_block_cls_only and length_multiple=8 1.52x at 4K, heads_first 1.25x.
+    bd='"block_diagonal":true'
+    for spec in "default:dropout_rate=0.1" "heads_first:attention_kwargs={\"heads_first\":true}" \
+        "block_diagonal:attention_kwargs={$bd}" \
+        "bd_cls_m8:attention_kwargs={$bd} last_block_cls_only=true length_multiple=8"; do
+      name=${spec%%:*}; read -r -a sets <<<"${spec#*:}"
+      python benchmarks/speed_memory.py --dtype bfloat16 --variants simple --lengths 4096 16384 \
+        --set "${sets[@]}" --out "$work/$name" --cache-dir /tmp/jax_cache --compile-workers 2 \
+        --run-seconds 2 >>"$log" 2>&1
+      cp "$work/$name/speed_memory.md" "$OUT/layouts_$name.md"
+    done
+    # The model on this GPU's own compile (autotuned), to set against the times above.
+    python benchmarks/hlo_cost.py --target local --lengths 4096 --specs simple \
+      "simple+attention_kwargs={$bd}+last_block_cls_only=true+length_multiple=8" \
+      --bandwidth 2.68e12 --out "$work/hlo_cost" >>"$log" 2>&1
+    cp "$work/hlo_cost/hlo_cost.md" "$OUT/layouts_hlo_cost_gpu.md"
+    JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache python benchmarks/profile_step.py --variant simple \
+      --length 4096 --dtype bfloat16 --set "attention_kwargs={$bd}" last_block_cls_only=true \
+      length_multiple=8 --top 30 --out "$work/profile_bd" >>"$log" 2>&1
+    cp "$work/profile_bd/profile_summary.txt" "$OUT/layouts_profile_bd_cls_m8.txt"
     ;;
   profiles)
     # simple's profile again, now with the JAX op behind each kernel (where do the copies and

@@ -40,9 +40,10 @@ def test_output_shape(name):
   chex.assert_tree_all_finite(y)
 
 
-@pytest.mark.parametrize("pad,heads_first", [(0, False), (5, True)])
-def test_simple_equals_naive_quadratic_form(pad, heads_first):
-  module = _build("simple", heads_first=heads_first)
+@pytest.mark.parametrize("pad,layout", [(0, {}), (5, {"heads_first": True}),
+                                        (3, {"block_diagonal": True})])
+def test_simple_equals_naive_quadratic_form(pad, layout):
+  module = _build("simple", **layout)
   x = _inputs(L + pad)
   lengths = jnp.array([L, L - 4])
   mask = jnp.arange(L + pad)[None, :] < lengths[:, None]

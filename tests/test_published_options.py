@@ -108,12 +108,19 @@ def test_kv_dropout_drops_entries_of_kv():
   np.testing.assert_allclose(np.asarray(eval_y).reshape(ref.shape), ref, rtol=1e-4, atol=1e-5)
 
 
-def test_kv_dropout_hook_sees_kv_before_the_query_product():
+@pytest.mark.parametrize("block_diagonal", [False, True])
+def test_kv_dropout_hook_sees_kv_before_the_query_product(block_diagonal):
+  # The block-diagonal layout hands the hook the same per-head [B, H, K, K] states.
   rng = np.random.default_rng(0)
   q, k, v = (rng.normal(size=(B, L, H, 3)).astype(np.float32) for _ in range(3))
   keep_BxHxKxK = rng.random((B, H, 3, 3)) < 0.5
+
+  def hook(kv):
+    chex.assert_shape(kv, (B, H, 3, 3))
+    return kv * keep_BxHxKxK
+
   y = simple.simple_attention(q, k, v, _mask(), normalizer="padded", mask_pads=False,
-                              kv_dropout=lambda kv: kv * keep_BxHxKxK)
+                              kv_dropout=hook, block_diagonal=block_diagonal)
   kv = np.einsum("blhd,blhe->bhde", k, v) * keep_BxHxKxK
   ref = np.einsum("blhd,bhde->blhe", q, kv) / np.sqrt(L)
   np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-5)
@@ -137,8 +144,11 @@ def test_simple_option_errors():
     _build("simple", normalizer="max").init(jax.random.PRNGKey(0), x, None)
   with pytest.raises(ValueError, match="kv_dropout_rate > 0 needs causal=False"):
     _build("simple", causal=True, kv_dropout_rate=0.1).init(jax.random.PRNGKey(0), x, None)
-  with pytest.raises(ValueError, match="heads_first=True needs causal=False"):
-    _build("simple", causal=True, heads_first=True).init(jax.random.PRNGKey(0), x, None)
+  for layout in ("heads_first", "block_diagonal"):
+    with pytest.raises(ValueError, match=f"{layout}=True needs causal=False"):
+      _build("simple", causal=True, **{layout: True}).init(jax.random.PRNGKey(0), x, None)
+  with pytest.raises(ValueError, match="set at most one"):
+    _build("simple", heads_first=True, block_diagonal=True).init(jax.random.PRNGKey(0), x, None)
 
 
 # --- LRA's missing padding masks -----------------------------------------------------------

@@ -369,3 +369,83 @@ def test_attention_op_candidates_compute_the_same_function():
                     log=lambda _: None)
   assert [r["status"] for r in payload["attention"] + payload["dropout"]] == ["OOM", "OOM"]
   assert "| `simple` | OOM |" in aop.markdown_report(payload, "cmd")
+
+
+# Optimized GPU HLO as XLA prints it: a fusion reading one parameter through a slice, a
+# cuBLASLt matmul with a bias epilogue, a transpose, and a fusion holding a dot.
+_COST_HLO = """
+%fused_slice (param_0: f32[64,1024], param_1: f32[64]) -> f32[64,8] {
+  %param_0 = f32[64,1024]{1,0} parameter(0)
+  %slice.1 = f32[64,8]{1,0} slice(%param_0), slice={[0:64], [0:8]}
+  %param_1 = f32[64]{0} parameter(1)
+  %broadcast.1 = f32[64,8]{1,0} broadcast(%param_1), dimensions={0}
+  ROOT %add.1 = f32[64,8]{1,0} add(%slice.1, %broadcast.1)
+}
+
+%gemm_body (p0: bf16[16,32], p1: bf16[32,8]) -> bf16[16,8] {
+  %p0 = bf16[16,32]{1,0} parameter(0)
+  %p1 = bf16[32,8]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[16,8]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main.1 (a: f32[64,1024], b: f32[64], x: bf16[128,256], w: bf16[256,512], c: bf16[512], p: bf16[16,32], q: bf16[32,8]) -> bf16[512,128] {
+  %a = f32[64,1024]{1,0} parameter(0)
+  %b = f32[64]{0} parameter(1)
+  %x = bf16[128,256]{1,0} parameter(2)
+  %w = bf16[256,512]{1,0} parameter(3)
+  %c = bf16[512]{0} parameter(4)
+  %p = bf16[16,32]{1,0} parameter(5)
+  %q = bf16[32,8]{1,0} parameter(6)
+  %loop_add_fusion = f32[64,8]{1,0} fusion(%a, %b), kind=kLoop, calls=%fused_slice, metadata={op_name="jit(step)/jvp(ClassificationEncoder)/encoder/encoderblock_0/LayerNorm_0/add"}
+  %cublas-lt-matmul.1 = (bf16[128,512]{1,0}, s8[4194304]{0}) custom-call(%x, %w, %c), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/jvp(ClassificationEncoder)/encoder/encoderblock_0/MlpBlock_0/Dense_0/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"epilogue":"BIAS"}}
+  %get-tuple-element.1 = bf16[128,512]{1,0} get-tuple-element(%cublas-lt-matmul.1), index=0
+  %gemm_fusion_dot.1 = bf16[16,8]{1,0} fusion(%p, %q), kind=kCustom, calls=%gemm_body
+  ROOT %transpose.1 = bf16[512,128]{1,0} transpose(%get-tuple-element.1), dimensions={1,0}
+}
+"""
+
+
+def test_hlo_cost_charges_bytes_and_flops_by_hand_count():
+  hc = _load_benchmark("hlo_cost")
+  rows = {r["name"]: r for r in hc.kernel_costs(_COST_HLO, bandwidth=1e9, matmul_peak=1e12)}
+  assert list(rows) == ["loop_add_fusion", "cublas-lt-matmul.1", "gemm_fusion_dot.1",
+                        "transpose.1"]   # parameters and tuple plumbing are free
+  # The fusion reads 64 x 8 of its 64 x 1024 parameter, all of the bias, writes 64 x 8.
+  assert rows["loop_add_fusion"]["bytes"] == 64 * 8 * 4 + 64 * 4 + 64 * 8 * 4
+  assert rows["loop_add_fusion"]["part"] == "layer norm"
+  # x, w and the bias in; the result out (the cuBLAS workspace is not traffic).
+  gemm = rows["cublas-lt-matmul.1"]
+  assert gemm["bytes"] == (128 * 256 + 256 * 512 + 512 + 128 * 512) * 2
+  assert gemm["flops"] == 2 * 128 * 512 * 256 and gemm["kind"] == "matmul"
+  assert gemm["model_s"] == pytest.approx(max(gemm["bytes"] / 1e9, gemm["flops"] / 1e12))
+  assert gemm["part"] == "MLP"
+  assert rows["gemm_fusion_dot.1"]["flops"] == 2 * 16 * 8 * 32
+  assert rows["transpose.1"]["kind"] == "copy/transpose"
+  assert rows["transpose.1"]["bytes"] == 2 * 128 * 512 * 2
+  summary = hc.summarize(list(rows.values()), top=1)
+  assert summary["model_ms"] == pytest.approx(sum(r["model_s"] for r in rows.values()) * 1e3)
+  assert summary["top"][0]["name"] == "cublas-lt-matmul.1"   # the most bytes
+  assert set(summary["by_part"]) == {"layer norm", "MLP", "optimizer and other"}
+  with pytest.raises(ValueError, match="no ENTRY"):
+    hc.kernel_costs("%f (a: f32[1]) -> f32[1] {\n}\n", 1.0, 1.0)
+
+
+def test_hlo_cost_counts_the_steps_matmul_flops_on_the_local_backend(tmp_path):
+  hc = _load_benchmark("hlo_cost")
+  tiny = "+".join(f"{k}={v}" for k, v in TINY.items())
+  payload = hc.main(["--target", "local", "--specs", f"simple+{tiny}", "no_such_variant",
+                     "--lengths", "16", "--batch", "2", "--bandwidth", "1e10",
+                     "--out", str(tmp_path)])
+  ok, bad = payload["cells"]
+  assert bad["status"] == "error" and "unknown variant" in bad["reason"]
+  # The HLO's matmul FLOPs are the analytic count of the step's dot_generals (flops.py);
+  # hlo_cost compiles the whole batch for one device, speed_memory splits it over all.
+  record, _ = sm.prepare_cell("simple", 16, 2, "bfloat16", None, hc.parse_spec(ok["spec"])[1])
+  assert ok["flops"] == record["flops_per_step_per_device"] * jax.local_device_count()
+  assert ok["by_kind"]["matmul"] > 0 and ok["model_ms"] > 0
+  text = open(tmp_path / "hlo_cost.md").read()
+  assert f"| `simple+{tiny}` | 16 |" in text and "unknown variant" in text
+  with pytest.raises(SystemExit, match="hlo_cost: no cell compiled"):
+    hc.main(["--target", "local", "--specs", "no_such_variant", "--out", str(tmp_path)])
+  with pytest.raises(ValueError, match="expected FIELD=VALUE"):
+    hc.main(["--target", "local", "--specs", "simple+emb_dim", "--out", str(tmp_path)])

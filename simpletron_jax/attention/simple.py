@@ -32,6 +32,7 @@ import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from simpletron_jax.attention import base
 
@@ -46,7 +47,8 @@ def _check_normalizer(normalizer: str) -> None:
 
 
 def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: str = "real",
-                     mask_pads: bool = True, kv_dropout=None, heads_first: bool = False):
+                     mask_pads: bool = True, kv_dropout=None, heads_first: bool = False,
+                     block_diagonal: bool = False):
   """Non-causal SimpleAttention on projected heads.
 
   Args:
@@ -64,15 +66,27 @@ def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: s
       so not bit-identical: on CPU it made the benchmark's ``simple`` step 1.03x to 1.06x
       faster (``benchmarks/results/cpu/simple_layout.md``); on an H100 the products alone
       were 1.03x (``attention_op_bf16.md``, ``simple_bhlk``).
+    block_diagonal: True: both products run on the heads side by side, ``[B, L, H*K]``,
+      with every head's ``K^T V`` a block of one ``[B, H*K, H*K]`` matrix whose other
+      blocks are zeroed. The zero blocks add exact zeros, so the function is the same (not
+      bit-identical: the sums group differently). The products cost ``H`` times the FLOPs
+      of the per-head ones, but no array of ``L`` rows is transposed, forward or backward.
 
   Returns:
     ``[B, L, H, K]``; rows at padded positions are 0 when ``mask_pads``. No ``L x L``
     array is built: the largest intermediate is ``K^T V`` of shape ``[B, H, K, K]``.
 
   Raises:
-    ValueError: for an unknown ``normalizer``.
+    ValueError: for an unknown ``normalizer``, or both ``heads_first`` and
+      ``block_diagonal``.
   """
   _check_normalizer(normalizer)
+  if heads_first and block_diagonal:
+    raise ValueError("model.attention_kwargs: heads_first and block_diagonal are two layouts "
+                     "of the same products; set at most one")
+  if block_diagonal:
+    return _block_diagonal_simple(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, normalizer,
+                                  mask_pads, kv_dropout)
   q, k, v = q_BxLxHxK, k_BxLxHxK, v_BxLxHxK
   if heads_first:   # [B, H, L, K] from here on; "l" and "h" swap places in the einsums
     q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
@@ -93,6 +107,31 @@ def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: s
     n_B = jnp.maximum(mask_BxL.sum(axis=-1), 1).astype(y.dtype)
     y = y / jnp.sqrt(n_B)[:, None, None, None]
   return jnp.swapaxes(y, 1, 2) if heads_first else y
+
+
+def _block_diagonal_simple(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, normalizer: str,
+                           mask_pads: bool, kv_dropout):
+  """:func:`simple_attention` with ``block_diagonal=True`` (same arguments and result)."""
+  b, l, h, kd = q_BxLxHxK.shape
+  q, k, v = (t.reshape(*t.shape[:2], h * kd) for t in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
+  if mask_pads:
+    m = mask_BxL[:, :, None].astype(q.dtype)
+    q, k, v = q * m, k * m, v * m
+  kv_BxDxD = jnp.einsum("bld,ble->bde", k, v)
+  head = np.arange(h * kd) // kd
+  kv_BxDxD = jnp.where(head[:, None] == head[None, :], kv_BxDxD, 0)
+  if kv_dropout is not None:   # drops each head's K^T V entries, as the per-head form does
+    kv_BxHxKxK = jnp.einsum("bhdhe->bhde", kv_BxDxD.reshape(b, h, kd, h, kd))
+    kv_BxHxKxK = kv_dropout(kv_BxHxKxK)
+    kv_BxDxD = jnp.einsum("bhde,hg->bhdge", kv_BxHxKxK, jnp.eye(h, dtype=kv_BxDxD.dtype)
+                          ).reshape(b, h * kd, h * kd)
+  y = jnp.einsum("bld,bde->ble", q, kv_BxDxD)
+  if normalizer == "padded":
+    y = y / jnp.sqrt(jnp.asarray(l, y.dtype))
+  else:
+    n_B = jnp.maximum(mask_BxL.sum(axis=-1), 1).astype(y.dtype)
+    y = y / jnp.sqrt(n_B)[:, None, None]
+  return y.reshape(b, l, h, kd)
 
 
 def causal_simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, chunk_size: int, *,
@@ -169,6 +208,10 @@ class SimpleAttention(nn.Module):
       0.1); 0 (default): none. Non-causal only.
     heads_first: run the products on ``[B, H, L, K]`` arrays (see :func:`simple_attention`;
       the same function, fewer transposes, not bit-identical to the default). Non-causal only.
+    block_diagonal: run the products on ``[B, L, H*K]`` with the heads' ``K^T V`` as the
+      blocks of one block-diagonal matrix (see :func:`simple_attention`; the same function,
+      ``H`` times the attention FLOPs, no transposes; not bit-identical). Non-causal only;
+      at most one of ``heads_first`` and ``block_diagonal``.
     dtype: computation dtype.
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
@@ -177,8 +220,8 @@ class SimpleAttention(nn.Module):
     ValueError: if ``use_output_proj`` is False and ``qkv_dim != out_dim``
       (config fields ``model.qkv_dim`` and ``model.emb_dim``); for an unknown
       ``normalizer``; for ``kv_dropout_rate > 0`` with ``causal`` (the causal form has
-      one ``K^T V`` state per chunk, not one per sequence), or ``heads_first`` with
-      ``causal``; each naming its
+      one ``K^T V`` state per chunk, not one per sequence), ``heads_first`` or
+      ``block_diagonal`` with ``causal``, or both layouts at once; each naming its
       ``model.attention_kwargs`` field.
   """
 
@@ -193,6 +236,7 @@ class SimpleAttention(nn.Module):
   mask_pads: bool = True
   kv_dropout_rate: float = 0.0
   heads_first: bool = False
+  block_diagonal: bool = False
   dtype: base.Dtype = jnp.float32
 
   @nn.compact
@@ -200,9 +244,10 @@ class SimpleAttention(nn.Module):
     if self.causal and self.kv_dropout_rate > 0:
       raise ValueError("model.attention_kwargs.kv_dropout_rate > 0 needs causal=False: the "
                        "causal form has no single K^T V to drop out")
-    if self.causal and self.heads_first:
-      raise ValueError("model.attention_kwargs.heads_first=True needs causal=False: the "
-                       "causal form keeps its own chunked layout")
+    for layout in ("heads_first", "block_diagonal"):
+      if self.causal and getattr(self, layout):
+        raise ValueError(f"model.attention_kwargs.{layout}=True needs causal=False: the "
+                         "causal form keeps its own chunked layout")
     if not self.use_output_proj and self.qkv_dim != self.out_dim:
       raise ValueError(
           f"attention 'simple' and 'simple_res' have no output projection, so "
@@ -220,7 +265,8 @@ class SimpleAttention(nn.Module):
                                        deterministic=deterministic)
       y_BxLxHxK = simple_attention(q, k, v, mask_BxL, normalizer=self.normalizer,
                                    mask_pads=self.mask_pads, kv_dropout=kv_dropout,
-                                   heads_first=self.heads_first)
+                                   heads_first=self.heads_first,
+                                   block_diagonal=self.block_diagonal)
     if self.use_output_proj:
       return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
     return y_BxLxHxK.reshape(*y_BxLxHxK.shape[:2], self.qkv_dim)
