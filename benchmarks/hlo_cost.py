@@ -10,11 +10,13 @@
     # The local backend (a CPU here, or the GPU of the machine it runs on):
     python benchmarks/hlo_cost.py --target local --specs simple --lengths 1024 --out ...
 
-A spec is a ``speed_memory.py`` row label followed by ``+FIELD=VALUE`` ``model.*`` overrides
-(values JSON, else strings), e.g. ``simple+attention_kwargs={"heads_first":true}``.
+A spec is a ``speed_memory.py`` row label (the LRA text model of that script) or a config
+file as ``step_time.py`` takes it (``configs/listops/simple.py[:variant][,field=value...]``),
+followed by ``+FIELD=VALUE`` ``model.*`` overrides (values JSON, else strings), e.g.
+``simple+attention_kwargs={"heads_first":true}``.
 
-For each spec and length the script compiles the benchmark's train step (the LRA text model of
-``speed_memory.py``, forward, backward and AdamW, batch 32 by default) and reads the optimized
+For each spec and length the script compiles the train step (forward, backward and AdamW on
+``--batch`` full-length examples, 32 by default, in ``--dtype``) and reads the optimized
 HLO. Each kernel of the entry computation (a fusion, a cuBLAS call, a copy) is charged
 
 * ``bytes``: the sizes of its operands and results, where a fusion parameter used only
@@ -61,6 +63,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
 import speed_memory as sm  # noqa: E402
+import step_time  # noqa: E402
 from simpletron_jax import models, train_lib  # noqa: E402
 from simpletron_jax.attention import softmax as softmax_attention  # noqa: E402
 
@@ -332,22 +335,48 @@ def target_mesh(target: str) -> jax.sharding.Mesh:
   return topologies.make_mesh(topology, (1,), (train_lib.AXIS,))
 
 
+def cell_config(label: str, length: int, batch: int, dtype: str, overrides: dict[str, Any]):
+  """The config of one cell: a ``speed_memory.py`` row (the LRA text model at ``length``), or
+  a config file spec ``path.py[:variant][,dotted.field=value...]`` as ``step_time.py`` reads
+  it, with ``model.dtype`` and ``batch_size`` set from ``dtype`` and ``batch``.
+
+  Returns:
+    ``(config, vocab_size, num_classes)``.
+
+  Raises:
+    ValueError: for an unknown row, a bad override, or ``length`` over ``model.max_length``.
+  """
+  if ".py" not in label:
+    setup = sm.variant_setup(label, length)
+    config = sm.lra_text_config(length, setup.attention, setup.attention_kwargs, batch, dtype,
+                                {**setup.model_overrides, **overrides})
+    return config, sm.BYTE_VOCAB, sm.NUM_CLASSES
+  config = step_time.load_config(label)
+  config.batch_size, config.model.dtype = batch, dtype
+  for field, value in overrides.items():
+    if field not in config.model:
+      raise ValueError(f"{label}: +{field}= is not a model field of that config")
+    config.model[field] = value
+  if length > config.model.max_length:
+    raise ValueError(f"{label}: length {length} > model.max_length "
+                     f"{config.model.max_length}")
+  return config, 16, 10
+
+
 def compile_step(label: str, length: int, batch: int, dtype: str, overrides: dict[str, Any],
                  mesh: jax.sharding.Mesh, target: str) -> str:
-  """The optimized HLO text of the benchmark's train step for one cell.
+  """The optimized HLO text of the train step for one cell (:func:`cell_config`).
 
   The step is :func:`simpletron_jax.train_lib.train_step` on one device, as
   ``speed_memory.py``'s pmapped step runs it (under ``shard_map`` over ``mesh`` here, so that
-  it can be compiled for an abstract device). The state is donated.
+  it can be compiled for an abstract device), on ``batch`` full-length examples. The state
+  is donated.
 
   Raises:
-    ValueError: from ``speed_memory.variant_setup`` and ``lra_text_config``.
+    ValueError: from :func:`cell_config`.
   """
-  setup = sm.variant_setup(label, length)
-  config = sm.lra_text_config(length, setup.attention, setup.attention_kwargs, batch, dtype,
-                              {**setup.model_overrides, **overrides})
-  model = models.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
-                                  num_classes=sm.NUM_CLASSES)
+  config, vocab, classes = cell_config(label, length, batch, dtype, overrides)
+  model = models.build_classifier(config.model, vocab_size=vocab, num_classes=classes)
   state_shapes = jax.eval_shape(lambda r: train_lib.create_train_state(config, model, r),
                                 jax.random.PRNGKey(0))
 
@@ -362,8 +391,8 @@ def compile_step(label: str, length: int, batch: int, dtype: str, overrides: dic
   sharded = jax.sharding.NamedSharding(mesh, axis)
   state = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype, sharding=sharded), state_shapes)
-  data = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharded)
-          for k, v in sm._host_batch(batch, length, 1).items()}  # pylint: disable=protected-access
+  host = step_time.random_batch(np.random.default_rng(0), batch, length, vocab, 1, classes)
+  data = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharded) for k, v in host.items()}
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32,
                              sharding=jax.sharding.NamedSharding(mesh, PartitionSpec()))
   # Without a device XLA cannot autotune Triton GEMM tiles (and fails on the defaults).
@@ -448,7 +477,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   """
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--specs", nargs="+", default=["simple"],
-                      help="LABEL[+FIELD=VALUE...]: a speed_memory.py row and model overrides")
+                      help="LABEL[+FIELD=VALUE...]: a speed_memory.py row or a config file "
+                      "spec, and model overrides")
   parser.add_argument("--lengths", nargs="+", type=int, default=[4096])
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
   parser.add_argument("--batch", type=int, default=32)

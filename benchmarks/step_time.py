@@ -21,6 +21,7 @@ import ast
 import importlib.util
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -124,7 +125,8 @@ def main():
   os.makedirs(args.out, exist_ok=True)
   device = jax.devices()[0]
   header = {"device": f"{device.platform}:{device.device_kind}", "n_devices": n_dev,
-            "cpu_count": os.cpu_count(), "rounds": args.rounds, "jax": jax.__version__}
+            "cpu_count": os.cpu_count(), "rounds": args.rounds, "jax": jax.__version__,
+            "command": shlex.join(["python", "benchmarks/step_time.py", *sys.argv[1:]])}
   with open(os.path.join(args.out, "step_time.json"), "w") as f:
     json.dump({**header, "rows": rows}, f, indent=2)
   lines = [f"Train-step time on {header['device']} x{n_dev} ({os.cpu_count()} CPUs), median of "
@@ -133,6 +135,7 @@ def main():
            "|---|---|---|---|---|---|"]
   lines += [f"| {r['config']} | {r['length']} | {r['batch']} | {r['median_s_per_step']:.3f} | "
             f"{r['steps_per_sec']:.2f} | {r['time_ratio_to_first']:.2f}x |" for r in rows]
+  lines += ["", f"Command: `{header['command']}`"]
   table = "\n".join(lines)
   with open(os.path.join(args.out, "step_time.md"), "w") as f:
     f.write(table + "\n")

@@ -434,9 +434,11 @@ def test_hlo_cost_counts_the_steps_matmul_flops_on_the_local_backend(tmp_path):
   hc = _load_benchmark("hlo_cost")
   tiny = "+".join(f"{k}={v}" for k, v in TINY.items())
   payload = hc.main(["--target", "local", "--specs", f"simple+{tiny}", "no_such_variant",
+                     "configs/listops/simple.py:tiny+last_block_cls_only=true",
                      "--lengths", "16", "--batch", "2", "--bandwidth", "1e10",
                      "--out", str(tmp_path)])
-  ok, bad = payload["cells"]
+  ok, bad, from_file = payload["cells"]
+  assert from_file["status"] == "ok" and from_file["flops"] > 0   # a config file's model
   assert bad["status"] == "error" and "unknown variant" in bad["reason"]
   # The HLO's matmul FLOPs are the analytic count of the step's dot_generals (flops.py);
   # hlo_cost compiles the whole batch for one device, speed_memory splits it over all.
