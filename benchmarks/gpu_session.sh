@@ -29,6 +29,9 @@
 #             softmax and simple, eager and torch.compile, 1K/4K/16K) beside the JAX rows
 #             softmax_flash and simple measured just before in the same call, with the ratios
 #                                                                  (estimated at 7 minutes)
+#   listops_fast  (after listops, same machine) the grouped ListOps run with
+#             attention_kwargs.block_diagonal, last_block_cls_only and length_multiple=8
+#                                                              (estimated at 5 minutes)
 #   listops   train.py's loop on the ListOps paper config in bfloat16: generation (10 s with
 #             14 workers), then 300 steps without and with data.group_by_length. Every padded
 #             length compiles its own step (simple: 9 to 14 s each): the ungrouped run compiles
@@ -43,15 +46,15 @@
 # Measured on 2026-11-23 (benchmarks/results/nvidia-h100-80gb-hbm3/README.md): check is done
 # (rerun its test after changing a fast path); a benchmark cell takes 12 to 46 s uncached,
 # mostly compiling and setting up, so the bf16 table needs several calls (cells now compile 8
-# side by side, not yet measured on a GPU). Next order: layouts, leads, profiles, torch,
-# listops, bf16 (resumed), fp32.
+# side by side, not yet measured on a GPU). Next order: layouts, listops, listops_fast,
+# torch, leads, profiles, bf16 (resumed), fp32.
 # Chain the calls: the machine is handed back 30 s after a call ends, and a fresh one starts
 # bare (no compilation cache, no generated ListOps). Logs of the long steps are cut to their
 # tails, because the device tool returns no file over 16 MiB.
 # Everything is written under $OUT (default /tmp/gpu_session): at most 8 files per part, as
 # the device tool returns them; each part also packs its folder into <part>.tar.gz.
 set -uo pipefail
-part=${1:?usage: bash benchmarks/gpu_session.sh check|layouts|leads|profiles|torch|bf16|fp32|listops}
+part=${1:?usage: bash benchmarks/gpu_session.sh check|layouts|leads|profiles|torch|bf16|fp32|listops|listops_fast}
 OUT=${OUT:-/tmp/gpu_session}
 work=/tmp/gpu_session_work/$part
 mkdir -p "$OUT" "$work"
@@ -130,6 +133,23 @@ case "$part" in
   fp32) bench float32 540 ;;
   listops)
     listops_loop 300 180 300
+    ;;
+  listops_fast)
+    # After listops on the same warm machine (its generated data in /tmp/listops_lra): the
+    # grouped run again with the GPU options the model favours (benchmarks/hlo_cost.py:
+    # 1.44x at L 2000), its buckets compiled first.
+    [ -d /tmp/listops_lra ] || timeout 120 python -c 'from simpletron_jax.data import listops
+listops.generate_dataset("/tmp/listops_lra", seed=0, num_workers=14)' >>"$log" 2>&1
+    timeout 420 python train.py --config configs/listops/simple.py \
+      --config.model.dtype=bfloat16 --config.data.data_dir=/tmp/listops_lra \
+      --config.num_train_steps=300 --config.eval_frequency=300 --config.checkpoint_every=300 \
+      --config.num_eval_steps=2 --config.num_test_steps=2 --config.data.group_by_length=True \
+      --config.model.attention_kwargs.block_diagonal=True \
+      --config.model.last_block_cls_only=True --config.model.length_multiple=8 \
+      --xla_cache_dir=/tmp/jax_cache_fast --precompile_workers=8 \
+      --workdir "$work/listops_fast" >"$work/listops_fast.log" 2>&1
+    echo "train.py fast options exit $?" >>"$log"; tail -c 20000 "$work/listops_fast.log" >>"$log"
+    cp "$work/listops_fast/metrics.jsonl" "$OUT/listops_fast.jsonl"
     ;;
   leads)
     # What the next speed-ups of simple's step would be worth: its dropout (rate 0.1 against
