@@ -163,6 +163,39 @@ class AddPositionEmbs(nn.Module):
     return x_BxLxE + table[None, :length].astype(x_BxLxE.dtype)
 
 
+@jax.custom_vjp
+def gelu(x):
+  """Flax's (tanh-approximate) GELU, whose gradient saves only its input.
+
+  Differentiated as it is, ``nn.gelu`` keeps its ``tanh`` for the backward pass: one more
+  ``[B, L, mlp_dim]`` array written in the forward pass and read in the backward one (XLA
+  fuses the rest). Here the backward pass recomputes ``tanh`` from ``x``, which it reads
+  anyway. The values and gradients are those of ``nn.gelu`` (bit for bit on CPU, float32 and
+  bfloat16; tested). On an H100 the benchmark's 4K step is modelled 1.04x faster with it
+  (``benchmarks/hlo_cost.py``; 0.2 ms a block); on CPU 1.02x (by hand).
+
+  Args:
+    x: any float array.
+
+  Returns:
+    ``nn.gelu(x)``, same shape and dtype.
+  """
+  return nn.gelu(x)
+
+
+def _gelu_fwd(x):
+  return nn.gelu(x), x
+
+
+def _gelu_bwd(x, g):
+  # The barrier keeps XLA from merging this tanh with the forward pass's (CSE), which would
+  # bring the saved tanh back.
+  return jax.vjp(nn.gelu, jax.lax.optimization_barrier(x))[1](g)
+
+
+gelu.defvjp(_gelu_fwd, _gelu_bwd)
+
+
 class MlpBlock(nn.Module):
   """Dense(mlp_dim) -> GELU -> Dropout -> Dense(out_dim) -> Dropout.
 
@@ -182,7 +215,7 @@ class MlpBlock(nn.Module):
     out_dim = self.out_dim or x.shape[-1]
     y = nn.Dense(self.mlp_dim, kernel_init=KERNEL_INIT, bias_init=BIAS_INIT,
                  dtype=self.dtype)(x)
-    y = nn.gelu(y)
+    y = gelu(y)
     y = dropout(self.dropout_rate, self.dropout_mask_bits)(y, deterministic=deterministic)
     y = nn.Dense(out_dim, kernel_init=KERNEL_INIT, bias_init=BIAS_INIT, dtype=self.dtype)(y)
     return dropout(self.dropout_rate, self.dropout_mask_bits)(y, deterministic=deterministic)

@@ -3,6 +3,7 @@
 import re
 
 import chex
+import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,3 +133,21 @@ def test_dropout_mask_bits_reaches_every_encoder_dropout_and_not_eval():
   np.testing.assert_array_equal(np.asarray(model16.apply(params, tokens)),
                                 np.asarray(model32.apply(params, tokens)))
   assert not np.allclose(np.asarray(train(model16)(params)), np.asarray(train(model32)(params)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gelu_matches_flax_bit_for_bit_with_its_own_gradient(dtype):
+  # layers.gelu recomputes tanh in the backward pass instead of saving it: same numbers.
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 50)) * 3, dtype)
+  weights = jnp.asarray(np.random.default_rng(1).normal(size=(3, 50)), dtype)
+
+  def value_and_grad(fn):
+    loss = lambda t: jnp.sum((fn(t) * weights).astype(jnp.float32))  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss))(x), jax.jit(fn)(x)
+
+  (loss, grad), y = value_and_grad(layers.gelu)
+  (loss_ref, grad_ref), y_ref = value_and_grad(flax.linen.gelu)
+  chex.assert_type([y, grad], dtype)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y_ref, np.float32))
+  np.testing.assert_array_equal(np.asarray(grad, np.float32), np.asarray(grad_ref, np.float32))
+  assert loss == loss_ref

@@ -71,8 +71,8 @@ def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: s
       blocks are zeroed. The zero blocks add exact zeros, so the function is the same (not
       bit-identical: the sums group differently). The products cost ``H`` times the FLOPs
       of the per-head ones, but no array of ``L`` rows is transposed, forward or backward.
-      Modelled on an H100 (``benchmarks/hlo_cost.py``; not measured): 1.25x the benchmark's
-      step at 4K, 1.60x with ``last_block_cls_only`` and ``length_multiple=8``; on CPU the
+      Modelled on an H100 (``benchmarks/hlo_cost.py``; not measured): 1.26x the benchmark's
+      step at 4K, 1.62x with ``last_block_cls_only`` and ``length_multiple=8``; on CPU the
       step is 1.02x slower (``benchmarks/results/cpu/simple_block_diagonal``).
 
   Returns:
