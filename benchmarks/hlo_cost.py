@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--target", choices=("h100", "local"), default="h100")
   parser.add_argument("--bandwidth", type=float, default=None,
                       help="bytes/s a streaming kernel reaches (default: 0.8 x the H100's "
-                      "3.35e12 for h100; required meaning for local)")
+                      "3.35e12; give the local device's with --target local)")
   parser.add_argument("--matmul-peak", type=float, default=H100_MATMUL_PEAK,
                       help="matmul FLOP/s (default: the H100's measured bfloat16 peak)")
   parser.add_argument("--top", type=int, default=12, help="largest kernels listed per cell")

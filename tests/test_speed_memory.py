@@ -451,3 +451,20 @@ def test_hlo_cost_counts_the_steps_matmul_flops_on_the_local_backend(tmp_path):
     hc.main(["--target", "local", "--specs", "no_such_variant", "--out", str(tmp_path)])
   with pytest.raises(ValueError, match="expected FIELD=VALUE"):
     hc.main(["--target", "local", "--specs", "simple+emb_dim", "--out", str(tmp_path)])
+
+
+def _has_cuda_plugin() -> bool:
+  try:
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:   # no jax_plugins package at all
+    return False
+
+
+@pytest.mark.skipif(_has_cuda_plugin(), reason="the CUDA plugin is installed: --target h100 "
+                    "can compile")
+def test_hlo_cost_without_the_cuda_plugin_says_what_to_install(tmp_path):
+  hc = _load_benchmark("hlo_cost")
+  with pytest.raises(SystemExit, match=r"--target h100: no CUDA topology .*Install the CUDA "
+                                       r"plugin of this jaxlib"):
+    hc.main(["--target", "h100", "--specs", "simple", "--out", str(tmp_path)])
+  assert "cuda_compute_capability { major: 9 minor: 0 }" in hc.h100_target_config()
