@@ -137,7 +137,7 @@ case "$part" in
   listops_fast)
     # After listops on the same warm machine (its generated data in /tmp/listops_lra): the
     # grouped run again with the GPU options the model favours (benchmarks/hlo_cost.py:
-    # 1.46x at L 2000), its buckets compiled first.
+    # 1.52x at L 2000), its buckets compiled first.
     [ -d /tmp/listops_lra ] || timeout 120 python -c 'from simpletron_jax.data import listops
 listops.generate_dataset("/tmp/listops_lra", seed=0, num_workers=14)' >>"$log" 2>&1
     timeout 420 python train.py --config configs/listops/simple.py \
@@ -191,7 +191,7 @@ listops.generate_dataset("/tmp/listops_lra", seed=0, num_workers=14)' >>"$log" 2
     # Simple's layouts in the full step, the default first in the same call: the model of
     # benchmarks/hlo_cost.py (compiled for an H100 without one,
     # benchmarks/results/nvidia-h100-80gb-hbm3/hlo_cost/) gives block_diagonal with
-    # last_block_cls_only and length_multiple=8 1.62x at 4K, heads_first 1.26x.
+    # last_block_cls_only and length_multiple=8 1.71x at 4K, heads_first 1.26x.
     bd='"block_diagonal":true'
     for spec in "default:dropout_rate=0.1" "heads_first:attention_kwargs={\"heads_first\":true}" \
         "block_diagonal:attention_kwargs={$bd}" \

@@ -60,6 +60,25 @@ def test_simple_equals_naive_quadratic_form(pad, layout):
   np.testing.assert_allclose(np.asarray(y)[real], np.asarray(naive)[real], rtol=1e-5, atol=1e-5)
 
 
+def test_flat_head_projection_is_dense_general():
+  # The same parameters and initial values as nn.DenseGeneral to (H, K), bit for bit; the
+  # same outputs and gradients up to float rounding (the weight gradient's sum is grouped
+  # differently on CPU).
+  import flax.linen as nn  # noqa: PLC0415
+  from simpletron_jax.attention import base  # noqa: PLC0415
+  x = _inputs(L + 5)
+  dense = nn.DenseGeneral(features=(H, E // H), kernel_init=base.KERNEL_INIT,
+                          bias_init=base.BIAS_INIT)
+  flat = base.HeadProjection(H, E // H)
+  params = dense.init(jax.random.PRNGKey(3), x)
+  chex.assert_trees_all_equal(flat.init(jax.random.PRNGKey(3), x), params)
+
+  def out_and_grads(module):
+    loss = lambda p, t: jnp.sum(jnp.sin(module.apply(p, t)))  # noqa: E731
+    return jax.jit(lambda p, t: (module.apply(p, t), jax.grad(loss, (0, 1))(p, t)))(params, x)
+  chex.assert_trees_all_close(out_and_grads(flat), out_and_grads(dense), rtol=1e-5, atol=1e-6)
+
+
 def test_softmax_equals_naive_form():
   module = _build("softmax")
   x = _inputs()

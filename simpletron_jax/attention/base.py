@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 KERNEL_INIT = nn.initializers.xavier_uniform()
@@ -38,8 +39,8 @@ def check_head_dims(qkv_dim: int, num_heads: int) -> int:
   return qkv_dim // num_heads
 
 
-def project_qkv(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int,
-                dtype: Dtype) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+def project_qkv(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: Dtype,
+                flat: bool = False) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Projects the input to per-head queries, keys and values.
 
   Must be called inside a compact module method: it creates the submodules
@@ -51,16 +52,17 @@ def project_qkv(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int,
     num_heads: H.
     qkv_dim: D, the total query/key/value width over all heads.
     dtype: computation dtype.
+    flat: see :func:`head_projection`.
 
   Returns:
     ``(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)`` with ``K = D // H``.
   """
-  return tuple(head_projection(x_BxLxE, num_heads, qkv_dim, dtype, name)
+  return tuple(head_projection(x_BxLxE, num_heads, qkv_dim, dtype, name, flat)
                for name in ("query", "key", "value"))
 
 
 def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: Dtype,
-                    name: str) -> jnp.ndarray:
+                    name: str, flat: bool = False) -> jnp.ndarray:
   """One per-head projection (``DenseGeneral`` to ``(H, D/H)``, with bias) named ``name``.
 
   For variants that need only some of ``query``/``key``/``value`` (Reformer's shared QK,
@@ -72,6 +74,8 @@ def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: D
     qkv_dim: D, the total width over all heads.
     dtype: computation dtype.
     name: the submodule name, e.g. ``"value"``.
+    flat: compute it as :class:`HeadProjection` (the same parameters and function, one
+      flat matmul and bias; not bit-identical).
 
   Returns:
     ``[B, L, H, D // H]``.
@@ -80,8 +84,53 @@ def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: D
     ValueError: see :func:`check_head_dims`.
   """
   head_dim = check_head_dims(qkv_dim, num_heads)
+  if flat:
+    return HeadProjection(num_heads, head_dim, dtype, name=name)(x_BxLxE)
   return nn.DenseGeneral(features=(num_heads, head_dim), kernel_init=KERNEL_INIT,
                          bias_init=BIAS_INIT, dtype=dtype, name=name)(x_BxLxE)
+
+
+class HeadProjection(nn.Module):
+  """``nn.DenseGeneral(features=(H, K))`` with its parameters, computed as one flat matmul.
+
+  The parameters are DenseGeneral's: ``kernel`` ``[E, H, K]`` and ``bias`` ``[H, K]``,
+  float32, initialised as DenseGeneral does (on the flat ``[E, H*K]`` and ``[H*K]`` shapes,
+  then reshaped), so checkpoints and initial values are unchanged. The product is taken
+  with the kernel as ``[E, H*K]`` and the bias added as ``[H*K]``, then split into heads.
+  DenseGeneral adds its ``[H, K]`` bias over the 4-D result, which XLA's GPU compiler could
+  not put in cuBLAS's bias epilogue: it wrote the bias broadcast to the full output and
+  added it as the matmul's C operand, for each of Q, K and V (``benchmarks/hlo_cost.py``,
+  ``wrapped_broadcast`` kernels). The parameters and initial values are DenseGeneral's bit
+  for bit; the outputs and gradients are the same up to float rounding (tested; on CPU the
+  weight gradient's sum can group differently), so Simple's ``block_diagonal`` layout uses
+  it and the default does not.
+
+  Attributes:
+    num_heads: H.
+    head_dim: K.
+    dtype: computation dtype.
+
+  Call: ``x [..., E] -> [..., H, K]`` in ``dtype``.
+  """
+
+  num_heads: int
+  head_dim: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    e, width = x.shape[-1], self.num_heads * self.head_dim
+
+    def flat_init(init, flat_shape):
+      return lambda rng, shape, dtype=jnp.float32: init(rng, flat_shape, dtype).reshape(shape)
+
+    kernel = self.param("kernel", flat_init(KERNEL_INIT, (e, width)),
+                        (e, self.num_heads, self.head_dim), jnp.float32)
+    bias = self.param("bias", flat_init(BIAS_INIT, (width,)), (self.num_heads, self.head_dim),
+                      jnp.float32)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    y = jax.lax.dot_general(x, kernel.reshape(e, width), (((x.ndim - 1,), (0,)), ((), ())))
+    return (y + bias.reshape(width)).reshape(*x.shape[:-1], self.num_heads, self.head_dim)
 
 
 def check_max_length(variant: str, length: int, max_length: int) -> None:

@@ -71,9 +71,11 @@ def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: s
       blocks are zeroed. The zero blocks add exact zeros, so the function is the same (not
       bit-identical: the sums group differently). The products cost ``H`` times the FLOPs
       of the per-head ones, but no array of ``L`` rows is transposed, forward or backward.
-      Modelled on an H100 (``benchmarks/hlo_cost.py``; not measured): 1.26x the benchmark's
-      step at 4K, 1.62x with ``last_block_cls_only`` and ``length_multiple=8``; on CPU the
-      step is 1.02x slower (``benchmarks/results/cpu/simple_block_diagonal``).
+      With it, :class:`SimpleAttention` projects Q, K and V flat
+      (:class:`base.HeadProjection`). Modelled on an H100 (``benchmarks/hlo_cost.py``; not
+      measured): 1.32x the benchmark's step at 4K, 1.71x with ``last_block_cls_only`` and
+      ``length_multiple=8``; on CPU the step is 1.03x slower
+      (``benchmarks/results/cpu/simple_block_diagonal``).
 
   Returns:
     ``[B, L, H, K]``; rows at padded positions are 0 when ``mask_pads``. No ``L x L``
@@ -220,8 +222,9 @@ class SimpleAttention(nn.Module):
       the same function, fewer transposes, not bit-identical to the default). Non-causal only.
     block_diagonal: run the products on ``[B, L, H*K]`` with the heads' ``K^T V`` as the
       blocks of one block-diagonal matrix (see :func:`simple_attention`; the same function,
-      ``H`` times the attention FLOPs, no transposes; not bit-identical). Non-causal only;
-      at most one of ``heads_first`` and ``block_diagonal``.
+      ``H`` times the attention FLOPs, no transposes; not bit-identical), and the Q, K, V
+      projections as flat matmuls with a flat bias (:class:`base.HeadProjection`, the same
+      parameters). Non-causal only; at most one of ``heads_first`` and ``block_diagonal``.
     dtype: computation dtype.
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
@@ -264,7 +267,8 @@ class SimpleAttention(nn.Module):
           f"model.qkv_dim ({self.qkv_dim}) must equal model.emb_dim ({self.out_dim}); "
           "use attention 'simple_resl' for a different qkv_dim")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               flat=self.block_diagonal)
     if self.causal:
       y_BxLxHxK = causal_simple_attention(q, k, v, mask_BxL, self.chunk_size,
                                           normalizer=self.normalizer, mask_pads=self.mask_pads)
