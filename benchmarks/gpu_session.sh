@@ -21,8 +21,9 @@
 #             model.length_multiple=8 (JSONs in leads.tar.gz)       (estimated at 7 minutes)
 #   layouts   simple at 4K and 16K as it is, with attention_kwargs.heads_first, with
 #             attention_kwargs.block_diagonal, and with block_diagonal + last_block_cls_only +
-#             length_multiple=8; hlo_cost.py on this GPU's compile; the profile of the last
-#             one                                              (estimated at 6 minutes)
+#             length_multiple=8; softmax_flash with flat projections + last_block_cls_only +
+#             length_multiple=8; hlo_cost.py on this GPU's compile; the profile of
+#             simple's three-option step                          (estimated at 7 minutes)
 #   profiles  simple's profile at 4K with the op behind each kernel, with and without
 #             length_multiple=8; the profile of softmax_flash on cuDNN  (estimated at 3 minutes)
 #   torch     PyTorch's speed on the same model and batch (benchmarks/torch_step.py: SDPA
@@ -191,16 +192,23 @@ listops.generate_dataset("/tmp/listops_lra", seed=0, num_workers=14)' >>"$log" 2
     # Simple's layouts in the full step, the default first in the same call: the model of
     # benchmarks/hlo_cost.py (compiled for an H100 without one,
     # benchmarks/results/nvidia-h100-80gb-hbm3/hlo_cost/) gives block_diagonal with
-    # last_block_cls_only and length_multiple=8 1.71x at 4K, heads_first 1.26x.
+    # last_block_cls_only and length_multiple=8 1.71x at 4K, heads_first 1.26x. Then
+    # softmax_flash with the options that apply to it too (the same flat projections, the
+    # last block on CLS, the length padded to a multiple of 8), for a fair comparison.
+    # All the tables go into one file (the device tool returns at most 8).
     bd='"block_diagonal":true'
-    for spec in "default:dropout_rate=0.1" "heads_first:attention_kwargs={\"heads_first\":true}" \
-        "block_diagonal:attention_kwargs={$bd}" \
-        "bd_cls_m8:attention_kwargs={$bd} last_block_cls_only=true length_multiple=8"; do
-      name=${spec%%:*}; read -r -a sets <<<"${spec#*:}"
-      python benchmarks/speed_memory.py --dtype bfloat16 --variants simple --lengths 4096 16384 \
-        --set "${sets[@]}" --out "$work/$name" --cache-dir /tmp/jax_cache --compile-workers 2 \
-        --run-seconds 2 >>"$log" 2>&1
-      cp "$work/$name/speed_memory.md" "$OUT/layouts_$name.md"
+    flash='"implementation":"flash","flat_projection":true'
+    for spec in "simple:default:dropout_rate=0.1" \
+        "simple:heads_first:attention_kwargs={\"heads_first\":true}" \
+        "simple:block_diagonal:attention_kwargs={$bd}" \
+        "simple:bd_cls_m8:attention_kwargs={$bd} last_block_cls_only=true length_multiple=8" \
+        "softmax_flash:flash_cls_m8:attention_kwargs={$flash} last_block_cls_only=true length_multiple=8"; do
+      variant=${spec%%:*}; rest=${spec#*:}; name=${rest%%:*}; read -r -a sets <<<"${rest#*:}"
+      python benchmarks/speed_memory.py --dtype bfloat16 --variants "$variant" \
+        --lengths 4096 16384 --set "${sets[@]}" --out "$work/$name" --cache-dir /tmp/jax_cache \
+        --compile-workers 2 --run-seconds 2 >>"$log" 2>&1
+      { echo "## $name ($variant, --set ${sets[*]})"; cat "$work/$name/speed_memory.md"; echo; } \
+        >>"$OUT/layouts_tables.md" 2>&1
     done
     # The model on this GPU's own compile (autotuned), to set against the times above.
     python benchmarks/hlo_cost.py --target local --lengths 4096 --specs simple \

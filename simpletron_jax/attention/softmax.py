@@ -222,6 +222,10 @@ class SoftmaxAttention(nn.Module):
     num_queries: 0 (default): outputs at every position. N > 0: outputs at the first N
       positions only, ``y_BxNxO``, while keys and values still cover all L positions
       (the encoder's last block with CLS pooling).
+    flat_projection: True computes Q, K and V as :class:`base.HeadProjection` (the same
+      parameters and function, one flat matmul with a flat bias that cuBLAS adds in its
+      epilogue; not bit-identical, so off by default), as Simple's ``block_diagonal`` does:
+      for comparing the two on a GPU with the same projections.
     dtype: computation dtype.
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO`` (``y_BxNxO``
@@ -239,6 +243,7 @@ class SoftmaxAttention(nn.Module):
   causal: bool = False
   implementation: str = "einsum"
   num_queries: int = 0
+  flat_projection: bool = False
   dtype: base.Dtype = jnp.float32
 
   @nn.compact
@@ -249,9 +254,9 @@ class SoftmaxAttention(nn.Module):
     if n > length:
       raise ValueError(f"num_queries={n} exceeds the sequence length {length}")
     q = base.head_projection(x_BxLxE[:, :n], self.num_heads, self.qkv_dim, self.dtype,
-                             "query")
-    k, v = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name)
-            for name in ("key", "value"))
+                             "query", self.flat_projection)
+    k, v = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name,
+                                 self.flat_projection) for name in ("key", "value"))
     impl, reason = resolve_implementation(
         self.implementation, backend=jax.default_backend(), dtype=self.dtype,
         head_dim=q.shape[-1], dropout_active=self.dropout_rate > 0 and not deterministic)
