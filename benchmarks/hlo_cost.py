@@ -249,7 +249,8 @@ def kernel_costs(hlo_text: str, bandwidth: float, matmul_peak: float) -> list[di
     constants, bitcasts and tuple plumbing are free and left out.
 
   Raises:
-    ValueError: from :func:`parse_module`.
+    ValueError: from :func:`parse_module`, or if the entry computation has no kernel (a
+      model of 0 ms would otherwise pass for a result).
   """
   computations, entry = parse_module(hlo_text)
   shapes = {inst["name"]: inst["shape"] for body in computations.values() for inst in body}
@@ -266,7 +267,7 @@ def kernel_costs(hlo_text: str, bandwidth: float, matmul_peak: float) -> list[di
     flops = 0
     if inst["op"] == "custom-call" and re.search(r"gemm|matmul", inst["attrs"]):
       flops = _dot_flops(inst["shape"], inst["attrs"], shapes[inst["operands"][0]])
-      written = array_bytes("".join(f"{a}[{b}]" for a, b in _ARRAY.findall(inst["shape"])[:1]))
+      written = array_bytes(_ARRAY.search(inst["shape"]).group(0))   # not the workspace
     elif inst["op"] == "dot":
       flops = _dot_flops(inst["shape"], inst["attrs"], shapes[inst["operands"][0]])
     else:
@@ -279,6 +280,9 @@ def kernel_costs(hlo_text: str, bandwidth: float, matmul_peak: float) -> list[di
                  "part": part_of(op_name), "bytes": read + written, "flops": flops,
                  "model_s": max((read + written) / bandwidth, flops / matmul_peak),
                  "shape": inst["shape"].split(", metadata")[0][:120], "op_name": op_name})
+  if not rows:
+    raise ValueError(f"no kernel in the entry computation {entry!r} of the HLO text: only "
+                     "parameters and tuple plumbing, or lines this parser does not read")
   return rows
 
 

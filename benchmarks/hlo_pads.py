@@ -35,14 +35,12 @@ sys.path.insert(0, HERE)
 
 import jax  # noqa: E402
 
+import hlo_cost  # noqa: E402
 import speed_memory as sm  # noqa: E402
 
-_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-_PAD = re.compile(r"^(\S+)\s+pad\(.*padding=([\w\-]+)")
+_PADDING = re.compile(r"padding=([\w\-]+)")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _MATMUL_TARGET = re.compile(r'custom_call_target="([^"]*(?:gemm|matmul|cublas)[^"]*)"', re.I)
-_OPERANDS = re.compile(r"custom-call\((.*?)\)")
 
 
 def count_pads(hlo_text: str) -> dict[str, Any]:
@@ -56,38 +54,30 @@ def count_pads(hlo_text: str) -> dict[str, Any]:
     [{"matmul", "target", "operand"}], "matmuls": int}``: every ``pad``, the operands of
     matmul custom calls that are a pad or a fusion whose computation holds one, and the
     number of matmul custom calls.
+
+  Raises:
+    ValueError: from :func:`hlo_cost.parse_module` (no ENTRY computation).
   """
-  pads, computation = [], None
-  padding_computations: set[str] = set()
-  instructions: dict[str, str] = {}   # name -> right-hand side, every computation
-  for line in hlo_text.splitlines():
-    start = _COMPUTATION.match(line)
-    if start and "=" not in line.split("{", 1)[0].split("(", 1)[0]:
-      computation = start.group(1)
-      continue
-    found = _INSTRUCTION.match(line)
-    if not found:
-      continue
-    name, rhs = found.groups()
-    instructions[name] = rhs
-    pad = _PAD.match(rhs)
-    if pad:
-      pads.append({"computation": computation, "name": name, "shape": pad.group(1),
-                   "padding": pad.group(2)})
-      padding_computations.add(computation)
+  computations, _ = hlo_cost.parse_module(hlo_text)
+  pads = [{"computation": computation, "name": inst["name"], "shape": inst["shape"],
+           "padding": _PADDING.search(inst["attrs"]).group(1)}
+          for computation, body in computations.items() for inst in body
+          if inst["op"] == "pad"]
+  padding_computations = {pad["computation"] for pad in pads}
+  instructions = {inst["name"]: inst for body in computations.values() for inst in body}
   padded_operands, matmuls = [], 0
-  for name, rhs in instructions.items():
-    target = _MATMUL_TARGET.search(rhs)
-    if not target or "custom-call(" not in rhs:
+  for inst in instructions.values():
+    target = _MATMUL_TARGET.search(inst["attrs"])
+    if inst["op"] != "custom-call" or not target:
       continue
     matmuls += 1
-    for operand in re.findall(r"[\w.\-]+", _OPERANDS.search(rhs).group(1)):
-      if operand not in instructions:   # a shape or dtype token
-        continue
-      source = instructions[operand]
-      called = _CALLS.search(source)
-      if _PAD.match(source) or (called and called.group(1) in padding_computations):
-        padded_operands.append({"matmul": name, "target": target.group(1), "operand": operand})
+    for operand in inst["operands"]:
+      source = instructions.get(operand)
+      called = _CALLS.search(source["attrs"]) if source else None
+      if source and (source["op"] == "pad"
+                     or (called and called.group(1) in padding_computations)):
+        padded_operands.append({"matmul": inst["name"], "target": target.group(1),
+                                "operand": operand})
   return {"pads": pads, "padded_matmul_operands": padded_operands, "matmuls": matmuls}
 
 

@@ -52,8 +52,8 @@ class PackedDropout(nn.Module):
   output is exactly the input. The rate is quantised to ``2**-16``: it moves by at most
   7.6e-6 (0.1 -> 0.1000061). The masks differ from ``nn.Dropout``'s for the same key;
   otherwise the function is the same. Issue 10 ("cheaper dropout masks"); this project's
-  option, not LRA's. (8-bit masks, tried by hand, ran no faster than 16-bit ones on CPU:
-  0.664 against 0.670 s per step, not committed; and they would move a rate by up to 0.002.)
+  option, not LRA's. (8-bit masks were tried and not kept: in a run that was not kept they
+  were no faster than 16-bit ones on CPU, and they would move a rate by up to 0.002.)
 
   Attributes:
     rate: dropout rate in ``[0, 1]``.
@@ -172,7 +172,7 @@ def gelu(x):
   fuses the rest). Here the backward pass recomputes ``tanh`` from ``x``, which it reads
   anyway. The values and gradients are those of ``nn.gelu`` (bit for bit on CPU, float32 and
   bfloat16; tested). On an H100 the benchmark's 4K step is modelled 1.04x faster with it
-  (``benchmarks/hlo_cost.py``; 0.2 ms a block); on CPU 1.02x (by hand).
+  (``benchmarks/hlo_cost.py``; 0.2 ms a block).
 
   Args:
     x: any float array.

@@ -428,6 +428,9 @@ def test_hlo_cost_charges_bytes_and_flops_by_hand_count():
   assert set(summary["by_part"]) == {"layer norm", "MLP", "optimizer and other"}
   with pytest.raises(ValueError, match="no ENTRY"):
     hc.kernel_costs("%f (a: f32[1]) -> f32[1] {\n}\n", 1.0, 1.0)
+  with pytest.raises(ValueError, match="no kernel in the entry computation"):
+    hc.kernel_costs("ENTRY %m (a: f32[1]) -> f32[1] {\n  ROOT %a = f32[1]{0} parameter(0)\n}\n",
+                    1.0, 1.0)
 
 
 def test_hlo_cost_counts_the_steps_matmul_flops_on_the_local_backend(tmp_path):
