@@ -268,6 +268,55 @@ def shard(batch: Batch, n_devices: int) -> Batch:
   return {k: v.reshape(n_devices, -1, *v.shape[1:]) for k, v in batch.items()}
 
 
+# How many device calls (train micro-steps, eval batches) may be unfinished at once.
+CALLS_IN_FLIGHT = 4
+
+
+class InFlightLimit:
+  """Keeps at most ``limit`` dispatched device calls unfinished; older ones are waited for.
+
+  JAX dispatches asynchronously, so a loop over batches can run ahead of the devices. On
+  a host with several XLA CPU devices (``--xla_force_host_platform_device_count``, as in
+  the tests) running ahead far enough deadlocks: each CPU device accepts at most 32
+  unfinished computations, a launch past that waits for a slot *on one of the client's
+  worker threads* (as many as there are cores), and when every worker waits like that or
+  in a collective's rendezvous, the computations that would free a slot never run. XLA
+  aborts the process after 40 s (``Termination timeout ... all reduce``). Seen as
+  "Fatal Python error: Aborted" in an evaluation on a loaded 2-core machine, and
+  reproduced there with a plain pmap-psum-and-add loop
+  (``benchmarks/dispatch_deadlock.py``, results in
+  ``benchmarks/results/cpu/dispatch_deadlock/``). Waiting for the call
+  ``limit`` calls back costs nothing on an accelerator, whose queue stays ``limit``
+  calls deep.
+
+  Args:
+    limit: calls kept in flight (>= 1). Each call may be several computations (an eval
+      batch and its running sum), so ``limit`` times that must stay under 32.
+
+  Raises:
+    ValueError: ``limit`` < 1.
+  """
+
+  def __init__(self, limit: int = CALLS_IN_FLIGHT):
+    if limit < 1:
+      raise ValueError(f"limit={limit} must be >= 1")
+    self.limit = limit
+    self._pending: collections.deque = collections.deque()
+
+  def add(self, outputs) -> None:
+    """Records one call's outputs (a pytree of arrays that are never donated later) and
+    waits for the oldest recorded call while more than ``limit`` are recorded."""
+    self._pending.append(outputs)
+    while len(self._pending) > self.limit:
+      jax.block_until_ready(self._pending.popleft())
+
+
+@jax.jit
+def _add_trees(a, b):
+  """Leafwise ``a + b`` of two pytrees of the same structure, as one computation."""
+  return jax.tree_util.tree_map(jnp.add, a, b)
+
+
 # ----------------------------------------------------------------------------
 # Data order.
 
@@ -407,11 +456,12 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
   n_dev = jax.local_device_count()
   batch_size = eval_batch_size(config)
   device_sums = None   # summed on the device; read once, after the last batch
+  in_flight = InFlightLimit()
   label_counts: collections.Counter = collections.Counter()
   for batch in eval_batches(examples, config, batch_size, num_batches):
     sums = p_eval_step(params_repl, shard(batch, n_dev))
-    device_sums = sums if device_sums is None else jax.tree_util.tree_map(jnp.add,
-                                                                          device_sums, sums)
+    device_sums = sums if device_sums is None else _add_trees(device_sums, sums)
+    in_flight.add(device_sums)
     label_counts.update(batch["targets"][batch["weights"] > 0].tolist())
   totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
   if device_sums is not None:
@@ -825,6 +875,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           file=sys.stderr)
     train_programs = train_steps.compiled
   batches = train_batches(data.train, config, start_step * accum)
+  in_flight = InFlightLimit()   # the host runs at most a few micro-steps ahead
   window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
   window_sums, window_steps = [], 0
   unchecked = []        # (step, metrics) of the micro-steps since the last finiteness check
@@ -858,6 +909,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         loop_shapes += 1
       window_sums.append(sums)
       unchecked.append((step, sums))
+      in_flight.add(sums)
     window_steps += 1
     bar.update(1)
     out_of_time = bool(budget_s) and distributed.agree_on_flag(

@@ -251,3 +251,42 @@ def test_batch_size_must_split_over_devices_and_micro_steps():
   config = tiny_config(batch_size=15)
   with pytest.raises(ValueError, match="batch_size=15 must be divisible"):
     train_lib.validate_config(config, 2)
+
+
+def test_in_flight_limit_waits_for_the_oldest_calls_only():
+  class Leaf:
+    def __init__(self, i):
+      self.i = i
+
+    def block_until_ready(self):
+      waited.append(self.i)
+      return self
+
+  waited = []
+  limit = train_lib.InFlightLimit(2)
+  for i in range(6):
+    limit.add({"sums": Leaf(i)})
+    assert waited == list(range(max(0, i - 1))), "calls older than the last 2 are waited for"
+  with pytest.raises(ValueError, match="limit=0 must be >= 1"):
+    train_lib.InFlightLimit(0)
+
+
+def test_evaluate_keeps_few_batches_in_flight(presence_task, monkeypatch):
+  # Unbounded run-ahead deadlocks XLA's CPU client with 2 devices (InFlightLimit's docstring).
+  added = []
+
+  class Recording(train_lib.InFlightLimit):
+    def add(self, outputs):
+      super().add(outputs)
+      added.append(outputs)
+      older = added[:-self.limit]
+      assert all(x.is_ready() for x in jax.tree_util.tree_leaves(older))
+
+  monkeypatch.setattr(train_lib, "InFlightLimit", Recording)
+  config = tiny_config()
+  model, state = _state(config, presence_task)
+  _, p_eval = train_lib.pmap_steps(model.apply)
+  result = train_lib.evaluate(p_eval, train_lib.replicate(state.params), presence_task.test,
+                              config)
+  assert result["count"] == 200
+  assert len(added) == -(-200 // train_lib.eval_batch_size(config)) > Recording().limit
