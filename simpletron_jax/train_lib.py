@@ -279,15 +279,14 @@ class InFlightLimit:
   a host with several XLA CPU devices (``--xla_force_host_platform_device_count``, as in
   the tests) running ahead far enough deadlocks: each CPU device accepts at most 32
   unfinished computations, a launch past that waits for a slot *on one of the client's
-  worker threads* (as many as there are cores), and when every worker waits like that or
+  worker threads* (as many as the cores, and at least as many as the devices), and when every worker waits like that or
   in a collective's rendezvous, the computations that would free a slot never run. XLA
   aborts the process after 40 s (``Termination timeout ... all reduce``). Seen as
   "Fatal Python error: Aborted" in an evaluation on a loaded 2-core machine, and
   reproduced there with a plain pmap-psum-and-add loop
   (``benchmarks/dispatch_deadlock.py``, results in
-  ``benchmarks/results/cpu/dispatch_deadlock/``). Waiting for the call
-  ``limit`` calls back costs nothing on an accelerator, whose queue stays ``limit``
-  calls deep.
+  ``benchmarks/results/cpu/dispatch_deadlock/``). On an accelerator the bound still leaves
+  ``limit`` calls queued, which should keep it busy; that is not yet measured on a GPU.
 
   Args:
     limit: calls kept in flight (>= 1). Each call may be several computations (an eval
@@ -446,7 +445,8 @@ def eval_batch_size(config: ml_collections.ConfigDict) -> int:
 def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.ConfigDict,
              num_batches: int = -1) -> dict[str, float]:
   """Accuracy and mean loss over a split (or ``num_batches`` batches of it, see
-  :func:`eval_batches`).
+  :func:`eval_batches`). At most :data:`CALLS_IN_FLIGHT` batches are unfinished at once
+  (:class:`InFlightLimit`).
 
   Returns:
     ``{"accuracy", "loss", "count", "majority_rate"}``: count in examples, and
