@@ -111,9 +111,9 @@ def main() -> None:
       if proc.returncode and not deadlock:
         print(proc.stderr[-2000:], file=sys.stderr)
 
-  command = "python " + " ".join(shlex.quote(a) for a in
-                                 [os.path.relpath(os.path.abspath(__file__), ROOT)] + sys.argv[1:])
-  lines = [f"# Dispatch deadlock on 2 XLA CPU devices\n", f"Command: `{command}`\n",
+  command = shlex.join(["python", os.path.relpath(os.path.abspath(__file__), ROOT),
+                        *sys.argv[1:]])
+  lines = ["# Dispatch deadlock on 2 XLA CPU devices\n", f"Command: `{command}`\n",
            f"{args.batches} batches x {args.repeats} loops per child, {args.load} busy "
            f"processes beside it, rendezvous termination timeout {args.timeout} s.\n",
            "| mode | runs | deadlocked | finished: median seconds |", "|---|---|---|---|"]

@@ -278,12 +278,12 @@ class InFlightLimit:
   JAX dispatches asynchronously, so a loop over batches can run ahead of the devices. On
   a host with several XLA CPU devices (``--xla_force_host_platform_device_count``, as in
   the tests) running ahead far enough deadlocks: each CPU device accepts at most 32
-  unfinished computations, a launch past that waits for a slot *on one of the client's
-  worker threads* (as many as the cores, and at least as many as the devices), and when every worker waits like that or
-  in a collective's rendezvous, the computations that would free a slot never run. XLA
-  aborts the process after 40 s (``Termination timeout ... all reduce``). Seen as
-  "Fatal Python error: Aborted" in an evaluation on a loaded 2-core machine, and
-  reproduced there with a plain pmap-psum-and-add loop
+  unfinished computations, and a launch past that waits for a slot *on one of the client's
+  worker threads* (as many as the cores, at least as many as the devices). When every
+  worker waits like that or in a collective's rendezvous, the computations that would free
+  a slot never run, and XLA aborts the process after 40 s (``Termination timeout ... all
+  reduce``). Seen as "Fatal Python error: Aborted" in an evaluation on a loaded 2-core
+  machine, and reproduced there with a plain pmap-psum-and-add loop
   (``benchmarks/dispatch_deadlock.py``, results in
   ``benchmarks/results/cpu/dispatch_deadlock/``). On an accelerator the bound still leaves
   ``limit`` calls queued, which should keep it busy; that is not yet measured on a GPU.
