@@ -101,6 +101,10 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.model.attention_dropout_rate = 0.1
   config.model.learn_pos_emb = False
   config.model.classifier_pool = "CLS"
+  config.model.head = "mlp"         # classifier head: mlp (LRA) | dense (LRA's Sinkhorn)
+  config.model.attention_bias = False  # biases on q/k/v/out (LRA: none; the authors: yes)
+  # LRA's bugs, as options (docs/lra_parity.md): MEAN pooling over the pads too.
+  config.model.lra_mean_over_pads = False
   config.model.last_block_cls_only = False  # CLS pooling: last block on position 0 only
   config.model.length_multiple = 1  # pad L (+ CLS) to a multiple of this with masked positions
   config.model.dropout_mask_bits = 32  # random bits per dropout mask element: 32 | 16
@@ -166,6 +170,9 @@ def _retrieval(config):
   # LRA's code: classifier_head_dual(interaction=None), i.e. [u, v]; "nli" is the LRA
   # paper's [u, v, u * v, u - v].
   config.model.interaction = "concat"
+  # True: LRA's TransformerDualEncoder, whose encoders have no CLS token, so "CLS" pooling
+  # reads the first real token (a bug; docs/lra_parity.md).
+  config.model.lra_dual_no_cls = False
 
 
 def _image_recipe(config, batch_size, train_examples, epochs, learning_rate):
@@ -403,6 +410,7 @@ def _authors(config, paper_size: bool = True) -> None:
     ``sqrt`` of the padded length (``normalizer="padded"``), dropout 0.1 on ``K^T V``;
   * every batch padded to ``max_length`` (``data.bucket=0``), so that length is
     ``max_length + 1`` with CLS;
+  * ``nn.Linear`` projections with biases (``model.attention_bias``);
   * ``TBlock``: no dropout on the attention branch; ``TEmbedding``: no embedding dropout,
     learned positions initialised to zeros, ``nn.Embedding(padding_idx=0)`` (pad embeds
     to zero);
@@ -417,6 +425,7 @@ def _authors(config, paper_size: bool = True) -> None:
   kwargs.kv_dropout_rate = 0.1
   config.data.bucket = 0
   model = config.model
+  model.attention_bias = True       # torch nn.Linear
   model.learn_pos_emb = True
   model.pos_emb_init = "zeros"
   model.embedding_dropout = False

@@ -237,6 +237,8 @@ class EncoderBlock(nn.Module):
     attention_dropout_rate: dropout inside attention.
     attention_branch_dropout: True (default, LRA) applies ``Dropout`` to the attention
       branch as above; False leaves it out (the SimpleTRON authors' ``TBlock``).
+    attention_bias: biases on the attention's projections (``model.attention_bias``; LRA's
+      have none).
     num_queries: 0 (default): every position. N > 0: only the first N positions are
       updated and returned, ``[B, N, E]``: attention still reads every position as keys
       and values, while the residuals, the second LayerNorm and the MLP run on N
@@ -259,6 +261,7 @@ class EncoderBlock(nn.Module):
   attention_branch_dropout: bool = True
   dropout_mask_bits: int = 32
   num_queries: int = 0
+  attention_bias: bool = False
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -271,7 +274,7 @@ class EncoderBlock(nn.Module):
     y = nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype)(x0_BxLxE)
     y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=emb_dim,
                    dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-                   name="attention", **kwargs)(y, mask_BxL, deterministic=deterministic)
+                   use_bias=self.attention_bias, name="attention", **kwargs)(y, mask_BxL, deterministic=deterministic)
     if self.num_queries:
       y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
     if self.attention_branch_dropout:

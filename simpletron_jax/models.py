@@ -1,6 +1,9 @@
 """The LRA encoder with a pluggable attention, following LRA
-``models/transformer/transformer.py`` (TransformerEncoder), with its masked-mean
-bug fixed (LRA's MEAN pooling averages over pads too)."""
+``models/transformer/transformer.py`` (TransformerEncoder) and
+``models/layers/common_layers.py`` (the classifier heads). LRA's design choices are the
+defaults (no attention biases, flax's default init in the heads); its bugs are options
+(``model.lra_mean_over_pads``, ``model.lra_dual_no_cls``), the defaults computing the correct
+function. ``docs/lra_parity.md`` lists each difference and the golden tests that check it."""
 
 from __future__ import annotations
 
@@ -14,6 +17,10 @@ import ml_collections
 from simpletron_jax import attention, layers
 
 POOLINGS = ("CLS", "MEAN")
+# Classifier heads: LRA's ``common_layers.classifier_head`` (Dense(mlp_dim) -> act ->
+# Dense(num_classes)), or one Dense(num_classes) on the pooled encoding (LRA's
+# ``SinkhornTransformerEncoder``).
+HEADS = ("mlp", "dense")
 # Classifier-head activations: LRA's ReLU, or the SimpleTRON authors' torch ``nn.GELU``
 # (the exact erf form).
 HEAD_ACTIVATIONS = {"relu": nn.relu, "gelu": lambda x: nn.gelu(x, approximate=False)}
@@ -38,6 +45,16 @@ class Encoder(nn.Module):
     learn_pos_emb: learned (True) or sinusoidal (False) positions.
     classifier_pool: ``"CLS"`` (a learned zero-initialised token prepended,
       its final state pooled) or ``"MEAN"`` (mean over real tokens only).
+    attention_bias: biases on the attention's query, key, value and output projections.
+      False (default): LRA's ``bias=False`` (``models/transformer/transformer.py`` and every
+      LRA variant); True: the SimpleTRON authors' ``nn.Linear`` layers, and this project's
+      checkpoints from before the option existed.
+    lra_mean_over_pads: with MEAN pooling, average over every position, pads included, as
+      LRA's ``common_layers.classifier_head`` does (``jnp.mean(encoded, axis=1)``; a bug:
+      the result depends on the padding). False (default): the mean over real tokens.
+    prepend_cls: with CLS pooling, prepend the CLS token (default). False pools position 0,
+      the first real token, with no CLS: LRA's ``TransformerDualEncoder``, whose encoders
+      run with ``classifier=False`` (config field ``model.lra_dual_no_cls``).
     pos_emb_init: learned positions' initialiser, ``"normal"`` (LRA) or ``"zeros"``
       (the SimpleTRON authors); see :class:`layers.AddPositionEmbs`.
     embedding_dropout: dropout on the embeddings (LRA, default) or none (the authors).
@@ -83,6 +100,9 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.1
   learn_pos_emb: bool = False
   classifier_pool: str = "CLS"
+  attention_bias: bool = False
+  lra_mean_over_pads: bool = False
+  prepend_cls: bool = True
   pos_emb_init: str = "normal"
   embedding_dropout: bool = True
   attention_branch_dropout: bool = True
@@ -104,7 +124,7 @@ class Encoder(nn.Module):
     if self.zero_pad_embedding:
       x_BxLxE = x_BxLxE * (tokens_BxL != 0)[..., None].astype(x_BxLxE.dtype)
     max_len = self.max_length
-    if self.classifier_pool == "CLS":
+    if self.classifier_pool == "CLS" and self.prepend_cls:
       cls_1x1xE = self.param("cls", nn.initializers.zeros, (1, 1, self.emb_dim))
       cls_Bx1xE = jnp.broadcast_to(cls_1x1xE, (x_BxLxE.shape[0], 1, self.emb_dim))
       x_BxLxE = jnp.concatenate([cls_Bx1xE, x_BxLxE], axis=1)
@@ -130,6 +150,7 @@ class Encoder(nn.Module):
           attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
           attention_branch_dropout=self.attention_branch_dropout,
           dropout_mask_bits=self.dropout_mask_bits, num_queries=self._block_queries(i),
+          attention_bias=self.attention_bias,
           name=f"encoderblock_{i}")(x_BxLxE, mask_BxL, deterministic=deterministic)
     if self.final_layer_norm:
       x_BxLxE = nn.LayerNorm(epsilon=layers.LN_EPSILON, dtype=self.dtype,
@@ -137,6 +158,8 @@ class Encoder(nn.Module):
     x_BxLxE = x_BxLxE.astype(jnp.float32)
     if self.classifier_pool == "CLS":
       return x_BxLxE[:, 0]
+    if self.lra_mean_over_pads:   # LRA's bug, an option: the input's pads count
+      return x_BxLxE[:, :x_BxLxE.shape[1] - pad].mean(1)
     m_BxLx1 = mask_BxL[..., None].astype(jnp.float32)
     return (x_BxLxE * m_BxLx1).sum(1) / jnp.maximum(m_BxLx1.sum(1), 1.0)
 
@@ -148,13 +171,19 @@ class Encoder(nn.Module):
 
 
 class ClassificationEncoder(nn.Module):
-  """Encoder plus LRA's classifier head: Dense(mlp_dim) -> ReLU -> Dense(num_classes).
+  """Encoder plus LRA's classifier head (``common_layers.classifier_head``):
+  Dense(mlp_dim) -> ReLU -> Dense(num_classes).
+
+  The head's Dense layers have flax's default init, LeCun-normal kernels and zero biases,
+  as LRA's (``nn.Dense`` without initialisers).
 
   Attributes:
     encoder: the :class:`Encoder` settings.
     num_classes: number of labels.
     head_activation: a key of :data:`HEAD_ACTIVATIONS`: ``"relu"`` (LRA) or ``"gelu"``
       (the SimpleTRON authors' ``TClassifier``).
+    head: a name in :data:`HEADS`: ``"mlp"`` (default, the layers above) or ``"dense"``
+      (one Dense(num_classes), LRA's ``SinkhornTransformerEncoder``).
 
   Call: ``(tokens_BxL, mask_BxL | None, deterministic) -> logits_BxC`` float32.
   """
@@ -162,15 +191,15 @@ class ClassificationEncoder(nn.Module):
   encoder: Encoder
   num_classes: int
   head_activation: str = "relu"
+  head: str = "mlp"
 
   @nn.compact
   def __call__(self, tokens_BxL, mask_BxL=None, *, deterministic: bool = True):
-    pooled_BxE = self.encoder(tokens_BxL, mask_BxL, deterministic=deterministic)
-    h = nn.Dense(self.encoder.mlp_dim, kernel_init=layers.KERNEL_INIT,
-                 bias_init=layers.BIAS_INIT, name="head_hidden")(pooled_BxE)
-    h = HEAD_ACTIVATIONS[self.head_activation](h)
-    return nn.Dense(self.num_classes, kernel_init=layers.KERNEL_INIT,
-                    bias_init=layers.BIAS_INIT, name="head_logits")(h)
+    h = self.encoder(tokens_BxL, mask_BxL, deterministic=deterministic)
+    if self.head == "mlp":
+      h = HEAD_ACTIVATIONS[self.head_activation](
+          nn.Dense(self.encoder.mlp_dim, name="head_hidden")(h))
+    return nn.Dense(self.num_classes, name="head_logits")(h)
 
 
 class DualEncoderClassifier(nn.Module):
@@ -179,7 +208,8 @@ class DualEncoderClassifier(nn.Module):
   Follows LRA ``models/transformer/transformer.py`` (``TransformerDualEncoder``) with
   ``models/layers/common_layers.py`` ``classifier_head_dual``: the pooled encodings ``u``,
   ``v`` of the two documents are combined by ``interaction`` and fed to Dense(mlp_dim) ->
-  act -> Dense(mlp_dim // 2) -> act -> Dense(num_classes).
+  act -> Dense(mlp_dim // 2) -> act -> Dense(num_classes), with flax's default init (as
+  LRA's). LRA's encoders here have no CLS token: see :attr:`Encoder.prepend_cls`.
 
   Attributes:
     encoder: the :class:`Encoder` settings, shared by both documents.
@@ -214,11 +244,8 @@ class DualEncoderClassifier(nn.Module):
     h = jnp.concatenate(parts, axis=-1)
     for name, width in (("head_hidden", self.encoder.mlp_dim),
                         ("head_hidden2", self.encoder.mlp_dim // 2)):
-      dense = nn.Dense(width, kernel_init=layers.KERNEL_INIT, bias_init=layers.BIAS_INIT,
-                       name=name)
-      h = HEAD_ACTIVATIONS[self.head_activation](dense(h))
-    return nn.Dense(self.num_classes, kernel_init=layers.KERNEL_INIT,
-                    bias_init=layers.BIAS_INIT, name="head_logits")(h)
+      h = HEAD_ACTIVATIONS[self.head_activation](nn.Dense(width, name=name)(h))
+    return nn.Dense(self.num_classes, name="head_logits")(h)
 
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -327,16 +354,25 @@ OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
                    "attention_branch_dropout": True, "final_layer_norm": True,
                    "zero_pad_embedding": False, "head_activation": "relu",
                    "interaction": "concat", "last_block_cls_only": False,
-                   "length_multiple": 1, "dropout_mask_bits": 32}
+                   "length_multiple": 1, "dropout_mask_bits": 32, "attention_bias": False,
+                   "lra_mean_over_pads": False, "lra_dual_no_cls": False, "head": "mlp"}
+# What a model built before an option existed computed, where that is not the option's
+# default: before ``attention_bias`` every attention projection had a bias. A checkpoint
+# saved then resumes with ``--config.model.attention_bias=True`` and is refused, naming the
+# field, without it.
+LEGACY_DEFAULTS = {"attention_bias": True}
 
 
-def with_option_defaults(model_config: Mapping[str, Any]) -> dict[str, Any]:
-  """A saved ``config.model`` dict with :data:`OPTION_DEFAULTS` filled in where it lacks an
+def with_option_defaults(model_config: Mapping[str, Any], saved: bool = False
+                         ) -> dict[str, Any]:
+  """A ``config.model`` dict with :data:`OPTION_DEFAULTS` filled in where it lacks an
   option, and ``attention_kwargs`` with the options of ``model.attention`` it lacks at their
   module defaults (``AttentionSpec.options``, as JSON), so a checkpoint written before an
-  option existed matches a config that has it at its default. An unknown attention name
-  gets no attention defaults (the model validation names it)."""
-  out = {**OPTION_DEFAULTS, **model_config}
+  option existed matches a config that has it at its default. With ``saved`` (a checkpoint's
+  config) the missing options take :data:`LEGACY_DEFAULTS` first, what such a model
+  computed. An unknown attention name gets no attention defaults (the model validation
+  names it)."""
+  out = {**OPTION_DEFAULTS, **(LEGACY_DEFAULTS if saved else {}), **model_config}
   try:
     spec = attention.get(out.get("attention", ""))
   except ValueError:
@@ -353,10 +389,14 @@ def _option(model: ml_collections.ConfigDict, field: str):
 
 def _validate_choices(model: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming ``model.head_activation``, ``model.interaction``,
-  ``model.pos_emb_init`` or ``model.dropout_mask_bits`` when it is not one of the known
-  choices."""
+  ``model.head``, ``model.attention_bias``, ``model.lra_mean_over_pads``,
+  ``model.lra_dual_no_cls``, ``model.pos_emb_init`` or ``model.dropout_mask_bits`` when it
+  is not one of the known choices."""
   for field, choices in (("head_activation", sorted(HEAD_ACTIVATIONS)),
-                         ("interaction", list(INTERACTIONS)),
+                         ("interaction", list(INTERACTIONS)), ("head", list(HEADS)),
+                         ("attention_bias", [False, True]),
+                         ("lra_mean_over_pads", [False, True]),
+                         ("lra_dual_no_cls", [False, True]),
                          ("pos_emb_init", sorted(layers.POS_EMB_INITS)),
                          ("dropout_mask_bits", list(layers.DROPOUT_MASK_BITS))):
     if _option(model, field) not in choices:
@@ -390,14 +430,16 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       learn_pos_emb=model.learn_pos_emb, classifier_pool=model.classifier_pool,
       dtype=_DTYPES[model.dtype],
+      prepend_cls=not (dual and _option(model, "lra_dual_no_cls")),
       **{f: _option(model, f) for f in ("pos_emb_init", "embedding_dropout",
                                         "attention_branch_dropout", "final_layer_norm",
                                         "zero_pad_embedding", "last_block_cls_only",
-                                        "length_multiple", "dropout_mask_bits")})
+                                        "length_multiple", "dropout_mask_bits",
+                                        "attention_bias", "lra_mean_over_pads")})
   head_activation = _option(model, "head_activation")
   if dual:
     return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,
                                  interaction=_option(model, "interaction"),
                                  head_activation=head_activation)
   return ClassificationEncoder(encoder=encoder, num_classes=num_classes,
-                               head_activation=head_activation)
+                               head_activation=head_activation, head=_option(model, "head"))

@@ -554,7 +554,7 @@ def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: i
   where = _step_dir(manager, step)
   meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
   if model_config is not None and "model_config" in meta:
-    diff = run_guard.flat_diff(models.with_option_defaults(meta["model_config"]),
+    diff = run_guard.flat_diff(models.with_option_defaults(meta["model_config"], saved=True),
                                models.with_option_defaults(model_config_dict(model_config)))
     if diff:
       raise run_guard.ConfigMismatchError(

@@ -206,6 +206,8 @@ class AFTAttention(nn.Module):
       Unused by the other variants.
     dtype: computation dtype of the projections; the AFT sums are float32
       and cast back.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``pos_bias``
   ``[max_length, max_length]`` (full) or ``pos_bias_band``
@@ -230,6 +232,7 @@ class AFTAttention(nn.Module):
   max_length: int = 2048
   window: int = 32
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -245,7 +248,8 @@ class AFTAttention(nn.Module):
     if self.variant == "local" and self.window < 1:
       raise ValueError(f"model.attention_kwargs.window={self.window} must be >= 1 for aft_local")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     head_shape = q.shape[2:]
     q_BxLxD, k_BxLxD, v_BxLxD = (t.reshape(b, length, self.qkv_dim).astype(jnp.float32)
                                  for t in (q, k, v))
@@ -263,4 +267,4 @@ class AFTAttention(nn.Module):
     gate_BxLxD = jax.nn.sigmoid(q_BxLxD) if self.activation == "sigmoid" else jax.nn.relu(q_BxLxD)
     y_BxLxD = (gate_BxLxD * context_BxLxD).astype(self.dtype)
     return base.output_projection(y_BxLxD.reshape(b, length, *head_shape), self.out_dim,
-                                  self.dtype)
+                                  self.dtype, use_bias=self.use_bias)

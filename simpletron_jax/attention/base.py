@@ -40,12 +40,13 @@ def check_head_dims(qkv_dim: int, num_heads: int) -> int:
 
 
 def project_qkv(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: Dtype,
-                flat: bool = False) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+                flat: bool = False, *, use_bias: bool = True
+                ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Projects the input to per-head queries, keys and values.
 
   Must be called inside a compact module method: it creates the submodules
-  ``query``, ``key`` and ``value`` (``DenseGeneral`` to ``(H, D/H)``, with
-  bias), so checkpoints of every variant share these parameter names.
+  ``query``, ``key`` and ``value`` (``DenseGeneral`` to ``(H, D/H)``, with a bias when
+  ``use_bias``), so checkpoints of every variant share these parameter names.
 
   Args:
     x_BxLxE: ``[B, L, E]`` float input.
@@ -53,17 +54,19 @@ def project_qkv(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: Dtype
     qkv_dim: D, the total query/key/value width over all heads.
     dtype: computation dtype.
     flat: see :func:`head_projection`.
+    use_bias: see :func:`head_projection`.
 
   Returns:
     ``(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)`` with ``K = D // H``.
   """
-  return tuple(head_projection(x_BxLxE, num_heads, qkv_dim, dtype, name, flat)
+  return tuple(head_projection(x_BxLxE, num_heads, qkv_dim, dtype, name, flat,
+                               use_bias=use_bias)
                for name in ("query", "key", "value"))
 
 
 def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: Dtype,
-                    name: str, flat: bool = False) -> jnp.ndarray:
-  """One per-head projection (``DenseGeneral`` to ``(H, D/H)``, with bias) named ``name``.
+                    name: str, flat: bool = False, *, use_bias: bool = True) -> jnp.ndarray:
+  """One per-head projection (``DenseGeneral`` to ``(H, D/H)``) named ``name``.
 
   For variants that need only some of ``query``/``key``/``value`` (Reformer's shared QK,
   the Synthesizer's values); call it inside a compact module method.
@@ -76,6 +79,10 @@ def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: D
     name: the submodule name, e.g. ``"value"``.
     flat: compute it as :class:`HeadProjection` (the same parameters and function, one
       flat matmul and bias; not bit-identical).
+    use_bias: add a learned bias. LRA's attentions have none (``bias=False`` in
+      ``models/transformer/transformer.py`` and every variant built like it; config field
+      ``model.attention_bias``, default False); the SimpleTRON authors' ``nn.Linear`` layers
+      have one.
 
   Returns:
     ``[B, L, H, D // H]``.
@@ -85,9 +92,10 @@ def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: D
   """
   head_dim = check_head_dims(qkv_dim, num_heads)
   if flat:
-    return HeadProjection(num_heads, head_dim, dtype, name=name)(x_BxLxE)
+    return HeadProjection(num_heads, head_dim, dtype, use_bias, name=name)(x_BxLxE)
   return nn.DenseGeneral(features=(num_heads, head_dim), kernel_init=KERNEL_INIT,
-                         bias_init=BIAS_INIT, dtype=dtype, name=name)(x_BxLxE)
+                         bias_init=BIAS_INIT, use_bias=use_bias, dtype=dtype,
+                         name=name)(x_BxLxE)
 
 
 class HeadProjection(nn.Module):
@@ -109,6 +117,7 @@ class HeadProjection(nn.Module):
     num_heads: H.
     head_dim: K.
     dtype: computation dtype.
+    use_bias: with the bias (``DenseGeneral``'s ``use_bias``).
 
   Call: ``x [..., E] -> [..., H, K]`` in ``dtype``.
   """
@@ -116,6 +125,7 @@ class HeadProjection(nn.Module):
   num_heads: int
   head_dim: int
   dtype: Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -126,11 +136,13 @@ class HeadProjection(nn.Module):
 
     kernel = self.param("kernel", flat_init(KERNEL_INIT, (e, width)),
                         (e, self.num_heads, self.head_dim), jnp.float32)
-    bias = self.param("bias", flat_init(BIAS_INIT, (width,)), (self.num_heads, self.head_dim),
-                      jnp.float32)
-    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
     y = jax.lax.dot_general(x, kernel.reshape(e, width), (((x.ndim - 1,), (0,)), ((), ())))
-    return (y + bias.reshape(width)).reshape(*x.shape[:-1], self.num_heads, self.head_dim)
+    if self.use_bias:
+      bias = self.param("bias", flat_init(BIAS_INIT, (width,)),
+                        (self.num_heads, self.head_dim), jnp.float32)
+      y = y + bias.reshape(width).astype(y.dtype)
+    return y.reshape(*x.shape[:-1], self.num_heads, self.head_dim)
 
 
 def check_max_length(variant: str, length: int, max_length: int) -> None:
@@ -151,19 +163,22 @@ def check_max_length(variant: str, length: int, max_length: int) -> None:
         "set model.attention_kwargs.max_length to model.max_length + 1")
 
 
-def output_projection(y_BxLxHxK: jnp.ndarray, out_dim: int, dtype: Dtype) -> jnp.ndarray:
+def output_projection(y_BxLxHxK: jnp.ndarray, out_dim: int, dtype: Dtype, *,
+                      use_bias: bool = True) -> jnp.ndarray:
   """Merges heads with a learned ``DenseGeneral`` named ``out``.
 
   Args:
     y_BxLxHxK: per-head outputs.
     out_dim: O.
     dtype: computation dtype.
+    use_bias: add a learned bias (see :func:`head_projection`).
 
   Returns:
     ``[B, L, O]``.
   """
   return nn.DenseGeneral(features=out_dim, axis=(-2, -1), kernel_init=KERNEL_INIT,
-                         bias_init=BIAS_INIT, dtype=dtype, name="out")(y_BxLxHxK)
+                         bias_init=BIAS_INIT, use_bias=use_bias, dtype=dtype,
+                         name="out")(y_BxLxHxK)
 
 
 def default_mask(x_BxLxE: jnp.ndarray, mask_BxL: jnp.ndarray | None) -> jnp.ndarray:

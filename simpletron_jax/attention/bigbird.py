@@ -156,6 +156,8 @@ class BigBirdAttention(nn.Module):
       disables them).
     random_seed: seed of the fixed random pattern (see the module docstring).
     dtype: computation dtype; the softmax is computed in float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Non-causal; outputs at real positions do not depend on padding.
@@ -174,6 +176,7 @@ class BigBirdAttention(nn.Module):
   num_random_blocks: int = 3
   random_seed: int = 0
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -182,7 +185,8 @@ class BigBirdAttention(nn.Module):
     check_int_field(self.random_seed, "random_seed", "bigbird", minimum=0)
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     q = scale_queries(q)
     b = self.block_size
     q_BxNxbxHxK, k_BxNxbxHxK, v_BxNxbxHxK = (to_blocks(t, b) for t in (q, k, v))
@@ -243,4 +247,4 @@ class BigBirdAttention(nn.Module):
     rows_BxHxbxL = nn.Dropout(self.dropout_rate)(rows_BxHxbxL, deterministic=deterministic)
     y_BxNxbxHxK = y_BxNxbxHxK.at[:, 0].set(jnp.einsum("bhql,blhd->bqhd", rows_BxHxbxL, v))
     y_BxLxHxK = y_BxNxbxHxK.reshape((batch, num_blocks * b) + q.shape[2:])[:, :length]
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

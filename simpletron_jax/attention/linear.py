@@ -144,6 +144,8 @@ class LinearAttention(nn.Module):
       mask, so pads enter both sums (outputs then depend on the padding).
     dtype: computation dtype of the projections; the feature maps and sums
       are computed in float32 and cast back.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Outputs at real positions do not depend on padding.
@@ -161,12 +163,14 @@ class LinearAttention(nn.Module):
   eps: float = 1e-6
   lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     del deterministic  # no dropout inside linear attention
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     phi_q_BxLxHxK = elu_feature_map(q.astype(jnp.float32))
     phi_k_BxLxHxK = elu_feature_map(k.astype(jnp.float32))
     v = v.astype(jnp.float32)
@@ -176,4 +180,5 @@ class LinearAttention(nn.Module):
     else:
       y_BxLxHxK = normalized_feature_attention(phi_q_BxLxHxK, phi_k_BxLxHxK, v, mask_BxL,
                                                self.eps)
-    return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype,
+                                  use_bias=self.use_bias)

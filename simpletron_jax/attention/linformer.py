@@ -47,6 +47,8 @@ class LinformerAttention(nn.Module):
       True: LRA's ``models/linformer/linformer_attention.py``, which projects the pads
       too (its dot product gets ``bias=None``), so outputs depend on the padding.
     dtype: computation dtype; the softmax is computed in float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``proj_E``
   (and ``proj_F``) of shape ``[max_length, k]``, initialised
@@ -69,6 +71,7 @@ class LinformerAttention(nn.Module):
   share_kv: bool = True
   lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -77,7 +80,8 @@ class LinformerAttention(nn.Module):
     if self.k < 1:
       raise ValueError(f"model.attention_kwargs.k={self.k} must be >= 1 for linformer")
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     init = nn.initializers.normal(stddev=self.k ** -0.5)
     e_MxR = self.param("proj_E", init, (self.max_length, self.k), jnp.float32)
     f_MxR = e_MxR if self.share_kv else self.param("proj_F", init, (self.max_length, self.k),
@@ -97,4 +101,4 @@ class LinformerAttention(nn.Module):
     weights_BxHxLxR = nn.Dropout(self.dropout_rate)(weights_BxHxLxR.astype(self.dtype),
                                                     deterministic=deterministic)
     y_BxLxHxK = jnp.einsum("bhlr,brhd->blhd", weights_BxHxLxR, v_BxRxHxK)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

@@ -132,6 +132,8 @@ class LocalAttention(nn.Module):
     block_size: b, tokens per block (LRA: 50). The length is padded
       internally to a multiple of b; padded keys get zero weight.
     dtype: computation dtype; the softmax is computed in float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Non-causal; outputs at real positions do not depend on padding.
@@ -148,13 +150,15 @@ class LocalAttention(nn.Module):
   dropout_rate: float = 0.0
   block_size: int = 50
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     check_int_field(self.block_size, "block_size", "local")
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     b = self.block_size
     q_BxNxbxHxK = to_blocks(scale_queries(q), b)
     k_BxNxbxHxK = to_blocks(k, b)
@@ -168,4 +172,4 @@ class LocalAttention(nn.Module):
                                                       deterministic=deterministic)
     y_BxNxbxHxK = jnp.einsum("bhnqk,bnkhd->bnqhd", weights_BxHxNxbxb, v_BxNxbxHxK)
     y_BxLxHxK = y_BxNxbxHxK.reshape((x_BxLxE.shape[0], -1) + y_BxNxbxHxK.shape[3:])[:, :length]
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

@@ -61,6 +61,8 @@ class LongformerAttention(nn.Module):
     window: w, the sliding window in tokens (LRA: 512); see the module
       docstring for the convention.
     dtype: computation dtype; the softmax is computed in float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Non-causal; outputs at real positions do not depend on padding.
@@ -76,13 +78,15 @@ class LongformerAttention(nn.Module):
   dropout_rate: float = 0.0
   window: int = 512
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     check_int_field(self.window, "window", "longformer")
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     q = scale_queries(q)
     lo, hi = window_offsets(self.window)
     s = max(1, min(self.window // 2, length))  # chunk size: covers lo..hi with neighbours
@@ -119,4 +123,4 @@ class LongformerAttention(nn.Module):
     row_BxHxL = nn.Dropout(self.dropout_rate)(row_BxHxL, deterministic=deterministic)
     y0_BxHxK = jnp.einsum("bhl,blhd->bhd", row_BxHxL, v)
     y_BxLxHxK = y_BxLxHxK.at[:, 0].set(y0_BxHxK)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

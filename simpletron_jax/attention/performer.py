@@ -172,6 +172,8 @@ class PerformerAttention(nn.Module):
       both (outputs then depend on the padding).
     dtype: computation dtype of the projections; features and sums are
       float32 and cast back.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   The projection used is sown into the ``"intermediates"`` collection as
@@ -195,6 +197,7 @@ class PerformerAttention(nn.Module):
   relu_eps: float = 1e-3
   lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   def _projection(self, head_dim: int, deterministic: bool):
     """The ``[M, head_dim]`` projection for this call, or None (deterministic kernel)."""
@@ -213,7 +216,8 @@ class PerformerAttention(nn.Module):
       raise ValueError(f"unknown performer kernel {self.kernel!r} "
                        f"(model.attention_kwargs.kernel); expected one of {KERNELS}")
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     q, k, v = q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)
     w_MxK = self._projection(q.shape[-1], deterministic)
     if w_MxK is not None:
@@ -225,4 +229,5 @@ class PerformerAttention(nn.Module):
       phi_q = relu_kernel_features(q, w_MxK, eps=self.relu_eps)
       phi_k = relu_kernel_features(k, w_MxK, eps=self.relu_eps)
     y_BxLxHxK = normalized_feature_attention(phi_q, phi_k, v, mask_BxL, eps=0.0)
-    return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype,
+                                  use_bias=self.use_bias)

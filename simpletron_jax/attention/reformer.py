@@ -102,6 +102,8 @@ class ReformerAttention(nn.Module):
     chunk_length: c, tokens per chunk of the sorted sequence.
     hash_seed: seed of the fixed random rotations.
     dtype: computation dtype; hashing, logits and softmax are float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Parameters: ``query``, ``value``, ``out`` (shared QK: there is no ``key``).
 
@@ -123,6 +125,7 @@ class ReformerAttention(nn.Module):
   chunk_length: int = 200
   hash_seed: int = 0
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -133,7 +136,8 @@ class ReformerAttention(nn.Module):
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     head_dim = base.check_head_dims(self.qkv_dim, self.num_heads)
     q_BxLxHxK, v_BxLxHxK = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim,
-                                                 self.dtype, name) for name in ("query", "value"))
+                                                 self.dtype, name, use_bias=self.use_bias)
+                            for name in ("query", "value"))
     rotations = random_rotations(self.hash_seed, self.num_heads, head_dim, self.num_hashes,
                                  self.num_buckets)
     buckets_BxHxRxL = lsh_buckets(q_BxLxHxK, mask_BxL, rotations)
@@ -199,4 +203,4 @@ class ReformerAttention(nn.Module):
     round_w_BxHxRxL = jax.nn.softmax(z_BxHxRxL, axis=2).astype(self.dtype)
     y_BxHxLxK = jnp.sum(round_w_BxHxRxL[..., None] * o_BxHxRxLxK, axis=2)
     y_BxLxHxK = jnp.transpose(y_BxHxLxK, (0, 2, 1, 3))
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

@@ -226,6 +226,8 @@ class SimpleAttention(nn.Module):
       projections as flat matmuls with a flat bias (:class:`base.HeadProjection`, the same
       parameters). Non-causal only; at most one of ``heads_first`` and ``block_diagonal``.
     dtype: computation dtype.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
 
@@ -251,6 +253,7 @@ class SimpleAttention(nn.Module):
   heads_first: bool = False
   block_diagonal: bool = False
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -268,7 +271,7 @@ class SimpleAttention(nn.Module):
           "use attention 'simple_resl' for a different qkv_dim")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               flat=self.block_diagonal)
+                               flat=self.block_diagonal, use_bias=self.use_bias)
     if self.causal:
       y_BxLxHxK = causal_simple_attention(q, k, v, mask_BxL, self.chunk_size,
                                           normalizer=self.normalizer, mask_pads=self.mask_pads)
@@ -282,5 +285,5 @@ class SimpleAttention(nn.Module):
                                    heads_first=self.heads_first,
                                    block_diagonal=self.block_diagonal)
     if self.use_output_proj:
-      return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+      return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
     return y_BxLxHxK.reshape(*y_BxLxHxK.shape[:2], self.qkv_dim)

@@ -104,6 +104,8 @@ class SinkhornAttention(nn.Module):
     sinkhorn_iters: Sinkhorn normalisation rounds (>= 1).
     temperature: the sorting logits are divided by it (> 0; LRA: 1.0).
     dtype: computation dtype; the sorting and the softmax are float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``sort_net`` (a ``Dense``
   from the head width K to ``ceil(max_length / block_size)``, shared by the heads, as
@@ -127,6 +129,7 @@ class SinkhornAttention(nn.Module):
   sinkhorn_iters: int = 5
   temperature: float = 1.0
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   def _check(self, length: int):
     if self.block_size < 1:
@@ -145,7 +148,8 @@ class SinkhornAttention(nn.Module):
     batch, length = x_BxLxE.shape[:2]
     self._check(length)
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     heads, head_dim = q.shape[-2:]
     b = self.block_size
     n = -(-length // b)
@@ -195,4 +199,4 @@ class SinkhornAttention(nn.Module):
     y_BxNxSxHxK = (jnp.einsum("bhist,bithk->bishk", w_BxHxNxSx2S[..., :b], v_BxNxSxHxK)
                    + jnp.einsum("bhist,bithk->bishk", w_BxHxNxSx2S[..., b:], sv_BxNxSxHxK))
     y_BxLxHxK = y_BxNxSxHxK.reshape(batch, n * b, heads, head_dim)[:, :length]
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

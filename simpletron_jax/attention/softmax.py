@@ -227,6 +227,8 @@ class SoftmaxAttention(nn.Module):
       epilogue; not bit-identical, so off by default), as Simple's ``block_diagonal`` does:
       for comparing the two on a GPU with the same projections.
     dtype: computation dtype.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO`` (``y_BxNxO``
   with ``num_queries``). Keys at padded positions get zero weight, so outputs at real
@@ -245,6 +247,7 @@ class SoftmaxAttention(nn.Module):
   num_queries: int = 0
   flat_projection: bool = False
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -254,9 +257,10 @@ class SoftmaxAttention(nn.Module):
     if n > length:
       raise ValueError(f"num_queries={n} exceeds the sequence length {length}")
     q = base.head_projection(x_BxLxE[:, :n], self.num_heads, self.qkv_dim, self.dtype,
-                             "query", self.flat_projection)
+                             "query", self.flat_projection, use_bias=self.use_bias)
     k, v = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name,
-                                 self.flat_projection) for name in ("key", "value"))
+                                 self.flat_projection,
+                                 use_bias=self.use_bias) for name in ("key", "value"))
     impl, reason = resolve_implementation(
         self.implementation, backend=jax.default_backend(), dtype=self.dtype,
         head_dim=q.shape[-1], dropout_active=self.dropout_rate > 0 and not deterministic)
@@ -276,7 +280,7 @@ class SoftmaxAttention(nn.Module):
       keep_Bx1xNxL = self._keep_mask(mask_BxL, n, length)
       attend = self._einsum if impl == "einsum" else self._xla
       y_BxNxHxK = attend(q, k, v, keep_Bx1xNxL, deterministic)
-    return base.output_projection(y_BxNxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxNxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
 
   def _keep_mask(self, mask_BxL, n: int, length: int):
     """``[B, 1, N, L]`` bool: real keys, and ``j <= i`` when causal."""

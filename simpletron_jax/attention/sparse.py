@@ -60,6 +60,8 @@ class SparseAttention(nn.Module):
     global_first: if True, position 0 is global and the block grid starts at
       position 1 (LRA with a CLS token); if False, no global token.
     dtype: computation dtype; the softmax is computed in float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Non-causal; outputs at real positions do not depend on padding.
@@ -78,6 +80,7 @@ class SparseAttention(nn.Module):
   num_summary: int = 10
   global_first: bool = True
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -89,7 +92,8 @@ class SparseAttention(nn.Module):
                        "'sparse'")
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
     q = scale_queries(q)
     start = 1 if self.global_first else 0   # the block grid starts here
     l, c = self.block_size, self.num_summary
@@ -137,4 +141,4 @@ class SparseAttention(nn.Module):
       row_BxHxL = nn.Dropout(self.dropout_rate)(row_BxHxL, deterministic=deterministic)
       y0_Bx1xHxK = jnp.einsum("bhl,blhd->bhd", row_BxHxL, v)[:, None]
       y_BxLxHxK = jnp.concatenate([y0_Bx1xHxK, y_BxLxHxK], axis=1)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

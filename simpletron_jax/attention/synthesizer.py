@@ -65,12 +65,14 @@ from simpletron_jax.attention import base
 NEG = -1e30
 
 
-def _values_and_dots(x_BxLxE, num_heads: int, qkv_dim: int, dtype, dot_product: bool):
+def _values_and_dots(x_BxLxE, num_heads: int, qkv_dim: int, dtype, dot_product: bool,
+                     use_bias: bool):
   """``(v_BxLxHxK, dots)``: the values, and ``Q K^T / sqrt(d)`` (``[B, H, L, L]``) when
-  ``dot_product`` else 0."""
+  ``dot_product`` else 0; ``use_bias``: projection biases (see :func:`base.head_projection`)."""
   if not dot_product:
-    return base.head_projection(x_BxLxE, num_heads, qkv_dim, dtype, "value"), 0.0
-  q, k, v = base.project_qkv(x_BxLxE, num_heads, qkv_dim, dtype)
+    return base.head_projection(x_BxLxE, num_heads, qkv_dim, dtype, "value",
+                                use_bias=use_bias), 0.0
+  q, k, v = base.project_qkv(x_BxLxE, num_heads, qkv_dim, dtype, use_bias=use_bias)
   q = q / jnp.sqrt(q.shape[-1]).astype(dtype)
   return v, jnp.einsum("bihk,bjhk->bhij", q, k)
 
@@ -110,6 +112,8 @@ class DenseSynthesizerAttention(nn.Module):
       model.max_length + 1``.
     dot_product: if True, add ``Q K^T / sqrt(d)`` to the logits (Dense + Vanilla).
     dtype: computation dtype; the softmax is float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Parameters: ``syn_hidden`` (``DenseGeneral`` E -> (H, D/H)), ``syn_out_kernel``
   ``[H, D/H, max_length]`` (Xavier-uniform per head), ``syn_out_bias``
@@ -131,6 +135,7 @@ class DenseSynthesizerAttention(nn.Module):
   max_length: int = 2048
   dot_product: bool = False
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -138,7 +143,7 @@ class DenseSynthesizerAttention(nn.Module):
     base.check_max_length("synthesizer", length, self.max_length)
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     v_BxLxHxK, dots = _values_and_dots(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                                       self.dot_product)
+                                       self.dot_product, self.use_bias)
     head_dim = v_BxLxHxK.shape[-1]
     hidden_BxLxHxK = nn.relu(nn.DenseGeneral(
         features=(self.num_heads, head_dim), kernel_init=base.KERNEL_INIT,
@@ -154,7 +159,7 @@ class DenseSynthesizerAttention(nn.Module):
                       + b2_HxM[None, :, None, :length].astype(self.dtype) + dots)
     y_BxLxHxK = synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL,
                                     nn.Dropout(self.dropout_rate), deterministic, self.dtype)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
 
 
 def fixed_random_rows(key: jax.Array, rows: int, shape: tuple[int, ...]) -> jnp.ndarray:
@@ -186,6 +191,8 @@ class RandomSynthesizerAttention(nn.Module):
     dot_product: if True, add ``Q K^T / sqrt(d)`` to the logits (Random + Vanilla,
       what LRA's Synthesizer runs).
     dtype: computation dtype; the softmax is float32.
+    use_bias: biases on the query, key, value and output projections (config field
+      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Parameters: ``random_logits`` ``[H, max_length, max_length]`` (or ``random_factor1``
   ``[H, max_length, k]`` and ``random_factor2`` ``[H, k, max_length]``) when
@@ -210,6 +217,7 @@ class RandomSynthesizerAttention(nn.Module):
   random_seed: int = 0
   dot_product: bool = False
   dtype: base.Dtype = jnp.float32
+  use_bias: bool = True
 
   def _logits(self, length: int) -> jnp.ndarray:
     """``R[:, :L, :L]``, ``[H, L, L]`` float32."""
@@ -242,8 +250,8 @@ class RandomSynthesizerAttention(nn.Module):
                        "be >= 0 (0: a full random matrix)")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     v_BxLxHxK, dots = _values_and_dots(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                                       self.dot_product)
+                                       self.dot_product, self.use_bias)
     logits_BxHxLxL = self._logits(length)[None].astype(self.dtype) + dots
     y_BxLxHxK = synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL,
                                     nn.Dropout(self.dropout_rate), deterministic, self.dtype)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

@@ -1,0 +1,313 @@
+"""Golden numbers from the ORIGINAL Long Range Arena code, for ``tests/test_lra_golden.py``.
+
+Runs LRA's own model code (google-research/long-range-arena at ``cd31e5c``,
+``flax.deprecated.nn``) in a separate environment and writes small fixtures: LRA's initialised
+weights at a tiny size, a padded batch and LRA's logits on it, and for the Transformer on
+ListOps the losses of 3 training steps of LRA's own ``listops/train.py::train_step``. The
+fixtures are numbers only; LRA's code is never copied into this project, and the tests that
+read the fixtures need neither LRA nor the old flax.
+
+Recipe (CPU, about 3 minutes; see ``docs/lra_parity.md``)::
+
+    bash ../shared/tools/lra-original-env.sh /tmp/lra-venv     # jax 0.4.13 + flax 0.3.6
+    # an LRA checkout at cd31e5c in /tmp/lra (e.g. git clone; git checkout cd31e5c)
+    /tmp/lra-venv/bin/python scripts/lra_golden.py --lra-src /tmp/lra \
+        --out tests/fixtures/lra
+
+Output: ``<out>/<model_type>__<task>.npz`` per case (arrays ``param/<path>`` with LRA's
+parameter names, ``inputs`` [B, L] int32 (``inputs2`` for retrieval), ``logits`` [B, C]
+float32, and for ``transformer__listops`` also ``train_inputs`` [3, B, L], ``train_targets``
+[3, B], ``train_losses`` [3] and ``train_losses_warm`` [3]), and ``<out>/manifest.json``: for
+each case LRA's model kwargs, the call, and either ``"ok"`` or the exception LRA's code
+raised. Exit status 0 even when some LRA models raise: the manifest records it.
+
+Tasks here are LRA's encoder as each task's ``train.py`` calls it, at a tiny size (emb 32,
+2 heads, qkv 32, mlp 64, 2 layers, 3 or 4 examples of at most 150 tokens):
+``listops`` (CLS, sinusoidal, vocab 20, 10 classes), ``text`` (CLS, vocab 257, 2 classes),
+``image`` (CLS, learned positions, pixel values 0..255 whose zeros LRA treats as pads),
+``pathfinder`` (MEAN, pixels), ``retrieval`` (LRA's ``<Model>DualEncoder``, called directly
+because ``matching/train.py`` as released fails in ``get_model``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+
+MODEL_TYPES = ("transformer", "linear_transformer", "performer", "linformer", "local",
+               "sparse_transformer", "longformer", "bigbird", "sinkhorn", "synthesizer",
+               "reformer")
+TASKS = ("listops", "text", "image", "pathfinder", "retrieval")
+SIZE = dict(emb_dim=32, num_heads=2, qkv_dim=32, mlp_dim=64, num_layers=2)
+LENGTH = 150            # max_len, CLS excluded
+BATCH = 4
+# Keyword arguments of LRA's model classes that LRA's configs or model defaults set per model
+# type, at the tiny size: block sizes small enough that a 151-token input has several blocks.
+MODEL_KWARGS = {
+    "local": {"block_size": 16},
+    "bigbird": {"block_size": 16},
+    "sinkhorn": {"block_size": 15},   # Sinkhorn needs L % block_size == 0
+    "longformer": {"sliding_window_size": 32},
+}
+# listops/configs/performer_base.py: FAVOR+ softmax features, 2 of them.
+LISTOPS_KWARGS = {"performer": {"attention_fn_cls": "softmax",
+                                "attention_fn_kwargs": {"ortho_scaling": 0.0, "nb_features": 2}}}
+TASK_CALL = {   # vocab, classes, pooling, learned positions, pixel inputs
+    "listops": (20, 10, "CLS", False, False),
+    "text": (257, 2, "CLS", False, False),
+    "image": (256, 10, "CLS", True, True),
+    "pathfinder": (256, 2, "MEAN", False, True),
+    "retrieval": (257, 2, "CLS", False, False),
+}
+DUAL_CLASSES = {"transformer": ("transformer", "TransformerDualEncoder"),
+                "linear_transformer": ("linear_transformer", "LinearTransformerDualEncoder"),
+                "performer": ("performer", "PerformerDualEncoder"),
+                "linformer": ("linformer", "LinformerDualEncoder"),
+                "local": ("local", "LocalTransformerDualEncoder"),
+                "sparse_transformer": ("sparse_transformer", "SparseTransformerDualEncoder"),
+                "longformer": ("longformer", "LongformerDualEncoder"),
+                "bigbird": ("bigbird", "BigBirdDualEncoder"),
+                "sinkhorn": ("sinkhorn_transformer", "SinkhornTransformerDualEncoder"),
+                "synthesizer": ("synthesizer", "SynthesizerDualEncoder"),
+                "reformer": ("reformer", "ReformerDualEncoder")}
+
+
+def _stub_tensorflow() -> None:
+  """LRA's train.py files import TensorFlow for their input pipelines only; the parts used
+  here (model construction, ``train_step``) never touch it, so empty modules stand in."""
+
+  import importlib.abc
+  import importlib.machinery
+
+  class _Any(types.ModuleType):
+    __path__: list = []
+
+    def __getattr__(self, name):
+      if name.startswith("__"):
+        raise AttributeError(name)
+      return _Any(f"{self.__name__}.{name}")
+
+    def __call__(self, *args, **kwargs):
+      return _Any(self.__name__)
+
+  class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    ROOTS = ("tensorflow", "tensorflow_datasets", "tensorflow_text", "tensorboard")
+
+    def find_spec(self, fullname, path=None, target=None):
+      if fullname.split(".")[0] in self.ROOTS:
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+      return None
+
+    def create_module(self, spec):
+      return _Any(spec.name)
+
+    def exec_module(self, module):
+      pass
+
+  sys.meta_path.insert(0, _Finder())
+
+
+def _flatten(tree, prefix=""):
+  """``{"a": {"b": x}}`` -> ``{"a/b": np.asarray(x)}``."""
+  out = {}
+  for key, value in tree.items():
+    path = f"{prefix}/{key}" if prefix else str(key)
+    if hasattr(value, "items"):
+      out.update(_flatten(value, path))
+    else:
+      out[path] = np.asarray(value)
+  return out
+
+
+def make_batch(rng: np.random.Generator, task: str, vocab: int, length: int = LENGTH):
+  """A padded batch: [B, L] int32, rows of full, 140, 97 and 55 tokens (ids >= 1), zeros after.
+  Pixel tasks draw 0..255 in every position, about 1 in 8 zero (black, a pad to LRA)."""
+  if TASK_CALL[task][4]:
+    x = rng.integers(1, vocab, size=(BATCH, length))
+    x[rng.random((BATCH, length)) < 0.125] = 0
+    return x.astype(np.int32)
+  x = rng.integers(1, vocab, size=(BATCH, length)).astype(np.int32)
+  for row, n in enumerate((length, 140, 97, 55)):
+    x[row, n:] = 0
+  return x
+
+
+def _model_kwargs(model_type: str, task: str) -> dict:
+  vocab, classes, pool, learn_pos, _ = TASK_CALL[task]
+  kwargs = dict(vocab_size=vocab, max_len=LENGTH, classifier=True, num_classes=classes,
+                classifier_pool=pool, learn_pos_emb=learn_pos, **SIZE)
+  if task == "listops":   # listops/train.py passes no pooling: each encoder's default ran
+    del kwargs["classifier_pool"]
+  kwargs.update(MODEL_KWARGS.get(model_type, {}))
+  if task == "listops":
+    kwargs.update(LISTOPS_KWARGS.get(model_type, {}))
+  if task == "retrieval":   # the dual encoders take neither, so LRA's defaults ran
+    for key in ("learn_pos_emb", *MODEL_KWARGS.get(model_type, {})):
+      del kwargs[key]
+  return kwargs
+
+
+_LAST_MODULE: list = []   # the class create_model built last, for its defaults
+
+
+def create_model(flax_module, model_kwargs, key, input_shape):
+  """LRA's ``create_model`` (every task's train.py) with ``init`` on zeros of the input shape
+  in place of ``init_by_shape``, whose shape-only tracing fails under jax 0.4.13. Both
+  initialise the same parameters from ``key``."""
+  import jax.numpy as jnp
+  from flax.deprecated import nn
+  _LAST_MODULE[:] = [flax_module]
+  module = flax_module.partial(**model_kwargs)
+  with nn.stochastic(key):
+    _, params = module.init(key, jnp.zeros(input_shape, jnp.float32))
+  return nn.Model(module, params)
+
+
+def run_case(model_type: str, task: str, seed: int):
+  """Initialises LRA's model as its train.py does and returns (params, arrays, kwargs)."""
+  import jax
+  from flax.deprecated import nn
+  from lra_benchmarks.listops import train as listops_train
+  from lra_benchmarks.utils import train_utils
+
+  kwargs = _model_kwargs(model_type, task)
+  rng = np.random.default_rng(seed)
+  vocab = kwargs["vocab_size"]
+  inputs = make_batch(rng, task, vocab)
+  key = jax.random.PRNGKey(seed)
+  if task == "retrieval":
+    import importlib
+    package, cls_name = DUAL_CLASSES[model_type]
+    module_name = {"sinkhorn_transformer": "sinkhorn_transformer"}.get(package, package)
+    mod = importlib.import_module(f"lra_benchmarks.models.{package}.{module_name}")
+    if model_type == "sparse_transformer":
+      from lra_benchmarks.models.sparse_transformer import sparse_attention
+      kwargs["attention_patterns"] = [sparse_attention.Fixed1Pattern(block_size=50),
+                                      sparse_attention.Fixed2Pattern(block_size=50, c=10)]
+    inputs2 = make_batch(rng, task, vocab)[::-1].copy()
+    module = getattr(mod, cls_name).partial(**{k: v for k, v in kwargs.items()
+                                               if k != "classifier"})
+    with nn.stochastic(key):
+      _, params = module.init(key, jax.numpy.zeros(inputs.shape, jax.numpy.float32),
+                              jax.numpy.zeros(inputs.shape, jax.numpy.float32))
+      model = nn.Model(module, params)
+    logits = model(inputs, inputs2, train=False)
+    arrays = {"inputs": inputs, "inputs2": inputs2}
+  else:
+    model = train_utils.get_model(model_type, create_model, dict(kwargs), key,
+                                  inputs.shape)
+    params = model.params
+    with nn.stochastic(jax.random.PRNGKey(seed + 1)):
+      logits = model(inputs, train=False)
+    arrays = {"inputs": inputs}
+  arrays["logits"] = np.asarray(logits, np.float32)
+  kwargs.pop("attention_patterns", None)
+  if "classifier_pool" not in kwargs:   # record the default that ran
+    import inspect
+    kwargs["classifier_pool"] = inspect.signature(
+        _LAST_MODULE[0].apply).parameters["classifier_pool"].default
+  return params, arrays, kwargs
+
+
+def train_losses(lra_src: str, seed: int, warmup: int | None):
+  """3 steps of LRA's ``listops/train.py::train_step`` (pmapped on 1 device, as LRA runs it)
+  on the tiny Transformer with dropout 0, LRA's Adam (``create_optimizer``) and LRA's
+  schedule from ``listops/configs/transformer_base.py``; ``warmup`` overrides the config's
+  1000 (a larger learning rate, a stronger check). Returns (inputs [3,B,L], targets [3,B],
+  losses [3])."""
+  import functools
+  import jax
+  from absl import flags
+  from flax import jax_utils
+  from lra_benchmarks.listops import train as listops_train
+  from lra_benchmarks.utils import train_utils
+
+  flags.FLAGS(["lra_golden",
+               f"--config={lra_src}/lra_benchmarks/listops/configs/transformer_base.py"])
+  config = flags.FLAGS.config
+  kwargs = _model_kwargs("transformer", "listops")
+  kwargs.update(dropout_rate=0.0, attention_dropout_rate=0.0)
+  rng = np.random.default_rng(seed + 7)
+  inputs = np.stack([make_batch(rng, "listops", kwargs["vocab_size"]) for _ in range(3)])
+  targets = rng.integers(0, kwargs["num_classes"], size=(3, BATCH)).astype(np.int32)
+  model = train_utils.get_model("transformer", create_model, dict(kwargs),
+                                jax.random.PRNGKey(seed), inputs.shape[1:])
+  optimizer = jax_utils.replicate(listops_train.create_optimizer(model, config.learning_rate))
+  lr_fn = train_utils.create_learning_rate_scheduler(
+      factors=config.factors, base_learning_rate=config.learning_rate,
+      warmup_steps=warmup or config.warmup)
+  step = jax.pmap(functools.partial(listops_train.train_step, learning_rate_fn=lr_fn),
+                  axis_name="batch")
+  dropout_rngs = jax.random.split(jax.random.PRNGKey(seed), 1)
+  losses = []
+  for i in range(3):
+    batch = {"inputs": inputs[i][None], "targets": targets[i][None]}
+    optimizer, metrics, dropout_rngs = step(optimizer, batch, dropout_rng=dropout_rngs)
+    losses.append(float(metrics["loss"][0] / metrics["denominator"][0]))
+  return inputs, targets, np.asarray(losses, np.float64), {
+      "learning_rate": config.learning_rate, "factors": config.factors,
+      "warmup": config.warmup, "weight_decay": config.weight_decay}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--lra-src", required=True, help="an LRA checkout (its root)")
+  parser.add_argument("--out", default="tests/fixtures/lra")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--models", default=",".join(MODEL_TYPES))
+  parser.add_argument("--tasks", default=",".join(TASKS))
+  args = parser.parse_args(argv)
+  lra_src = os.path.abspath(args.lra_src)
+  if not os.path.isdir(os.path.join(lra_src, "lra_benchmarks")):
+    parser.error(f"--lra-src {lra_src}: no lra_benchmarks/ folder there")
+  sys.path.insert(0, lra_src)
+  _stub_tensorflow()
+  import jax
+  import flax
+  os.makedirs(args.out, exist_ok=True)
+  manifest_path = os.path.join(args.out, "manifest.json")
+  manifest = {"cases": {}}
+  if os.path.exists(manifest_path):
+    with open(manifest_path) as f:
+      manifest = json.load(f)
+  try:
+    commit = subprocess.run(["git", "-C", lra_src, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    commit = "unknown (not a git checkout)"
+  manifest.update(lra_commit=commit, jax=jax.__version__, flax=flax.__version__,
+                  seed=args.seed, size=SIZE, length=LENGTH, batch=BATCH,
+                  command="python scripts/lra_golden.py --lra-src DIR --out " + args.out)
+  for model_type in args.models.split(","):
+    for task in args.tasks.split(","):
+      name = f"{model_type}__{task}"
+      try:
+        params, arrays, kwargs = run_case(model_type, task, args.seed)
+      except Exception as e:  # LRA's own code failing is a result, recorded in the manifest
+        manifest["cases"][name] = {"status": "lra_error",
+                                   "error": f"{type(e).__name__}: {e}"[:500]}
+        print(f"{name}: LRA's code raised {type(e).__name__}: {str(e)[:200]}")
+        continue
+      flat = {f"param/{k}": v for k, v in _flatten(params).items()}
+      if name == "transformer__listops":
+        for warm, suffix in ((None, ""), (2, "_warm")):
+          t_in, t_y, t_loss, schedule = train_losses(lra_src, args.seed, warm)
+          arrays[f"train_losses{suffix}"] = t_loss
+          kwargs[f"train_schedule{suffix}"] = {**schedule, "warmup": warm or schedule["warmup"]}
+        arrays["train_inputs"], arrays["train_targets"] = t_in, t_y
+      np.savez_compressed(os.path.join(args.out, f"{name}.npz"), **flat, **arrays)
+      manifest["cases"][name] = {"status": "ok", "kwargs": kwargs}
+      print(f"{name}: ok, {len(flat)} parameter arrays, logits[0] {arrays['logits'][0][:3]}")
+  with open(manifest_path, "w") as f:
+    json.dump(manifest, f, indent=1, sort_keys=True, default=str)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,217 @@
+"""Loading the LRA golden fixtures (``scripts/lra_golden.py``) into this project's models.
+
+The fixtures hold LRA's own initialised weights, a padded batch and LRA's logits, made by
+LRA's code (``tests/fixtures/lra/``). This module maps LRA's parameter names onto ours
+through an explicit table, builds our model from the config file of the same attention and
+task with the options that reproduce what LRA's code computes (:data:`LRA_OPTIONS`), and
+runs it. Nothing here imports LRA or the old flax.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from configs import lra
+from simpletron_jax import models
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "lra"
+# LRA's model_type -> our registry name.
+ATTENTION = {"transformer": "softmax", "linear_transformer": "linear",
+             "performer": "performer", "linformer": "linformer", "local": "local",
+             "sparse_transformer": "sparse", "longformer": "longformer",
+             "bigbird": "bigbird", "sinkhorn": "sinkhorn", "synthesizer": "synthesizer_random",
+             "reformer": "reformer"}
+# The fixture's task -> (our task, data-level LRA option).
+TASKS = {"listops": "listops", "text": "text", "image": "image", "pathfinder": "pathfinder",
+         "retrieval": "retrieval"}
+
+# Options that make our model compute what LRA's code computes, per LRA model_type:
+# (model fields, attention_kwargs). Every entry here is one of LRA's bugs (docs/lra_parity.md);
+# LRA's design choices are the configs' defaults and need no entry.
+LRA_OPTIONS: dict[str, tuple[dict, dict]] = {
+    "transformer": ({}, {}),
+    "linear_transformer": ({}, {"lra_masking": True}),
+    "performer": ({}, {"lra_masking": True}),
+    "linformer": ({}, {"lra_masking": True}),
+    "local": ({}, {}),
+    "sparse_transformer": ({}, {}),
+    "longformer": ({}, {}),
+    "bigbird": ({}, {}),
+    "sinkhorn": ({}, {}),
+    "synthesizer": ({}, {}),
+    "reformer": ({}, {}),
+}
+# Task-level LRA bugs, for every model: MEAN over the pads (pathfinder), and the dual encoder
+# without a CLS token (retrieval).
+TASK_OPTIONS = {"pathfinder": {"lra_mean_over_pads": True},
+                "retrieval": {"lra_dual_no_cls": True}}
+
+# LRA parameter names -> ours. Encoder-level names first; attention-internal names of a
+# model_type in ATTENTION_NAMES (LRA's name under the attention module -> ours).
+_ENCODER_NAMES = [
+    (r"^Embed_0/", "embed/"),
+    (r"^posembed_input/", "posembed/"),
+    (r"^cls$", "cls"),
+    (r"^(encoderblock_\d+)/LayerNorm_0/", r"\1/LayerNorm_0/"),
+    (r"^(encoderblock_\d+)/LayerNorm_2/", r"\1/LayerNorm_1/"),
+    (r"^(encoderblock_\d+)/MlpBlock_3/", r"\1/MlpBlock_0/"),
+    (r"^(encoderblock_\d+)/[A-Za-z]+Attention_1/", r"\1/attention/"),
+    (r"^encoder_norm/", "encoder_norm/"),
+]
+_HEAD_NAMES = {"mlp": "head_hidden", "mlp2": "head_hidden2", "logits": "head_logits"}
+ATTENTION_NAMES: dict[str, dict[str, str]] = {
+    "transformer": {},
+    "linear_transformer": {},
+    "performer": {},
+    "linformer": {},
+    "local": {},
+    "sparse_transformer": {},
+    "longformer": {},
+    "bigbird": {},
+    "sinkhorn": {},
+    "synthesizer": {},
+    "reformer": {},
+}
+# LRA's model keyword arguments (the fixture's kwargs) -> our attention_kwargs names, where
+# they differ; an LRA kwarg with the same name as one of ours is passed as it is.
+KWARG_NAMES: dict[str, dict[str, str]] = {
+    "local": {},
+    "longformer": {},
+    "bigbird": {},
+    "sinkhorn": {},
+}
+
+
+def manifest() -> dict:
+  """``tests/fixtures/lra/manifest.json``."""
+  with open(FIXTURES / "manifest.json") as f:
+    return json.load(f)
+
+
+def case_names(status: str = "ok") -> list[str]:
+  """The fixture cases whose LRA run ended with ``status`` (``"ok"`` or ``"lra_error"``)."""
+  return sorted(k for k, v in manifest()["cases"].items() if v["status"] == status)
+
+
+def load(name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
+  """(LRA's flat params ``{"a/b": array}``, the other arrays, the manifest entry)."""
+  data = np.load(FIXTURES / f"{name}.npz")
+  params = {k[len("param/"):]: data[k] for k in data.files if k.startswith("param/")}
+  arrays = {k: data[k] for k in data.files if not k.startswith("param/")}
+  return params, arrays, manifest()["cases"][name]
+
+
+def _rename_encoder(path: str, model_type: str) -> str:
+  for pattern, repl in _ENCODER_NAMES:
+    new, n = re.subn(pattern, repl, path)
+    if n:
+      path = new
+      break
+  else:
+    raise KeyError(f"no name rule for LRA parameter {path!r}")
+  block = re.match(r"^(encoderblock_\d+/attention/)(.*)$", path)
+  if block:
+    inner = block.group(2)
+    for lra_name, ours in ATTENTION_NAMES.get(model_type, {}).items():
+      if inner == lra_name or inner.startswith(lra_name + "/"):
+        inner = ours + inner[len(lra_name):]
+        break
+    path = block.group(1) + inner
+  return "encoder/" + path
+
+
+def lra_to_ours(flat: dict[str, np.ndarray], model_type: str) -> dict[str, np.ndarray]:
+  """Renames LRA's flat parameters to ours (``encoder/...``, ``head_*``).
+
+  Raises:
+    KeyError: for an LRA name no rule covers.
+  """
+  out = {}
+  for path, value in flat.items():
+    top = path.split("/")[0]
+    if top in _HEAD_NAMES:
+      out[_HEAD_NAMES[top] + path[len(top):]] = value
+    elif top == "encoder":       # the dual encoder's shared encoder
+      out[_rename_encoder(path[len("encoder/"):], model_type)] = value
+    else:
+      out[_rename_encoder(path, model_type)] = value
+  return out
+
+
+def our_config(name: str, entry: dict):
+  """Our config of the fixture's model: the config file's own (LRA's design choices), at
+  the fixture's size, with the options of LRA's bugs (:data:`LRA_OPTIONS`,
+  :data:`TASK_OPTIONS`)."""
+  model_type, task = name.split("__")
+  kwargs = entry["kwargs"]
+  config = lra.make_config(TASKS[task], ATTENTION[model_type])
+  m = config.model
+  for field in ("emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_layers"):
+    m[field] = kwargs[field]
+  m.max_length = kwargs.get("max_len", manifest()["length"])
+  if "classifier_pool" in kwargs:
+    m.classifier_pool = kwargs["classifier_pool"]
+  if "learn_pos_emb" in kwargs:
+    m.learn_pos_emb = kwargs["learn_pos_emb"]
+  m.dropout_rate = m.attention_dropout_rate = 0.0
+  model_fields, attention_kwargs = LRA_OPTIONS[model_type]
+  for key, value in {**model_fields, **TASK_OPTIONS.get(task, {})}.items():
+    m[key] = value
+  for key, value in attention_kwargs.items():
+    m.attention_kwargs[key] = value
+  renames = KWARG_NAMES.get(model_type, {})
+  for key, value in kwargs.items():   # LRA's per-model sizes (block_size, ...)
+    key = renames.get(key, key)
+    if key in m.attention_kwargs:
+      m.attention_kwargs[key] = value
+  if "max_length" in m.attention_kwargs:
+    m.attention_kwargs.max_length = m.max_length + int(m.classifier_pool == "CLS")
+  return config
+
+
+def build(name: str, entry: dict, vocab_size: int, num_classes: int):
+  """(our model, its config) for fixture ``name``."""
+  config = our_config(name, entry)
+  model = models.build_classifier(config.model, vocab_size=vocab_size,
+                                  num_classes=num_classes, dual=name.endswith("__retrieval"))
+  return model, config
+
+
+def our_params(model, arrays: dict[str, np.ndarray], lra_flat: dict[str, np.ndarray],
+               model_type: str) -> tuple[dict, list[str]]:
+  """LRA's weights in our model's parameter tree, and the list of mismatches (names on one
+  side only, or shapes that differ beyond LRA's ``[1, L, E]`` position table) - empty when
+  the trees are the same."""
+  args = [jnp.asarray(arrays["inputs"]), None]
+  if "inputs2" in arrays:
+    args += [jnp.asarray(arrays["inputs2"]), None]
+  init = model.init(jax.random.PRNGKey(0), *args)["params"]
+  ours = {"/".join(k): v for k, v in traverse_util.flatten_dict(init).items()}
+  mapped = lra_to_ours(lra_flat, model_type)
+  problems = [f"only in LRA: {k}" for k in sorted(set(mapped) - set(ours))]
+  problems += [f"only in ours: {k}" for k in sorted(set(ours) - set(mapped))]
+  tree = {}
+  for key in set(ours) & set(mapped):
+    value = mapped[key]
+    if value.shape != ours[key].shape:
+      if key.endswith("pos_embedding") and value.size == ours[key].size:
+        value = value.reshape(ours[key].shape)
+      else:
+        problems.append(f"{key}: LRA {value.shape}, ours {ours[key].shape}")
+    tree[tuple(key.split("/"))] = jnp.asarray(value)
+  return traverse_util.unflatten_dict(tree), problems
+
+
+def logits(model, params, arrays) -> np.ndarray:
+  """Our logits on the fixture's batch (deterministic), float32 ``[B, C]``."""
+  args = [jnp.asarray(arrays["inputs"]), None]
+  if "inputs2" in arrays:
+    args += [jnp.asarray(arrays["inputs2"]), None]
+  return np.asarray(model.apply({"params": params}, *args, deterministic=True))
