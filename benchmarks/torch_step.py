@@ -109,8 +109,10 @@ class Attention(nn.Module):
       raise ValueError(f"simple has no output projection: qkv_dim={qkv_dim} must equal "
                        f"emb_dim={emb_dim}")
     self.kind, self.num_heads, self.dropout_rate = kind, num_heads, dropout_rate
-    self.query, self.key, self.value = (nn.Linear(emb_dim, qkv_dim) for _ in range(3))
-    self.out = nn.Linear(qkv_dim, emb_dim) if kind == "softmax" else None
+    # No biases on the attention projections, as LRA (model.attention_bias=False).
+    self.query, self.key, self.value = (nn.Linear(emb_dim, qkv_dim, bias=False)
+                                        for _ in range(3))
+    self.out = nn.Linear(qkv_dim, emb_dim, bias=False) if kind == "softmax" else None
 
   def forward(self, x_BxLxE: torch.Tensor, mask_BxL: torch.Tensor | None) -> torch.Tensor:
     b, length, _ = x_BxLxE.shape
@@ -238,7 +240,8 @@ def load_flax_params(model: TextClassifier, params: dict[str, Any]) -> None:
       raise ValueError(f"flax kernel {kernel.shape} does not fit torch "
                        f"{tuple(linear.weight.shape)}")
     put(linear.weight, kernel.reshape(linear.in_features, linear.out_features).T)
-    put(linear.bias, tree["bias"])
+    if linear.bias is not None:
+      put(linear.bias, tree["bias"])
 
   def norm(layer: nn.LayerNorm, tree) -> None:
     put(layer.weight, tree["scale"])

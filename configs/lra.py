@@ -11,8 +11,9 @@ from DESIGN.md section 5:
   and retrieval (the paper has no image or Pathfinder settings, so there the simple variants
   use LRA's, with ``qkv_dim`` raised to ``emb_dim`` where LRA's is smaller because ``simple``
   and ``simple_res`` have no output projection).
-* ``local`` pools by MEAN on every task: its blocks never exchange information, so a CLS token
-  would see only the first block. (LRA's "local" reshapes into strided groups, not blocks.)
+* ``local`` has LRA's strided groups and LRA's pooling (CLS, MEAN where LRA's image configs
+  set it); ``sparse`` makes position 0 global exactly when the pooling is CLS (LRA's
+  ``use_cls_token``).
 
 A ``:variant`` suffix on the config path selects a CPU size, or (``:authors``,
 ``:tiny_authors``) the SimpleTRON authors' function, see :func:`apply_variant`.
@@ -33,14 +34,22 @@ VARIANTS["listops"] = ("tiny", "tiny_lra")
 AUTHORS_VARIANTS = {"authors": None, "tiny_authors": "tiny"}  # -> the size variant used
 AUTHORS_TASKS = ("listops", "text", "retrieval")
 VARIANTS.update({task: VARIANTS[task] + tuple(AUTHORS_VARIANTS) for task in AUTHORS_TASKS})
+# The function LRA's code computed, bugs included (:func:`apply_lra_code`), for the LRA
+# baselines (:data:`LRA_MODEL_TYPES`) on every task.
+LRA_CODE_VARIANTS = {"lra_code": None, "tiny_lra_code": "tiny"}  # -> the size variant used
+VARIANTS.update({task: VARIANTS[task] + tuple(LRA_CODE_VARIANTS) for task in TASKS})
 
 
 def variants(task: str, attention: str) -> tuple[str, ...]:
   """The ``:variant`` suffixes valid for ``attention`` on ``task`` (the ``AUTHORS_VARIANTS``
-  only for :data:`SIMPLE_NAMES`)."""
-  if attention in SIMPLE_NAMES:
-    return VARIANTS[task]
-  return tuple(v for v in VARIANTS[task] if v not in AUTHORS_VARIANTS)
+  only for :data:`SIMPLE_NAMES`, the ``LRA_CODE_VARIANTS`` only for the LRA baselines of
+  :data:`LRA_MODEL_TYPES`)."""
+  skip = set()
+  if attention not in SIMPLE_NAMES:
+    skip |= set(AUTHORS_VARIANTS)
+  if attention not in LRA_MODEL_TYPES:
+    skip |= set(LRA_CODE_VARIANTS)
+  return tuple(v for v in VARIANTS[task] if v not in skip)
 
 
 def _common(task: str) -> ml_collections.ConfigDict:
@@ -105,6 +114,7 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.model.attention_bias = False  # biases on q/k/v/out (LRA: none; the authors: yes)
   # LRA's bugs, as options (docs/lra_parity.md): MEAN pooling over the pads too.
   config.model.lra_mean_over_pads = False
+  config.model.lra_cls_mask = False    # CLS takes the first token's padding mask
   config.model.last_block_cls_only = False  # CLS pooling: last block on position 0 only
   config.model.length_multiple = 1  # pad L (+ CLS) to a multiple of this with masked positions
   config.model.dropout_mask_bits = 32  # random bits per dropout mask element: 32 | 16
@@ -339,7 +349,8 @@ def _lra_attention_kwargs(config, attention: str) -> dict:
   """The attention options LRA's code ran for ``attention`` on ``config.task``.
 
   * Performer: ``listops/configs/performer_base.py`` asks for FAVOR+ softmax with
-    ``nb_features=2`` (``ortho_scaling=0``, redrawn every call: ``redraw_features=True``);
+    ``nb_features=2`` (``ortho_scaling=0``, redrawn every call: ``redraw_features=True``,
+    seeded by the sum of the queries: option ``attention_kwargs.lra_bugs``);
     every other task runs the default of ``models/performer/performer.py``,
     ``make_fast_generalized_attention``: deterministic ``relu(x) + 0.001``.
   * Linformer: ``low_rank_features=16`` (``models/linformer/linformer_attention.py``
@@ -347,9 +358,15 @@ def _lra_attention_kwargs(config, attention: str) -> dict:
   * Synthesizer: ``models/synthesizer/synthesizer.py`` defaults to random logits plus the dot
     product (``synthesizer_mode='random'``, ``ignore_dot_product=False``); the text config's
     factorized settings are top-level fields, never passed.
-  * Reformer: ``models/reformer/reformer_attention.py`` pads L to the next multiple of
-    ``chunk_len=10`` (always adding 1..10) and cuts the sorted sequence into
-    ``n_hashes * n_buckets = 10`` chunks: chunk length ``L // 10 + 1``, L with CLS.
+  * Reformer: ``models/reformer/reformer_attention.py``'s ``n_buckets=10`` chunks per round
+    and no output projection are the module's defaults; ``lra_bugs=False`` is present so
+    that ``--config.model.attention_kwargs.lra_bugs=True`` can switch on LRA's bugs. Its
+    ``qkv_dim`` is ``emb_dim`` (set in :func:`make_config`): LRA's ``ReformerAttention``
+    takes ``qkv_features`` from the input width, whatever ``qkv_dim`` says.
+
+  * BigBird: ``max_length`` is ``model.max_length`` (+ 1 with CLS), the length LRA pads every
+    batch to, so the block pattern (global last block, random blocks) is LRA's whatever
+    the batch's bucket; ``lra_bugs=False`` is present for the command line.
 
   Linear, Performer and Linformer also get ``lra_masking=False`` (the correct function),
   present so that ``--config.model.attention_kwargs.lra_masking=True`` can switch on LRA's
@@ -365,9 +382,12 @@ def _lra_attention_kwargs(config, attention: str) -> dict:
     return {"lra_masking": False}
   if attention == "synthesizer_random":
     return {"dot_product": True}
+  if attention == "local":
+    return {"lra_bugs": False}
+  if attention in ("sparse", "bigbird"):   # + the pooling's options, set_pooling_options
+    return {"lra_bugs": False}
   if attention == "reformer":
-    with_cls = int(config.model.classifier_pool == "CLS")
-    return {"chunk_length": (config.model.get_ref("max_length") + with_cls) // 10 + 1}
+    return {"lra_bugs": False}
   return {}
 
 
@@ -397,6 +417,12 @@ def _lra_variant_settings(config) -> None:
       config.model.attention_kwargs[key] = value
   if config.task == "image" and model_type == "sinkhorn":
     config.weight_decay = 0.7
+  if model_type == "sinkhorn" and config.task != "retrieval":
+    # SinkhornTransformerEncoder: no CLS, MEAN pooling, one Dense head on emb_dim. For CLS it
+    # raises "Pooling method not supported yet", so LRA's text and image configs never ran;
+    # its dual encoder (retrieval) pools CLS through classifier_head_dual like the others.
+    config.model.classifier_pool = "MEAN"
+    config.model.head = "dense"
   for key, value in _lra_attention_kwargs(config, attention).items():
     config.model.attention_kwargs[key] = value
 
@@ -496,6 +522,13 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     apply_variant(config, size)
     _authors(config, paper_size=size is None)
     return config
+  if variant in LRA_CODE_VARIANTS:
+    if config.model.attention not in LRA_MODEL_TYPES:
+      raise ValueError(f"config variant {variant!r} is LRA's code: attention must be one of "
+                       f"{sorted(LRA_MODEL_TYPES)}, not {config.model.attention!r}")
+    apply_variant(config, LRA_CODE_VARIANTS[variant])
+    apply_lra_code(config)
+    return config
   if config.task == "listops":
     _tiny_model(config)
     config.learning_rate = 0.05
@@ -526,6 +559,82 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     config.data.num_images = 2000
     _tiny_schedule(config, 200, 50, 100, eval_batches=25, test_batches=25)
   return config
+
+
+def set_pooling_options(config: ml_collections.ConfigDict) -> None:
+  """The attention options that follow the pooling; call it again after changing
+  ``model.classifier_pool`` or ``model.lra_dual_no_cls`` in code (a command-line change of the
+  pooling keeps the built values; a length that no longer fits is refused naming
+  ``model.attention_kwargs.max_length``).
+
+  * ``max_length`` of the attentions that size a weight or a pattern by the length
+    (:data:`LENGTH_SIZED`, and BigBird, which lays its pattern out on LRA's padded length):
+    a reference to ``model.max_length``, plus 1 when a CLS token is prepended (CLS pooling,
+    not the dual encoder of ``model.lra_dual_no_cls``), so the weights have LRA's shapes;
+  * Sparse's ``global_first``: the first position is global under CLS pooling
+    (``sparse_transformer.py``'s ``use_cls_token``; in LRA's dual encoder that is the first
+    real token).
+  """
+  model = config.model
+  cls = model.classifier_pool == "CLS"
+  with_cls = cls and not (config.task == "retrieval" and model.get("lra_dual_no_cls", False))
+  if model.attention in LENGTH_SIZED + ("bigbird",):
+    model.attention_kwargs.max_length = model.get_ref("max_length") + int(with_cls)
+  if model.attention == "sparse":
+    model.attention_kwargs.global_first = cls
+
+
+# LRA's bugs per attention (docs/lra_parity.md): the attention_kwargs under which our module
+# computes what LRA's module computed. Each is checked against LRA's own logits by
+# tests/test_lra_golden.py. LRA's design choices need no entry: they are the defaults.
+LRA_BUG_KWARGS = {
+    "softmax": {"lra_masking": True},       # query AND key mask: pad rows uniform
+    "linear": {"lra_masking": True},        # no padding mask at all
+    "performer": {"lra_masking": True, "lra_bugs": True},  # + features seeded from sum(q)
+    "linformer": {"lra_masking": True},
+    "local": {"lra_bugs": True},
+    "sparse": {"lra_bugs": True},
+    "longformer": {"lra_bugs": True},   # pad query rows uniform over every position
+    "bigbird": {"lra_bugs": True},      # appended keys real, pad rows zero, no dropout
+    "sinkhorn": {"lra_bugs": True},
+    "synthesizer": {},                      # the dense form: LRA never ran it
+    "synthesizer_random": {"lra_bugs": True},
+    "reformer": {"lra_bugs": True},
+}
+
+
+def apply_lra_model_bugs(config: ml_collections.ConfigDict) -> None:
+  """The model options of LRA's bugs for ``config.model.attention`` on ``config.task``:
+  :data:`LRA_BUG_KWARGS`, MEAN pooling over the pads (``model.lra_mean_over_pads``), CLS
+  taking the first token's padding mask (``model.lra_cls_mask``), and on retrieval the dual
+  encoder without CLS (``model.lra_dual_no_cls``). The data are not touched (see
+  :func:`apply_lra_code`)."""
+  model = config.model
+  for key, value in LRA_BUG_KWARGS.get(model.attention, {}).items():
+    model.attention_kwargs[key] = value
+  model.lra_mean_over_pads = model.classifier_pool == "MEAN"
+  model.lra_cls_mask = True
+  if config.task == "retrieval":
+    model.lra_dual_no_cls = True
+  set_pooling_options(config)
+
+
+def apply_lra_code(config: ml_collections.ConfigDict) -> None:
+  """The ``:lra_code`` variant: what LRA's code computed, bugs included, to reproduce a
+  published LRA number and measure what each fix is worth (DESIGN.md section 7).
+
+  :func:`apply_lra_model_bugs`, plus LRA's data handling: every batch padded to
+  ``max_length`` (``data.bucket=0``, which the bugs that let pads in depend on); black pixels
+  are padding on image, Pathfinder and Path-X (``data.lra_pixel_mask``); text validates on the
+  test split (``data.val_fraction=0``). Left as they are: LRA's CIFAR-10 split and dropped
+  last eval batch (the data issue), and the reporting protocol (``results.json`` reports both).
+  """
+  apply_lra_model_bugs(config)
+  config.data.bucket = 0
+  if "lra_pixel_mask" in config.data:
+    config.data.lra_pixel_mask = True
+  if config.task == "text":
+    config.data.val_fraction = 0.0
 
 
 def make_config(task: str, attention: str, variant: str | None = None,
@@ -560,14 +669,10 @@ def make_config(task: str, attention: str, variant: str | None = None,
     config.model.attention_kwargs.implementation = "einsum"
   for key, value in attention_kwargs.items():
     config.model.attention_kwargs[key] = value
-  if attention == "local":
-    # Blocks never exchange information, so a CLS token would only see the first block.
-    config.model.classifier_pool = "MEAN"
-  if attention in LENGTH_SIZED:
-    config.model.attention_kwargs.max_length = config.model.get_ref("max_length") + 1
   apply_variant(config, variant)
-  if attention in SIMPLE_NAMES and attention != "simple_resl":  # no output projection
-    config.model.qkv_dim = config.model.emb_dim
+  set_pooling_options(config)
+  if (attention in SIMPLE_NAMES and attention != "simple_resl") or attention == "reformer":
+    config.model.qkv_dim = config.model.emb_dim   # no output projection
   add_attention_defaults(config)
   return config
 

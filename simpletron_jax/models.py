@@ -52,6 +52,10 @@ class Encoder(nn.Module):
     lra_mean_over_pads: with MEAN pooling, average over every position, pads included, as
       LRA's ``common_layers.classifier_head`` does (``jnp.mean(encoded, axis=1)``; a bug:
       the result depends on the padding). False (default): the mean over real tokens.
+    lra_cls_mask: the CLS token takes the padding mask of the first token, as LRA's
+      encoders build it (``src_padding_mask[:, :1]``, ``models/transformer/transformer.py``),
+      so when the first token is a pad (a black first pixel under LRA's ``token > 0`` image
+      mask) CLS is masked as a query and as a key (a bug). False (default): CLS is real.
     prepend_cls: with CLS pooling, prepend the CLS token (default). False pools position 0,
       the first real token, with no CLS: LRA's ``TransformerDualEncoder``, whose encoders
       run with ``classifier=False`` (config field ``model.lra_dual_no_cls``).
@@ -102,6 +106,7 @@ class Encoder(nn.Module):
   classifier_pool: str = "CLS"
   attention_bias: bool = False
   lra_mean_over_pads: bool = False
+  lra_cls_mask: bool = False
   prepend_cls: bool = True
   pos_emb_init: str = "normal"
   embedding_dropout: bool = True
@@ -128,7 +133,8 @@ class Encoder(nn.Module):
       cls_1x1xE = self.param("cls", nn.initializers.zeros, (1, 1, self.emb_dim))
       cls_Bx1xE = jnp.broadcast_to(cls_1x1xE, (x_BxLxE.shape[0], 1, self.emb_dim))
       x_BxLxE = jnp.concatenate([cls_Bx1xE, x_BxLxE], axis=1)
-      mask_BxL = jnp.concatenate([jnp.ones_like(mask_BxL[:, :1]), mask_BxL], axis=1)
+      cls_mask_Bx1 = mask_BxL[:, :1] if self.lra_cls_mask else jnp.ones_like(mask_BxL[:, :1])
+      mask_BxL = jnp.concatenate([cls_mask_Bx1, mask_BxL], axis=1)
       max_len += 1
     x_BxLxE = layers.AddPositionEmbs(max_len, learned=self.learn_pos_emb,
                                      init=self.pos_emb_init, name="posembed")(x_BxLxE)
@@ -355,7 +361,8 @@ OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
                    "zero_pad_embedding": False, "head_activation": "relu",
                    "interaction": "concat", "last_block_cls_only": False,
                    "length_multiple": 1, "dropout_mask_bits": 32, "attention_bias": False,
-                   "lra_mean_over_pads": False, "lra_dual_no_cls": False, "head": "mlp"}
+                   "lra_mean_over_pads": False, "lra_dual_no_cls": False, "lra_cls_mask": False,
+                   "head": "mlp"}
 # What a model built before an option existed computed, where that is not the option's
 # default: before ``attention_bias`` every attention projection had a bias. A checkpoint
 # saved then resumes with ``--config.model.attention_bias=True`` and is refused, naming the
@@ -390,13 +397,14 @@ def _option(model: ml_collections.ConfigDict, field: str):
 def _validate_choices(model: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming ``model.head_activation``, ``model.interaction``,
   ``model.head``, ``model.attention_bias``, ``model.lra_mean_over_pads``,
-  ``model.lra_dual_no_cls``, ``model.pos_emb_init`` or ``model.dropout_mask_bits`` when it
-  is not one of the known choices."""
+  ``model.lra_dual_no_cls``, ``model.lra_cls_mask``, ``model.pos_emb_init`` or
+  ``model.dropout_mask_bits`` when it is not one of the known choices."""
   for field, choices in (("head_activation", sorted(HEAD_ACTIVATIONS)),
                          ("interaction", list(INTERACTIONS)), ("head", list(HEADS)),
                          ("attention_bias", [False, True]),
                          ("lra_mean_over_pads", [False, True]),
                          ("lra_dual_no_cls", [False, True]),
+                         ("lra_cls_mask", [False, True]),
                          ("pos_emb_init", sorted(layers.POS_EMB_INITS)),
                          ("dropout_mask_bits", list(layers.DROPOUT_MASK_BITS))):
     if _option(model, field) not in choices:
@@ -435,7 +443,8 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
                                         "attention_branch_dropout", "final_layer_norm",
                                         "zero_pad_embedding", "last_block_cls_only",
                                         "length_multiple", "dropout_mask_bits",
-                                        "attention_bias", "lra_mean_over_pads")})
+                                        "attention_bias", "lra_mean_over_pads",
+                                        "lra_cls_mask")})
   head_activation = _option(model, "head_activation")
   if dual:
     return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,

@@ -3,8 +3,8 @@
 The fixtures hold LRA's own initialised weights, a padded batch and LRA's logits, made by
 LRA's code (``tests/fixtures/lra/``). This module maps LRA's parameter names onto ours
 through an explicit table, builds our model from the config file of the same attention and
-task with the options that reproduce what LRA's code computes (:data:`LRA_OPTIONS`), and
-runs it. Nothing here imports LRA or the old flax.
+task with the options of LRA's bugs (``configs.lra.apply_lra_model_bugs``, the model half of
+the ``:lra_code`` variant), and runs it. Nothing here imports LRA or the old flax.
 """
 
 from __future__ import annotations
@@ -28,30 +28,9 @@ ATTENTION = {"transformer": "softmax", "linear_transformer": "linear",
              "sparse_transformer": "sparse", "longformer": "longformer",
              "bigbird": "bigbird", "sinkhorn": "sinkhorn", "synthesizer": "synthesizer_random",
              "reformer": "reformer"}
-# The fixture's task -> (our task, data-level LRA option).
+# The fixture's task -> our task.
 TASKS = {"listops": "listops", "text": "text", "image": "image", "pathfinder": "pathfinder",
          "retrieval": "retrieval"}
-
-# Options that make our model compute what LRA's code computes, per LRA model_type:
-# (model fields, attention_kwargs). Every entry here is one of LRA's bugs (docs/lra_parity.md);
-# LRA's design choices are the configs' defaults and need no entry.
-LRA_OPTIONS: dict[str, tuple[dict, dict]] = {
-    "transformer": ({}, {}),
-    "linear_transformer": ({}, {"lra_masking": True}),
-    "performer": ({}, {"lra_masking": True}),
-    "linformer": ({}, {"lra_masking": True}),
-    "local": ({}, {}),
-    "sparse_transformer": ({}, {}),
-    "longformer": ({}, {}),
-    "bigbird": ({}, {}),
-    "sinkhorn": ({}, {}),
-    "synthesizer": ({}, {}),
-    "reformer": ({}, {}),
-}
-# Task-level LRA bugs, for every model: MEAN over the pads (pathfinder), and the dual encoder
-# without a CLS token (retrieval).
-TASK_OPTIONS = {"pathfinder": {"lra_mean_over_pads": True},
-                "retrieval": {"lra_dual_no_cls": True}}
 
 # LRA parameter names -> ours. Encoder-level names first; attention-internal names of a
 # model_type in ATTENTION_NAMES (LRA's name under the attention module -> ours).
@@ -70,20 +49,22 @@ ATTENTION_NAMES: dict[str, dict[str, str]] = {
     "transformer": {},
     "linear_transformer": {},
     "performer": {},
-    "linformer": {},
+    "linformer": {"lr_kernel": "proj_E"},
     "local": {},
     "sparse_transformer": {},
-    "longformer": {},
+    "longformer": {"query_sliding_window": "query", "key_sliding_window": "key",
+                   "value_sliding_window": "value"},
     "bigbird": {},
-    "sinkhorn": {},
-    "synthesizer": {},
+    "sinkhorn": {"DenseGeneral_0": "sort_net"},
+    "synthesizer": {"random": "random_logits", "random1": "random_factor1",
+                    "random2": "random_factor2"},
     "reformer": {},
 }
 # LRA's model keyword arguments (the fixture's kwargs) -> our attention_kwargs names, where
 # they differ; an LRA kwarg with the same name as one of ours is passed as it is.
 KWARG_NAMES: dict[str, dict[str, str]] = {
     "local": {},
-    "longformer": {},
+    "longformer": {"sliding_window_size": "window"},
     "bigbird": {},
     "sinkhorn": {},
 }
@@ -147,8 +128,13 @@ def lra_to_ours(flat: dict[str, np.ndarray], model_type: str) -> dict[str, np.nd
 
 def our_config(name: str, entry: dict):
   """Our config of the fixture's model: the config file's own (LRA's design choices), at
-  the fixture's size, with the options of LRA's bugs (:data:`LRA_OPTIONS`,
-  :data:`TASK_OPTIONS`)."""
+  the fixture's size and pooling, with the options of LRA's bugs that the ``:lra_code``
+  variant sets (``configs.lra.apply_lra_model_bugs``).
+
+  Raises:
+    AssertionError: on ListOps, text or retrieval when the config file's pooling is not the
+      pooling LRA's code ran (those configs must build LRA's model as it is).
+  """
   model_type, task = name.split("__")
   kwargs = entry["kwargs"]
   config = lra.make_config(TASKS[task], ATTENTION[model_type])
@@ -156,23 +142,20 @@ def our_config(name: str, entry: dict):
   for field in ("emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_layers"):
     m[field] = kwargs[field]
   m.max_length = kwargs.get("max_len", manifest()["length"])
-  if "classifier_pool" in kwargs:
-    m.classifier_pool = kwargs["classifier_pool"]
+  if task in ("listops", "text", "retrieval"):
+    assert m.classifier_pool == kwargs["classifier_pool"], (
+        f"configs/{task}/{ATTENTION[model_type]}.py pools by {m.classifier_pool}, LRA's "
+        f"code by {kwargs['classifier_pool']}")
+  m.classifier_pool = kwargs["classifier_pool"]   # image and pathfinder: the fixture's task
   if "learn_pos_emb" in kwargs:
     m.learn_pos_emb = kwargs["learn_pos_emb"]
   m.dropout_rate = m.attention_dropout_rate = 0.0
-  model_fields, attention_kwargs = LRA_OPTIONS[model_type]
-  for key, value in {**model_fields, **TASK_OPTIONS.get(task, {})}.items():
-    m[key] = value
-  for key, value in attention_kwargs.items():
-    m.attention_kwargs[key] = value
+  lra.apply_lra_model_bugs(config)
   renames = KWARG_NAMES.get(model_type, {})
   for key, value in kwargs.items():   # LRA's per-model sizes (block_size, ...)
     key = renames.get(key, key)
-    if key in m.attention_kwargs:
+    if key in m.attention_kwargs and key != "max_length":
       m.attention_kwargs[key] = value
-  if "max_length" in m.attention_kwargs:
-    m.attention_kwargs.max_length = m.max_length + int(m.classifier_pool == "CLS")
   return config
 
 

@@ -73,11 +73,16 @@ def _np_sinkhorn_perm(logits_NxN, valid_N, iters):
   return perm
 
 
-def _sinkhorn_naive(p, x, mask, block, iters, temperature):
-  """Explicit Sinkhorn attention, one query at a time, float64."""
+def _sinkhorn_naive(p, x, mask, block, temperature, sort="softmax", iters=1, width=None,
+                    joint=False):
+  """Explicit Sinkhorn attention (the default, correct form), one query at a time, float64.
+
+  Strided groups: group g holds positions {s n + g}; the sort net reads the sum of a group's
+  real keys; the local and the sorted softmaxes are added (``joint``: one softmax)."""
   mask = np.asarray(mask)
   b_, length = mask.shape
   n = -(-length // block)
+  m = n if width is None else min(n, width)
   q, k, v = (_np_proj(p, name, x) for name in ("query", "key", "value"))
   out = np.zeros_like(q)
   for b in range(b_):
@@ -86,23 +91,31 @@ def _sinkhorn_naive(p, x, mask, block, iters, temperature):
     kb, vb = (np.zeros((n * block, H, K)) for _ in range(2))
     kb[:length], vb[:length] = k[b], v[b]
     kb[~real], vb[~real] = 0.0, 0.0
-    kb, vb, rb = kb.reshape(n, block, H, K), vb.reshape(n, block, H, K), real.reshape(n, block)
+    # [group, slot]: position s * n + g.
+    kb, vb = (t.reshape(block, n, H, K).transpose(1, 0, 2, 3) for t in (kb, vb))
+    rb = real.reshape(block, n).T
     valid = rb.any(axis=1)
     for h in range(H):
-      summary = np.stack([kb[i, rb[i], h].mean(axis=0) if valid[i] else np.zeros(K)
-                          for i in range(n)])
-      logits = (summary @ p["sort_net"]["kernel"] + p["sort_net"]["bias"])[:, :n]
-      perm = _np_sinkhorn_perm(logits / temperature, valid, iters)
+      summary = kb[:, :, h].sum(axis=1)
+      logits = (summary @ p["sort_net"]["kernel"] + p["sort_net"]["bias"])[:, :m] / temperature
+      if sort == "sinkhorn":
+        perm = _np_sinkhorn_perm(logits, valid, iters)
+      else:
+        perm = np.stack([_np_softmax(np.where(valid[:m], row, -np.inf)) for row in logits])
       for t in np.flatnonzero(mask[b]):  # real queries only
-        i = t // block
-        sorted_k = np.einsum("j,jsk->sk", perm[i], kb[:, :, h])
-        sorted_v = np.einsum("j,jsk->sk", perm[i], vb[:, :, h])
-        sorted_real = (perm[i][:, None] * rb).sum(axis=0) > 0
-        keys = np.concatenate([kb[i, :, h], sorted_k])
-        vals = np.concatenate([vb[i, :, h], sorted_v])
-        keep = np.concatenate([rb[i], sorted_real])
-        logit = keys[keep] @ q[b, t, h] / np.sqrt(K)
-        out[b, t, h] = _np_softmax(logit) @ vals[keep]
+        g = t % n
+        sorted_k = np.einsum("j,jsk->sk", perm[g], kb[:m, :, h])
+        sorted_v = np.einsum("j,jsk->sk", perm[g], vb[:m, :, h])
+        sorted_real = (perm[g][:, None] * rb[:m]).sum(axis=0) > 0
+        if joint:
+          keys = np.concatenate([kb[g, rb[g], h], sorted_k[sorted_real]])
+          vals = np.concatenate([vb[g, rb[g], h], sorted_v[sorted_real]])
+          out[b, t, h] = _np_softmax(keys @ q[b, t, h] / np.sqrt(K)) @ vals
+        else:
+          local = _np_softmax(kb[g, rb[g], h] @ q[b, t, h] / np.sqrt(K)) @ vb[g, rb[g], h]
+          srt = _np_softmax(sorted_k[sorted_real] @ q[b, t, h] / np.sqrt(K)) @ sorted_v[
+              sorted_real]
+          out[b, t, h] = local + srt
   return _np_out(p, out)
 
 
@@ -116,17 +129,25 @@ def _randomise_sort_net(params, seed=7, scale=2.0):
 
 
 # Shapes shared with the padding tests below (eager ops compile once per shape).
-@pytest.mark.parametrize("block,iters,temperature,pad", [(5, 5, 2.0, 0), (4, 3, 0.5, 7)])
-def test_sinkhorn_equals_naive_reference(block, iters, temperature, pad):
-  module = _build("sinkhorn", block_size=block, sinkhorn_iters=iters, temperature=temperature,
-                  max_length=24)
+@pytest.mark.parametrize("block,kwargs,pad", [
+    (5, {"temperature": 2.0}, 0),                                     # LRA's row softmax
+    (4, {"temperature": 0.5, "max_num_blocks": 3}, 7),                # fewer sort targets
+    (4, {"sort": "sinkhorn", "sinkhorn_iters": 3, "temperature": 0.5}, 7),
+    (5, {"joint_softmax": True}, 7),
+])
+def test_sinkhorn_equals_naive_reference(block, kwargs, pad):
+  module = _build("sinkhorn", block_size=block, **kwargs)
   x, mask = _inputs(L + pad), _mask(L + pad, (L, 7))
   params = _randomise_sort_net(module.init(jax.random.PRNGKey(1), x, mask))
   y, state = _apply_sown(module, params, x, mask)
-  (perm,) = state["intermediates"]["permutation_BxHxNxN"]
+  (perm,) = state["intermediates"]["permutation_BxHxNxM"]
   n = -(-(L + pad) // block)
-  chex.assert_shape(perm, (B, H, n, n))
-  naive = _sinkhorn_naive(_np(params["params"]), x, mask, block, iters, temperature)
+  width = kwargs.get("max_num_blocks", 25)
+  chex.assert_shape(perm, (B, H, n, min(n, width)))
+  chex.assert_shape(params["params"]["sort_net"]["kernel"], (K, width))
+  naive = _sinkhorn_naive(_np(params["params"]), x, mask, block, kwargs.get("temperature", 1.0),
+                          kwargs.get("sort", "softmax"), kwargs.get("sinkhorn_iters", 1),
+                          width, kwargs.get("joint_softmax", False))
   _assert_real_close(y, naive, mask, rtol=1e-4, atol=1e-5)
 
 
@@ -149,25 +170,91 @@ def test_log_sinkhorn_is_doubly_stochastic_and_ignores_invalid_blocks():
       np.asarray(jnp.exp(run(changed, valid, 200)))[1], perm[1])
 
 
+def _apply_with_pad_values(module, params, x, mask, value):
+  return module.apply(params, jnp.where(mask[..., None], x, value), mask)
+
+
 @pytest.mark.parametrize("block", [4, 5])
-def test_sinkhorn_is_padding_invariant_with_small_blocks(block):
-  # L=12, lengths (12, 9): full and partial last real blocks; 7 pads add whole pad blocks.
-  _check_padding_invariance(_build("sinkhorn", block_size=block, max_length=24))
+def test_sinkhorn_ignores_what_the_pads_hold(block):
+  # The groups follow the padded length (as in LRA), so invariance is to the pads' content.
+  module = _build("sinkhorn", block_size=block)
+  x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
+  params = _randomise_sort_net(module.init(jax.random.PRNGKey(1), x, mask))
+  y_a = _apply_with_pad_values(module, params, x, mask, 0.0)
+  y_b = _apply_with_pad_values(module, params, x, mask, 55.0)
+  _assert_real_close(y_b, y_a, mask)
+  # Pads that leave N = ceil(L / b) unchanged (12 -> 13 in groups of 5) change nothing either.
+  if -(-(L + 1) // block) == -(-L // block):
+    _check_padding_invariance(_build("sinkhorn", block_size=block), pads=1)
 
 
-def test_sinkhorn_sorted_blocks_matter():
-  # The sorted branch is not inert: changing only the sorting network changes the output.
-  module = _build("sinkhorn", block_size=4, max_length=24)
-  x, mask = _inputs(), _mask()
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y_a = module.apply(_randomise_sort_net(params, seed=7), x, mask)
-  y_b = module.apply(_randomise_sort_net(params, seed=8), x, mask)
-  assert not np.allclose(y_a, y_b, atol=1e-4)
+def test_sinkhorn_lra_bugs_inert_sort_net_and_pads_as_keys():
+  x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
+  default = _build("sinkhorn", block_size=4)
+  params = default.init(jax.random.PRNGKey(1), x, mask)
+  sorted_a, sorted_b = _randomise_sort_net(params, seed=7), _randomise_sort_net(params, seed=8)
+  # Default: the sort net matters. LRA's einsum: every sorted group is the sum of all groups.
+  assert not np.allclose(default.apply(sorted_a, x, mask), default.apply(sorted_b, x, mask),
+                         atol=1e-4)
+  lra = _build("sinkhorn", block_size=4, lra_bugs=True)
+  np.testing.assert_allclose(lra.apply(sorted_a, x, mask), lra.apply(sorted_b, x, mask),
+                             atol=1e-5)
+  # LRA's keys include the pads (summed into every sorted group): their content matters.
+  y_a = _apply_with_pad_values(lra, params, x, mask, 0.0)
+  y_b = _apply_with_pad_values(lra, params, x, mask, 55.0)
+  assert not np.allclose(np.asarray(y_a)[0, :L], np.asarray(y_b)[0, :L], atol=1e-4)
+
+
+def _sinkhorn_lra_naive(p, x, mask, block):
+  """LRA's ``sinkhorn_attention.py`` written out (``lra_bugs=True``), float64, L % b == 0:
+  sorted group = (sum of all groups' keys) * sum_l P_gl; the mask read as contiguous blocks
+  (query AND key; a row with no allowed key is uniform over its b keys)."""
+  mask = np.asarray(mask)
+  b_, length = mask.shape
+  n = length // block
+  q, k, v = (_np_proj(p, name, x) for name in ("query", "key", "value"))
+  out = np.zeros_like(q)
+
+  def attend(logits, allowed, values):
+    w = _np_softmax(np.where(allowed, logits, -np.inf)) if allowed.any() else np.full(
+        len(logits), 1.0 / len(logits))
+    return w @ values
+
+  for b in range(b_):
+    kb, vb = (t[b].reshape(block, n, H, K).transpose(1, 0, 2, 3) for t in (k, v))
+    rc = mask[b].reshape(n, block)            # contiguous blocks
+    for h in range(H):
+      logits = (kb[:, :, h].sum(axis=1) @ p["sort_net"]["kernel"] + p["sort_net"]["bias"])
+      perm = np.stack([_np_softmax(row) for row in logits[:, :n]])
+      for t in range(length):
+        g, s_ = t % n, t // n
+        sk, sv = (kb[:, :, h].sum(axis=0) * perm[g].sum(), vb[:, :, h].sum(axis=0) * perm[g].sum())
+        qt = q[b, t, h] / np.sqrt(K)
+        local = attend(kb[g, :, h] @ qt, rc[g, s_] & rc[g], vb[g, :, h])
+        srt = attend(sk @ qt, (rc[:, s_][:, None] & rc).any(axis=0), sv)
+        out[b, t, h] = local + srt
+  return _np_out(p, out)
+
+
+def test_sinkhorn_lra_bugs_equals_lra_formula():
+  # 19 = L + 7 is not a multiple of 4: use L + 8 = 20, groups of 4 (N = 5), rows of 12 and 7
+  # real tokens, so contiguous blocks and strided groups disagree.
+  module = _build("sinkhorn", block_size=4, lra_bugs=True)
+  x, mask = _inputs(L + 8), _mask(L + 8, (L, 7))
+  params = _randomise_sort_net(module.init(jax.random.PRNGKey(1), x, mask))
+  y = module.apply(params, x, mask)
+  naive = _sinkhorn_lra_naive(_np(params["params"]), x, mask, 4)
+  np.testing.assert_allclose(np.asarray(y, np.float64), naive, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"max_length": 10}, r"model\.attention_kwargs\.max_length=10.*model\.max_length \+ 1"),
+    ({"max_num_blocks": 0, "max_length": 10},
+     r"model\.attention_kwargs\.max_length=10.*model\.max_length \+ 1"),
     ({"block_size": 0}, r"model\.attention_kwargs\.block_size=0"),
+    ({"max_num_blocks": -1}, r"model\.attention_kwargs\.max_num_blocks=-1"),
+    ({"sort": "gumbel"}, r"model\.attention_kwargs\.sort='gumbel'"),
+    ({"sort": "sinkhorn", "block_size": 2, "max_num_blocks": 3},
+     r"model\.attention_kwargs\.max_num_blocks=3 gives 3 sort targets for 6 groups"),
     ({"sinkhorn_iters": 0}, r"model\.attention_kwargs\.sinkhorn_iters=0"),
     ({"temperature": 0.0}, r"model\.attention_kwargs\.temperature=0\.0"),
 ])
@@ -258,6 +345,37 @@ def test_random_synthesizer_options_are_padding_invariant(kwargs):
   _check_padding_invariance(_build("synthesizer_random", max_length=20, **kwargs))
 
 
+def test_random_synthesizer_init_is_lras_xavier_uniform():
+  # LRA's kernel_init on [H, M, M]: fans H * M each, so U(+-sqrt(3 / (H M))).
+  module = _build("synthesizer_random", max_length=20)
+  r = np.asarray(module.init(jax.random.PRNGKey(0), _inputs(), _mask())["params"]
+                 ["random_logits"])
+  bound = np.sqrt(3.0 / (H * 20))
+  assert np.abs(r).max() <= bound and np.abs(r).max() > 0.9 * bound
+  assert abs(r.std() - bound / np.sqrt(3.0)) < 0.1 * bound
+
+
+def test_random_synthesizer_lra_bugs_pad_queries_and_no_mask():
+  x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
+  default = _build("synthesizer_random", max_length=20, dot_product=True)
+  params = default.init(jax.random.PRNGKey(1), x, mask)
+  lra = _build("synthesizer_random", max_length=20, dot_product=True, lra_bugs=True)
+  y, y_lra = np.asarray(default.apply(params, x, mask)), np.asarray(lra.apply(params, x, mask))
+  real = np.asarray(mask)
+  np.testing.assert_allclose(y_lra[real], y[real], atol=1e-6)   # real queries unchanged
+  # A pad query averages every value, pads included (LRA's -1e10 on query AND key).
+  p = _np(params["params"])
+  mean_v = _np_proj(p, "value", x).mean(axis=1, keepdims=True)
+  expected = np.broadcast_to(_np_out(p, mean_v), y.shape)
+  np.testing.assert_allclose(y_lra[~real], expected[~real], rtol=1e-4, atol=1e-5)
+  # Without the dot product LRA applies no padding mask: the pads' content reaches real rows.
+  nodot = _build("synthesizer_random", max_length=20, lra_bugs=True)
+  params = nodot.init(jax.random.PRNGKey(1), x, mask)
+  y_a = np.asarray(nodot.apply(params, jnp.where(mask[..., None], x, 0.0), mask))
+  y_b = np.asarray(nodot.apply(params, jnp.where(mask[..., None], x, 55.0), mask))
+  assert not np.allclose(y_a[real], y_b[real], atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["synthesizer", "synthesizer_random"])
 def test_synthesizer_too_long_input_names_the_max_length_field(name):
   with pytest.raises(ValueError, match=r"model\.attention_kwargs\.max_length=10.*"
@@ -279,108 +397,157 @@ def test_synthesizers_are_flagged_quadratic(name):
   assert _quadratic_shapes(name), f"{name} should build an L x L array"
 
 
-# --- Reformer (Kitaev et al., 2020) --------------------------------------------------------
+# --- Reformer (Kitaev et al., 2020; LRA's reformer_attention.py) ---------------------------
 
-def _reformer_naive(p, x, mask, hashes, buckets, chunk, seed):
-  """Dense [L, L] masks per round: same bucket, same or previous chunk of the stable
-  (bucket, position) order, real key; self only when alone; rounds by logsumexp."""
-  mask = np.asarray(mask)
-  q = _np_proj(p, "query", x)
-  kn = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + 1e-6)
-  rot = reformer_lib.random_rotations(seed, H, K, hashes, buckets)
+# LRA's rotation, jax.random.normal(fold_in(PRNGKey(0), 1), (16, 1, 5)) under jax 0.4.13 (the
+# first two rows, printed by LRA's own code in its venv).
+LRA_ROTATION_ROWS = np.array([[0.21046402, 2.7620263, -1.0005236, 1.4614954, -0.6760972],
+                              [0.6792614, -0.56200176, 0.276424, 1.1766165, -0.89991933]])
+
+
+def _reformer_naive(p, x, mask, hashes, buckets, seed, normalize_keys=False,
+                    across=True, lra_bugs=False):
+  """Dense [L, L] masks per round: the n real tokens sorted by (bucket, position) and cut
+  into chunks of ceil(n / buckets); a query sees its chunk and the previous one (the first
+  chunk's previous is the last); self only when alone; rounds by logsumexp; heads
+  concatenated, no output projection. ``lra_bugs``: 10 - L % 10 zero rows appended, every
+  row real, no self-mask, logits times sqrt(K), the [H, L', K] result reshaped to
+  [L', H*K] without a transpose and cut to L rows. Returns (y [B, L, E], buckets)."""
+  x, mask = np.asarray(x, np.float64), np.asarray(mask)
+  length = x.shape[1]
+  if lra_bugs:
+    x = np.pad(x, ((0, 0), (0, 10 - length % 10), (0, 0)))
+    mask = np.ones(x.shape[:2], bool)
+  q, v = _np_proj(p, "query", x), _np_proj(p, "value", x)
+  k = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + 1e-6) if normalize_keys else q
+  rot = reformer_lib.random_rotations(seed, K, hashes, buckets)
   bkt = np.asarray(reformer_lib.lsh_buckets(jnp.asarray(q, jnp.float32), jnp.asarray(mask), rot))
-  v = _np_proj(p, "value", x)
-  b_, length = mask.shape
-  out = np.zeros_like(q)
+  b_, padded = mask.shape
+  out = np.zeros((b_, H, padded, K))
   for b in range(b_):
+    n = int(mask[b].sum())
+    c = max(-(-n // buckets), 1)
+    m = max(-(-n // c), 1)
     for h in range(H):
       outs, lses = [], []
       for r in range(hashes):
         hb = bkt[b, h, r]
-        order = np.argsort(hb, kind="stable")
-        slot = np.empty(length, int)
-        slot[order] = np.arange(length)
-        ch = slot // chunk
-        allowed = ((hb[:, None] == hb[None, :]) & mask[b][None, :]
-                   & ((ch[None, :] == ch[:, None]) | (ch[None, :] == ch[:, None] - 1)))
-        logits = q[b, :, h] @ kn[b, :, h].T / np.sqrt(K)
-        np.fill_diagonal(logits, -1e5)
+        slot = np.empty(padded, int)
+        slot[np.argsort(hb, kind="stable")] = np.arange(padded)
+        ch = slot // c
+        allowed = mask[b][None, :] & ((ch[None, :] == ch[:, None])
+                                      | (ch[None, :] == (ch[:, None] - 1) % m))
+        if not across:
+          allowed &= hb[:, None] == hb[None, :]
+        logits = q[b, :, h] @ k[b, :, h].T
+        if lra_bugs:
+          logits = logits * np.sqrt(K)
+        else:
+          logits = logits / np.sqrt(K)
+          np.fill_diagonal(logits, -1e5)
         logits = np.where(allowed, logits, -1e30)   # pad query rows stay finite
         lse = _np_lse(logits, -1)
         outs.append(np.exp(logits - lse) @ v[b, :, h])
         lses.append(lse[:, 0])
       lses = np.stack(lses)                                    # [R, L]
       w = np.exp(lses - _np_lse(lses, 0))
-      out[b, :, h] = np.einsum("rl,rlk->lk", w, np.stack(outs))
-  return _np_out(p, out), bkt
+      out[b, h] = np.einsum("rl,rlk->lk", w, np.stack(outs))
+  if lra_bugs:
+    return out.reshape(b_, padded, H * K)[:, :length], bkt
+  y = np.transpose(out, (0, 2, 1, 3)).reshape(b_, padded, H * K)
+  return np.where(mask[..., None], y, 0.0), bkt
 
 
 # Shapes shared with the padding tests below (eager ops compile once per shape).
-@pytest.mark.parametrize("hashes,buckets,chunk,pad", [(2, 4, 3, 7), (3, 6, 5, 0)])
-def test_reformer_equals_dense_masked_reference(hashes, buckets, chunk, pad):
-  module = _build("reformer", num_hashes=hashes, num_buckets=buckets, chunk_length=chunk,
-                   hash_seed=3)
+@pytest.mark.parametrize("hashes,buckets,pad,options", [
+    (2, 4, 7, {}),
+    (3, 6, 0, {"normalize_keys": True, "attend_across_buckets": False}),
+    (1, 4, 5, {"lra_bugs": True}),      # 17 tokens + 3 zero rows: chunks of 5
+    (1, 10, 8, {"lra_bugs": True}),     # 20 tokens + a whole 10 zero rows
+])
+def test_reformer_equals_dense_masked_reference(hashes, buckets, pad, options):
+  module = _build("reformer", num_hashes=hashes, num_buckets=buckets, hash_seed=3, **options)
   x, mask = _inputs(L + pad), _mask(L + pad, (L, 7))
   params = module.init(jax.random.PRNGKey(1), x, mask)
   y, state = _apply_sown(module, params, x, mask)
-  naive, bkt = _reformer_naive(_np(params["params"]), x, mask, hashes, buckets, chunk, 3)
+  naive, bkt = _reformer_naive(_np(params["params"]), x, mask, hashes, buckets, 3, **{
+      "normalize_keys": options.get("normalize_keys", False),
+      "across": options.get("attend_across_buckets", True),
+      "lra_bugs": options.get("lra_bugs", False)})
   (sown,) = state["intermediates"]["buckets_BxHxRxL"]
   np.testing.assert_array_equal(np.asarray(sown), bkt)
+  assert len(np.unique(bkt)) > 1
+  if options.get("lra_bugs"):       # every row is real, pads and zero rows included
+    assert np.all(bkt < buckets)
+    np.testing.assert_allclose(np.asarray(y), naive, rtol=1e-4, atol=1e-5)
+    return
   real = np.asarray(mask)
   assert np.all(bkt[np.broadcast_to(~real[:, None, None], bkt.shape)] == buckets)
   assert np.all(bkt[np.broadcast_to(real[:, None, None], bkt.shape)] < buckets)
-  assert len(np.unique(bkt[np.broadcast_to(real[:, None, None], bkt.shape)])) > 1
-  _assert_real_close(y, naive, mask, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(y), naive, rtol=1e-4, atol=1e-5)  # pad rows are 0
 
 
 def test_reformer_hash_is_deterministic_for_a_fixed_seed():
-  rot = reformer_lib.random_rotations(0, H, K, 2, 4)
-  chex.assert_shape(rot, (H, K, 2, 2))                       # no length axis
-  np.testing.assert_array_equal(rot, reformer_lib.random_rotations(0, H, K, 2, 4))
-  assert not np.allclose(rot, reformer_lib.random_rotations(1, H, K, 2, 4))
+  rot = reformer_lib.random_rotations(0, K, 2, 4)
+  chex.assert_shape(rot, (K, 2, 2))                          # no length or head axis
+  np.testing.assert_array_equal(rot, reformer_lib.random_rotations(0, K, 2, 4))
+  assert not np.allclose(rot, reformer_lib.random_rotations(1, K, 2, 4))
+  # LRA's values (its jax 0.4 threefry bits), whatever the installed jax's default.
+  np.testing.assert_allclose(np.asarray(reformer_lib.random_rotations(0, 16, 1, 10))[:2, 0],
+                             LRA_ROTATION_ROWS, rtol=1e-6)
   x, mask = _inputs().reshape(B, L, H, K), _mask()
   a = reformer_lib.lsh_buckets(x, mask, rot)
   np.testing.assert_array_equal(a, reformer_lib.lsh_buckets(x, mask, rot))
   chex.assert_shape(a, (B, H, 2, L))
   # Angular: scaling a vector does not change its bucket.
   np.testing.assert_array_equal(a, reformer_lib.lsh_buckets(3.0 * x, mask, rot))
-  # Two separately built (and traced) modules hash the same way.
+  # Two separately built (and traced) modules hash the same way, under jit too.
   x2 = _inputs()
-  modules = [_build("reformer", num_hashes=2, num_buckets=4, chunk_length=3) for _ in range(2)]
+  modules = [_build("reformer", num_hashes=2, num_buckets=4) for _ in range(2)]
   params = modules[0].init(jax.random.PRNGKey(1), x2, mask)
-  runs = [_apply_sown(m, params, x2, mask)[1] for m in modules]
+  runs = [_apply_sown(modules[0], params, x2, mask)[1],
+          jax.jit(lambda p, x, m: _apply_sown(modules[1], p, x, m)[1])(params, x2, mask)]
   np.testing.assert_array_equal(*(r["intermediates"]["buckets_BxHxRxL"][0] for r in runs))
 
 
 def test_reformer_is_padding_invariant_with_small_chunks():
-  # Two rounds, chunks of 3: 12 and 19 tokens give 4 and 7 chunks. (One round, one chunk
-  # is the default-options case in test_attention.py.)
-  _check_padding_invariance(_build("reformer", num_hashes=2, num_buckets=4, chunk_length=3))
+  # Two rounds, 4 buckets: 12 and 9 real tokens give chunks of 3 (4 and 3 chunks) whatever
+  # the padded length. (The default options are checked in test_attention.py.)
+  _check_padding_invariance(_build("reformer", num_hashes=2, num_buckets=4))
+
+
+def test_reformer_lra_bugs_depend_on_padding():
+  # LRA's function reads no mask: pads are keys and the chunks follow the padded length.
+  with pytest.raises(AssertionError):
+    _check_padding_invariance(_build("reformer", num_buckets=4, lra_bugs=True))
 
 
 def test_reformer_token_alone_attends_to_itself():
-  # One real token: its only key is itself, so its output is out(value(x_0)).
-  module = _build("reformer", num_hashes=2, num_buckets=4, chunk_length=3)
+  # One real token: its only key is itself, so its output is value(x_0), heads concatenated.
+  module = _build("reformer", num_hashes=2, num_buckets=4)
   x, mask = _inputs(), _mask(L, (1, 1))
   params, y = _apply(module, x, mask)
   p = _np(params["params"])
-  expected = _np_out(p, _np_proj(p, "value", x))
+  expected = _np_proj(p, "value", x).reshape(B, L, E)
   np.testing.assert_allclose(np.asarray(y)[:, 0], expected[:, 0], rtol=1e-5, atol=1e-5)
+  assert set(params["params"]) == {"query", "value"}          # shared QK, no output projection
 
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"num_buckets": 5}, r"model\.attention_kwargs\.num_buckets=5"),
     ({"num_buckets": 0}, r"model\.attention_kwargs\.num_buckets=0"),
     ({"num_hashes": 0}, r"model\.attention_kwargs\.num_hashes=0"),
-    ({"chunk_length": 0}, r"model\.attention_kwargs\.chunk_length=0"),
+    ({"out_dim": 8}, r"model\.qkv_dim \(16\) must equal model\.emb_dim \(8\)"),
 ])
 def test_reformer_errors_name_the_field(kwargs, match):
+  build = dict(num_heads=H, qkv_dim=E, out_dim=E, dropout_rate=0.0, dtype=jnp.float32)
+  module = attention.get("reformer").build(**{**build, **kwargs})
   with pytest.raises(ValueError, match=match):
-    jax.eval_shape(_build("reformer", **kwargs).init, jax.random.PRNGKey(0), _inputs())
+    jax.eval_shape(module.init, jax.random.PRNGKey(0), _inputs())
 
 
 @pytest.mark.parametrize("name,kwargs", [
-    ("reformer", {"num_hashes": 2, "num_buckets": 16, "chunk_length": 64}),
+    ("reformer", {"num_hashes": 2, "num_buckets": 16}),
     ("sinkhorn", {"block_size": 32}),
 ])
 def test_no_length_squared_intermediate_with_other_options(name, kwargs):

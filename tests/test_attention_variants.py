@@ -199,6 +199,69 @@ def test_performer_relu_kernels_are_padding_invariant(kernel):
   _check_padding_invariance(_build("performer", kernel=kernel))
 
 
+def test_performer_softmax_default_is_padding_invariant():
+  _check_padding_invariance(_build("performer", num_features=6))
+
+
+def test_lra_orthogonal_random_matrix_is_lras_construction():
+  key = jax.random.PRNGKey(7)
+  w = performer_lib.lra_orthogonal_random_matrix(key, 10, 4)
+  chex.assert_shape(w, (10, 4))
+  with jax.threefry_partitionable(False):  # LRA's draw_weights: all from the first split
+    k0, _ = jax.random.split(key)
+    norms = np.linalg.norm(np.asarray(jax.random.normal(k0, (10, 4))), axis=1)
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(w), axis=1), norms, rtol=1e-5)
+  for block in (w[0:4], w[4:8], w[8:10]):
+    gram = np.asarray(block @ block.T)
+    np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0.0, atol=1e-4)
+  with pytest.raises(ValueError, match="num_features"):
+    performer_lib.lra_orthogonal_random_matrix(key, 0, 4)
+
+
+def test_performer_lra_bugs_draws_features_from_the_query_sum_every_call():
+  x, mask = _inputs(), _mask()
+  lra = _build("performer", num_features=2, lra_bugs=True)
+  params = lra.init(jax.random.PRNGKey(1), x, mask)
+  y, state = lra.apply(params, x, mask, mutable=["intermediates"])
+  q = _proj(params["params"], "query", x)
+  want = performer_lib.lra_orthogonal_random_matrix(performer_lib.lra_query_seed_key(q), 2, K)
+  np.testing.assert_allclose(state["intermediates"]["projection_MxK"][0], want, rtol=1e-6)
+  # The same in training mode, with or without an rng: no "redraw" rng is used.
+  np.testing.assert_array_equal(
+      lra.apply(params, x, mask, deterministic=False,
+                rngs={"random_features": jax.random.PRNGKey(3)}), y)
+  # Example 0's output depends on example 1 (the seed sums the whole batch) and on pads;
+  # with the default fixed features it depends on neither.
+  x_other = x.at[1].set(_inputs(seed=4)[1])
+  fixed = _build("performer", num_features=2)
+  np.testing.assert_allclose(fixed.apply(params, x_other, mask)[0],
+                             fixed.apply(params, x, mask)[0], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(lra.apply(params, x_other, mask)[0], y[0], atol=1e-4)
+  with pytest.raises(AssertionError):
+    _check_padding_invariance(_build("performer", num_features=2, lra_bugs=True))
+
+
+def test_performer_lra_bugs_leaves_the_relu_kernel_unchanged():
+  x, mask = _inputs(), _mask()
+  module = _build("performer", kernel="relu_deterministic")
+  params = module.init(jax.random.PRNGKey(1), x, mask)
+  np.testing.assert_array_equal(
+      _build("performer", kernel="relu_deterministic", lra_bugs=True).apply(params, x, mask),
+      module.apply(params, x, mask))
+
+
+def test_feature_attention_small_denominator_guard():
+  phi_q = jnp.full((1, 2, 1, 1), 1e-4)
+  phi_k = jnp.full((1, 2, 1, 1), 1e-4)   # den = 2e-8 <= 1e-6: 2e-6 is added
+  v = jnp.ones((1, 2, 1, 3))
+  mask = jnp.ones((1, 2), bool)
+  plain = performer_lib.normalized_feature_attention(phi_q, phi_k, v, mask, eps=0.0)
+  guarded = performer_lib.normalized_feature_attention(phi_q, phi_k, v, mask, eps=0.0,
+                                                       small_den=1e-6)
+  np.testing.assert_allclose(plain, 1.0, rtol=1e-5)
+  np.testing.assert_allclose(guarded, 2e-8 / (2e-8 + 2e-6), rtol=1e-4)
+
+
 def test_performer_unknown_kernel_is_a_clear_error():
   with pytest.raises(ValueError, match=r"unknown performer kernel 'cos'.*attention_kwargs\.kernel"):
     _build("performer", kernel="cos").init(jax.random.PRNGKey(0), _inputs())
@@ -325,6 +388,15 @@ def test_linformer_equals_dense_form(pad, share_kv):
   naive = _out(p, jnp.einsum("bhir,brhd->bihd", jax.nn.softmax(logits, -1), v_proj))
   _assert_real_close(y, naive, mask)
   assert ("proj_F" in p) == (not share_kv)
+
+
+def test_linformer_projection_has_lras_xavier_uniform_init():
+  p = _build("linformer", k=16, max_length=150).init(jax.random.PRNGKey(0), _inputs())["params"]
+  e = np.asarray(p["proj_E"])
+  bound = np.sqrt(6.0 / (150 + 16))   # LRA's lr_kernel: xavier_uniform on [max_len, k]
+  assert e.shape == (150, 16) and e.dtype == np.float32
+  assert np.abs(e).max() <= bound and np.abs(e).max() > 0.9 * bound
+  np.testing.assert_allclose(e.std(), bound / np.sqrt(3.0), rtol=0.05)
 
 
 def test_linformer_separate_value_projection_is_padding_invariant():

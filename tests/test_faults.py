@@ -220,6 +220,20 @@ def test_a_checkpoint_from_before_an_option_existed_resumes(initial_state, tmp_p
     train_lib.restore_checkpoint(manager, state, model_config=other.model)
 
 
+def test_a_checkpoint_with_attention_biases_names_the_option(initial_state, tmp_path):
+  # Saved before model.attention_bias existed, when every attention projection had a bias:
+  # the missing field reads as True, so resuming under LRA's default (no biases) is refused,
+  # naming the option that resumes it.
+  config, state = initial_state
+  manager = train_lib.checkpoint_manager(str(tmp_path / "checkpoints"), None)
+  saved = train_lib.model_config_dict(config.model)
+  assert saved.pop("attention_bias") is False
+  train_lib.save_checkpoint(manager, 2, state.replace(step=2), {"model_config": saved})
+  with pytest.raises(run_guard.ConfigMismatchError,
+                     match=r"model.attention_bias: checkpoint True, config False"):
+    train_lib.restore_checkpoint(manager, state, model_config=config.model)
+
+
 def test_a_skipped_save_stops_with_path_and_reason(initial_state, tmp_path):
   config, state, manager = _saved_steps(tmp_path, initial_state, steps=(6,))
   with pytest.raises(run_guard.CheckpointError, match=r"orbax skipped saving step 4 .*step 6"):

@@ -18,8 +18,10 @@ CIFAR10 = {
     "local": (1, 2, 128, 64, 128, 0.3, "MEAN", 64),                # local_base.py
     "longformer": (4, 4, 128, 64, 128, 0.3, "MEAN", None),         # longformer_base.py
     "performer": (1, 8, 128, 64, 128, 0.3, "CLS", None),           # performer_base.py
-    "reformer": (4, 8, 64, 32, 64, 0.3, "CLS", None),              # reformer_base.py
-    "sinkhorn": (1, 1, 32, 32, 64, 0.1, "CLS", 64),                # sinkhorn_base.py
+    # reformer_base.py says qkv 32; LRA's ReformerAttention uses the input width, emb 64.
+    "reformer": (4, 8, 64, 64, 64, 0.3, "CLS", None),              # reformer_base.py
+    # base CLS, but SinkhornTransformerEncoder raises for CLS: MEAN, its only pooling.
+    "sinkhorn": (1, 1, 32, 32, 64, 0.1, "MEAN", 64),               # sinkhorn_base.py
     "sparse": (1, 8, 128, 64, 128, 0.3, "CLS", None),              # sparse_transformer_base.py
     "synthesizer_random": (1, 8, 128, 64, 128, 0.3, "CLS", None),  # synthesizer_base.py
 }
@@ -32,7 +34,7 @@ PATHFINDER32 = {
     "local": (2, 4, 64, 32, 64, 0.1, "MEAN", 64),
     "longformer": (2, 2, 32, 16, 32, 0.1, "MEAN", None),
     "performer": (4, 8, 32, 16, 32, 0.2, "MEAN", None),
-    "reformer": (2, 8, 64, 32, 64, 0.2, "MEAN", None),
+    "reformer": (2, 8, 64, 64, 64, 0.2, "MEAN", None),   # qkv: the input width, as CIFAR
     "sinkhorn": (2, 4, 32, 16, 64, 0.2, "MEAN", 64),
     "sparse": (1, 8, 32, 16, 32, 0.2, "MEAN", None),
     "synthesizer_random": (2, 4, 64, 32, 64, 0.2, "MEAN", None),
@@ -69,14 +71,31 @@ def test_attention_options_per_task():
       assert dict(lra.make_config(task, name).model.attention_kwargs)["lra_masking"] is False
 
 
-@pytest.mark.parametrize("task,chunk", [("listops", 201), ("text", 101), ("retrieval", 401),
-                                        ("image", 103), ("pathfinder", 103)])
-def test_reformer_chunks_are_a_tenth_of_the_padded_length(task, chunk):
-  """reformer_attention.py pads L (CLS included) by 10 - L % 10 and cuts 10 chunks."""
-  config = lra.make_config(task, "reformer")
-  assert dict(config.model.attention_kwargs)["chunk_length"] == chunk
-  length = config.model.max_length + (config.model.classifier_pool == "CLS")
-  assert chunk * 10 == length + 10 - length % 10
+def test_sinkhorn_config_is_lras_encoder():
+  """SinkhornTransformerEncoder: MEAN pooling and one Dense head on every task but
+  retrieval (its dual encoder pools CLS with classifier_head_dual); sinkhorn_attention.py's
+  25 sort outputs and row-softmax sort; LRA's bugs off."""
+  for task in lra.TASKS:
+    m = lra.make_config(task, "sinkhorn").model
+    kwargs = dict(m.attention_kwargs)
+    expected = ("CLS", "mlp") if task == "retrieval" else ("MEAN", "dense")
+    assert (m.classifier_pool, m.head) == expected, task
+    assert (kwargs["max_num_blocks"], kwargs["sort"], kwargs["joint_softmax"],
+            kwargs["lra_bugs"]) == (25, "softmax", False, False), task
+
+
+@pytest.mark.parametrize("task", lra.TASKS)
+@pytest.mark.parametrize("variant", [None, "tiny"])
+def test_reformer_config_is_lras_structure(task, variant):
+  """reformer_attention.py: 10 buckets = 10 chunks per round (module defaults), no output
+  projection, so qkv_dim is the input width; LRA's bugs off (``lra_bugs`` present for the
+  command line)."""
+  config = lra.make_config(task, "reformer", variant)
+  kwargs = dict(config.model.attention_kwargs)
+  assert (kwargs["num_buckets"], kwargs["num_hashes"], kwargs["lra_bugs"]) == (10, 1, False)
+  assert "chunk_length" not in kwargs
+  assert config.model.qkv_dim == config.model.emb_dim
+  models.validate_model_config(config.model)
 
 
 def test_text_length_and_retrieval_interaction():

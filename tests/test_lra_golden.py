@@ -37,7 +37,7 @@ def test_every_lra_model_and_task_has_a_fixture():
   names = set(golden.manifest()["cases"])
   expected = {f"{m}__{t}" for m in golden.ATTENTION for t in golden.TASKS}
   assert names == expected
-  assert len(CASES) >= 40     # LRA's code ran for all but its failing dual encoders
+  assert len(CASES) == len(expected) - 2   # LRA's Sinkhorn fails on text and image
 
 
 @pytest.mark.parametrize("name", [_marks(n) for n in CASES])
@@ -53,9 +53,10 @@ def test_our_model_gives_lra_logits(name):
 
 def test_lra_failures_are_recorded_with_their_error():
   failed = {k: v for k, v in golden.manifest()["cases"].items() if v["status"] != "ok"}
-  for name, entry in failed.items():
-    assert name.endswith("__retrieval") or name.startswith("sinkhorn__"), name
-    assert entry["error"]
+  # LRA's SinkhornTransformerEncoder supports MEAN pooling only; text and image ask for CLS.
+  assert sorted(failed) == ["sinkhorn__image", "sinkhorn__text"]
+  for entry in failed.values():
+    assert entry["error"] == "ValueError: Pooling method not supported yet."
 
 
 @pytest.mark.parametrize("suffix", ["", "_warm"])

@@ -38,11 +38,11 @@ def test_simple_to_softmax_surgery_keeps_qkv_projections(presence_task):
   # Simple has no output projection: softmax's stays new; nothing of Simple is dropped.
   assert report.dropped == []
   assert sorted(report.new) == sorted(
-      f"encoder/encoderblock_{i}/attention/out/{w}" for i in range(2) for w in ("bias", "kernel"))
+      f"encoder/encoderblock_{i}/attention/out/kernel" for i in range(2))   # LRA: no biases
   x_BxLxE = jax.random.normal(jax.random.PRNGKey(0), (3, 7, 16))
   for i in range(2):
     for name in ("query", "key", "value"):
-      dense = nn.DenseGeneral(features=(2, 8))
+      dense = nn.DenseGeneral(features=(2, 8), use_bias=False)
       q_src = dense.apply({"params": simple_params["encoder"][f"encoderblock_{i}"]
                            ["attention"][name]}, x_BxLxE)
       q_dst = dense.apply({"params": moved["encoder"][f"encoderblock_{i}"]
@@ -54,7 +54,7 @@ def test_simple_to_softmax_surgery_keeps_qkv_projections(presence_task):
   chex.assert_shape(soft_model.apply({"params": moved}, tokens, mask), (4, 2))
   back, back_report = transfer.transfer_params(moved, simple_params)
   chex.assert_trees_all_equal(back, jax.device_get(simple_params))
-  assert len(back_report.dropped) == 4
+  assert len(back_report.dropped) == 2
 
 
 def test_surgery_errors_name_mismatching_paths(presence_task):
@@ -64,7 +64,8 @@ def test_surgery_errors_name_mismatching_paths(presence_task):
                      r"\(16, 32\) vs target \(16, 48\)"):
     transfer.transfer_params(small, wide)
   moved, report = transfer.transfer_params(small, wide, include=("attention/",))
-  assert all("attention/" in p for p in report.copied) and len(report.copied) == 16
+  # q, k, v and out kernels of 2 blocks (no attention biases, as LRA)
+  assert all("attention/" in p for p in report.copied) and len(report.copied) == 8
   with pytest.raises(ValueError, match="init_include pattern 'nope'"):
     transfer.transfer_params(small, wide, include=("nope",))
   with pytest.raises(ValueError, match="freeze pattern 'nope' matches no parameter"):
@@ -89,9 +90,9 @@ def test_frozen_parameters_stay_bit_identical(presence_task, freeze, lora_rank):
   if lora_rank:  # the base tree; the 8 adapted kernels' A and B train
     frozen = [p for p in before if p.startswith("base/")]
     assert len(frozen) == len(before) - 16
-  else:  # q/k/v kernels and biases of 2 blocks
+  else:  # q/k/v kernels of 2 blocks (no attention biases, as LRA)
     frozen = [p for p in before if re.search("attention/(query|key|value)/", p)]
-    assert len(frozen) == 12
+    assert len(frozen) == 6
   for path, value in before.items():
     if path in frozen:
       np.testing.assert_array_equal(value, after[path], err_msg=path)

@@ -1,46 +1,47 @@
-"""BigBird attention: block window + global first block + random blocks.
+"""BigBird attention: block window + global first and last blocks + random blocks.
 
-Zaheer et al., "Big Bird: Transformers for Longer Sequences" (2020), the
-blocked ITC form, as in LRA (``models/bigbird/bigbird_attention.py``, block 64,
-3 random blocks). The length is padded internally to ``N`` blocks of
-``b = block_size`` tokens. For query block n:
+Zaheer et al., "Big Bird: Transformers for Longer Sequences" (2020), the blocked ITC form,
+as LRA's code computes it (``models/bigbird/bigbird_attention.py``; block 64 and 3 random
+blocks there, ``connectivity_seed`` = the layer index in ``models/bigbird/bigbird.py``).
 
-* n = 0 is GLOBAL (it holds the CLS token the encoder prepends, or the first
-  tokens with MEAN pooling): its queries attend to every real key;
-* n >= 1 attends to the window blocks n-1, n, n+1, to the global block 0, and
-  to ``num_random_blocks`` random blocks drawn from the other real blocks.
+Layout. The pattern is laid out on ``P`` tokens: the module field ``max_length`` when it is
+set (the configs set it to ``model.max_length`` plus CLS, the length LRA pads every batch
+to), else the batch's length L. As LRA does, ``P`` is extended by ``b - P % b`` positions (a
+whole block when ``b`` divides ``P``) to ``N = P // b + 1`` blocks of ``b = block_size``
+tokens. For query block n:
 
-Each key appears once per query: block 0 is always scored through the global
-part (never through the window), and random blocks are drawn from the
-blocks outside ``{0, n-1, n, n+1}``. Only real keys get weight. Scores are
-``[B, H, N, b, (4 + r) b]`` plus ``[B, H, b, L]`` for the global block: linear
-in L.
+* n = 0 and n = N-1 are GLOBAL: their queries attend to every key, and every query attends
+  to their keys;
+* every other n attends to the blocks ``{0, n-1, n, n+1, N-1}`` (so block 1 sees
+  ``{0, 1, 2, N-1}`` and block N-2 sees ``{0, N-3, N-2, N-1}``) and to its
+  ``num_random_blocks`` random blocks.
 
-Random blocks (:func:`random_blocks`): for head h and query block n, r fixed
-uniforms (:func:`pattern_uniforms`, numpy at trace time, seeded by
-``random_seed`` and a CRC-32 of the module path) are mapped to a draw without
-replacement among the candidates: the blocks ``j < R`` outside
-``{0, n-1, n, n+1}``, where ``R`` is the example's number of REAL key blocks
-(blocks up to the last real token). The draw depends only on
-``(seed, layer, h, n, R)``: appending padding never changes which blocks a
-real query sees (padding invariance). With fewer than r candidates, all of
-them are taken. The pattern is FIXED across training steps (as in LRA, which
-seeds numpy once per layer) and differs between heads and between layers.
-The chosen blocks are sown into the ``"intermediates"`` collection as
-``random_blocks`` (``[B, H, N, min(r, N)]`` int32, -1 for none).
+Random blocks (:func:`lra_random_blocks`): LRA's ``get_block_rand_mask`` draw, made in numpy
+at trace time from ``numpy.random.RandomState(random_seed + layer)``, head after head. The
+layer index is read from the Flax module path (:func:`layer_index`): the encoder names block
+i ``encoderblock_{i}`` (LRA's names too), so no per-layer argument has to travel through the
+encoder and the registry; a module outside an encoder block is layer 0. The pattern is fixed
+across steps and examples, differs between heads and layers, and depends only on ``N`` (LRA
+restricts the draws to the first 1024 tokens, as the BigBird code it follows does).
 
-Differences from LRA's code: LRA (like the paper's ITC) also makes the LAST
-block global, and draws its random blocks over the padded length, so they
-can land on padding and change when padding is added. A "last" block moves
-with the padding, so only the first block is global here, and the draw only
-sees real blocks. Non-causal (LRA's
-encoders are bidirectional; LRA falls back to full attention for causal);
-there is no causal form.
+Masking (default): only real keys get weight. With ``max_length`` set, the pattern does not
+depend on the batch's padding, and only the blocks that hold the batch are computed (blocks
+past the batch are padding and get no weight): outputs at real positions are padding
+invariant. With ``max_length = 0`` the pattern follows the batch length, as in LRA's code.
+
+``lra_bugs=True`` reproduces the rest of LRA's ``bigbird_attention.py``: the appended
+positions (zero inputs, LRA pads the mask with ``-1e9`` on a bool array, i.e. True) are REAL
+keys; the outputs at padding queries are zero (LRA multiplies the context by the query mask:
+this matters under LRA's MEAN over the pads); and no attention dropout (LRA's sparse path
+ignores ``dropout_rate``). Non-causal (LRA falls back to full attention for causal).
+
+Cost: scores ``[B, H, N, b, (5 + r) b]`` plus ``[B, H, b, L]`` per global block: linear in L.
 """
 
 from __future__ import annotations
 
-import zlib
+import functools
+import re
 from typing import Sequence
 
 import flax.linen as nn
@@ -48,124 +49,159 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpletron_jax.attention import base
-from simpletron_jax.attention.local import (check_int_field, masked_softmax, scale_queries,
-                                            to_blocks, with_neighbours)
+from simpletron_jax.attention.local import check_int_field, masked_softmax, scale_queries
+
+# LRA's sparse_dot_product_attention draws random blocks only up to this many tokens.
+RANDOM_LAST_IDX = 1024
 
 
-def pattern_uniforms(random_seed: int, path: Sequence[str], num_blocks: int, num_heads: int,
-                     num_random_blocks: int) -> np.ndarray:
-  """The fixed uniforms behind one layer's random blocks, computed in numpy at trace time.
-
-  Draws ``N * H * r`` doubles from ``numpy.random.default_rng([random_seed,
-  crc32(path)])`` in the order (query block n, head h, draw t), so the value for
-  ``(n, h, t)`` sits at stream position ``(n H + h) r + t`` and does not depend on
-  N: more (padding) blocks only append values.
+def layer_index(path: Sequence[str]) -> int:
+  """The encoder layer of a module: i from the innermost ``encoderblock_{i}`` in ``path``.
 
   Args:
-    random_seed: ``model.attention_kwargs.random_seed`` (``>= 0``).
-    path: the Flax module path (``module.path``; ``()`` for a top-level module),
-      so that layers differ.
-    num_blocks: N.
+    path: the Flax module path (``module.path``).
+
+  Returns:
+    i, or 0 when no component is named ``encoderblock_<int>``.
+  """
+  for name in reversed(tuple(path)):
+    match = re.fullmatch(r"encoderblock_(\d+)", name)
+    if match:
+      return int(match.group(1))
+  return 0
+
+
+def num_pattern_blocks(length: int, block_size: int) -> int:
+  """N: LRA pads ``length`` by ``b - length % b`` (a whole block when b divides it).
+
+  Returns:
+    ``length // block_size + 1``.
+  """
+  return length // block_size + 1
+
+
+def _candidates(i: int, num_blocks: int, last: int) -> np.ndarray:
+  """The key blocks query block i (1..N-2) may draw at random, in LRA's order.
+
+  LRA's ``get_block_rand_mask`` (``models/bigbird/bigbird_attention.py``): blocks 1..N-2
+  without the window of i, cut at ``last``; its special rows (i = 1, 2, N-3, N-2, checked in
+  that order) and numpy's slicing (negative bounds included) are kept, since the draw
+  depends on the exact array.
+  """
+  a = np.arange(1, num_blocks - 1)
+  if i == 1:
+    return a[2:last]
+  if i == 2:
+    return a[3:last]
+  if i == num_blocks - 3:
+    return a[:last - 4]
+  if i == num_blocks - 2:
+    return a[:last - 3]
+  start, end = i - 2, i
+  if start > last:
+    return a[:last]
+  if end + 1 == last:
+    return a[:start]
+  return np.concatenate([a[:start], a[end + 1:last]])
+
+
+@functools.lru_cache(maxsize=256)
+def lra_random_blocks(num_blocks: int, block_size: int, num_heads: int,
+                      num_random_blocks: int, seed: int) -> np.ndarray:
+  """LRA's random key blocks of one layer (``get_block_rand_mask``, one call per head).
+
+  Seeds ``numpy.random.RandomState(seed)`` (LRA: ``numpy.random.seed(connectivity_seed)``)
+  and, for each head in turn and each query block i = 1..N-2, takes the first r entries of a
+  random permutation of :func:`_candidates`. Random draws stop at ``last``: block
+  ``min(N b, 1024) // b - 1`` when ``min(N b, 1024) > 2 b``, else ``N - 1``.
+
+  Args:
+    num_blocks: N (padded length / b).
+    block_size: b.
     num_heads: H.
     num_random_blocks: r.
+    seed: the numpy seed (``random_seed + layer``), ``0 <= seed < 2**32``.
 
   Returns:
-    ``[H, N, r]`` float64 in ``[0, 1)``.
+    ``[H, N, r]`` int64, read-only; rows 0 and N-1 (global) and draws beyond the candidates
+    (LRA raises there) are ``-1``.
   """
-  path_hash = zlib.crc32("/".join(path).encode())
-  rng = np.random.default_rng([random_seed, path_hash])
-  u_NxHxr = rng.random((num_blocks, num_heads, num_random_blocks))
-  return u_NxHxr.transpose(1, 0, 2)
+  rng = np.random.RandomState(seed)
+  out = np.full((num_heads, num_blocks, num_random_blocks), -1, np.int64)
+  last_idx = min(num_blocks * block_size, RANDOM_LAST_IDX)
+  last = last_idx // block_size - 1 if last_idx > 2 * block_size else num_blocks - 1
+  for h in range(num_heads):
+    for i in range(1, num_blocks - 1):
+      drawn = rng.permutation(_candidates(i, num_blocks, last))[:num_random_blocks]
+      out[h, i, :len(drawn)] = drawn
+  out.flags.writeable = False
+  return out
 
 
-def num_real_blocks(mask_BxL: jnp.ndarray, block_size: int) -> jnp.ndarray:
-  """Blocks up to and including the one holding the last real token.
+@functools.lru_cache(maxsize=256)
+def key_blocks(num_blocks: int, block_size: int, num_heads: int, num_random_blocks: int,
+               seed: int) -> np.ndarray:
+  """The key blocks each (head, query block) attends to, for the non-global query blocks.
 
-  Args:
-    mask_BxL: bool, True for real tokens.
-    block_size: b.
+  Query block n (``0 < n < N-1``) gets ``[0, n-1, n, n+1, N-1]`` then its random blocks
+  (:func:`lra_random_blocks`); a block already listed is replaced by ``-1``, so each key
+  counts once. Global rows (n = 0, N-1) list only themselves (they attend to every key
+  elsewhere).
 
   Returns:
-    ``[B]`` int32, ``ceil((last real index + 1) / b)``; 0 for an all-pad row.
+    ``[H, N, 5 + r]`` int64, read-only, ``-1`` for an empty slot.
   """
-  end_B = jnp.max(jnp.where(mask_BxL, jnp.arange(1, mask_BxL.shape[1] + 1), 0), axis=1)
-  return (end_B + block_size - 1) // block_size
+  n = np.arange(num_blocks)[:, None]
+  fixed = np.concatenate([np.zeros_like(n), n - 1, n, n + 1, np.full_like(n, num_blocks - 1)],
+                         axis=1)
+  rand = lra_random_blocks(num_blocks, block_size, num_heads, num_random_blocks, seed)
+  slots = np.concatenate([np.broadcast_to(fixed, (num_heads,) + fixed.shape), rand], axis=2)
+  slots = np.where((slots >= 0) & (slots < num_blocks), slots, -1)
+  for s in range(1, slots.shape[2]):   # drop repeats of an earlier slot
+    repeat = (slots[:, :, s:s + 1] == slots[:, :, :s]).any(axis=2) & (slots[:, :, s] >= 0)
+    slots[:, :, s] = np.where(repeat, -1, slots[:, :, s])
+  for g in {0, num_blocks - 1}:
+    slots[:, g] = -1
+    slots[:, g, 0] = g
+  slots.flags.writeable = False
+  return slots
 
 
-def random_blocks(uniforms_HxNxr: np.ndarray, num_real_blocks_B: jnp.ndarray) -> jnp.ndarray:
-  """Draws the random key blocks of every query block (padding invariant).
-
-  For head h and query block n the candidates are the R real key blocks minus
-  ``{0, n-1, n, n+1}`` (C of them). Draw t (``t = 0 .. r-1``) maps the uniform
-  ``u[h, n, t]`` to the ``floor(u * (C - t))``-th candidate not yet taken (in
-  increasing order): sampling without replacement that depends only on
-  ``(u, R)``. Memory is ``O(B H N r)``; no ``N x N`` array is built.
-
-  Args:
-    uniforms_HxNxr: from :func:`pattern_uniforms`.
-    num_real_blocks_B: ``[B]`` int, R per example (:func:`num_real_blocks`).
-
-  Returns:
-    ``[B, H, N, min(r, N)]`` int32 block indices in draw order; ``-1`` where
-    the candidates ran out. Valid entries are distinct, ``< R`` and outside
-    ``{0, n-1, n, n+1}`` for query block n.
-  """
-  num_heads, num_blocks, num_random_blocks = uniforms_HxNxr.shape
-  r = min(num_random_blocks, num_blocks)
-  batch = num_real_blocks_B.shape[0]
-  if r == 0:
-    return jnp.zeros((batch, num_heads, num_blocks, 0), jnp.int32)
-
-  u_HxNxr = jnp.asarray(uniforms_HxNxr[:, :, :r], jnp.float32)
-  real_Bx1x1 = num_real_blocks_B.astype(jnp.int32)[:, None, None]
-  n_1x1xN = jnp.arange(num_blocks, dtype=jnp.int32)[None, None, :]
-  never = num_blocks + 1  # sentinel above every block index
-  # The excluded blocks {0, n-1, n, n+1}, distinct, restricted to [0, R); sentinel if absent.
-  excluded = [jnp.zeros_like(n_1x1xN), jnp.where(n_1x1xN >= 2, n_1x1xN - 1, never),
-              jnp.where(n_1x1xN >= 1, n_1x1xN, never), n_1x1xN + 1]
-  excluded = [jnp.broadcast_to(jnp.where(e < real_Bx1x1, e, never), (batch, 1, num_blocks))
-              for e in excluded]
-  num_candidates_Bx1xN = real_Bx1x1 - sum((e < never).astype(jnp.int32) for e in excluded)
-  taken = [jnp.broadcast_to(e, (batch, num_heads, num_blocks)) for e in excluded]
-  picks = []
-  for t in range(r):
-    left_Bx1xN = num_candidates_Bx1xN - t
-    rank_BxHxN = jnp.floor(u_HxNxr[None, :, :, t] * left_Bx1xN).astype(jnp.int32)
-    rank_BxHxN = jnp.clip(rank_BxHxN, 0, jnp.maximum(left_Bx1xN - 1, 0))
-    # The rank-th block not in `taken`: step over the taken blocks in increasing order.
-    pick_BxHxN = rank_BxHxN
-    for e in jnp.unstack(jnp.sort(jnp.stack(taken, -1), axis=-1), axis=-1):
-      pick_BxHxN = pick_BxHxN + (e <= pick_BxHxN).astype(jnp.int32)
-    pick_BxHxN = jnp.where(left_Bx1xN > 0, pick_BxHxN, never)
-    taken.append(pick_BxHxN)
-    picks.append(jnp.where(left_Bx1xN > 0, pick_BxHxN, -1))
-  return jnp.stack(picks, -1)
+def global_blocks(num_blocks: int) -> tuple[int, ...]:
+  """The global query/key blocks: ``(0, N-1)`` (``(0,)`` when N = 1)."""
+  return tuple(sorted({0, num_blocks - 1}))
 
 
 class BigBirdAttention(nn.Module):
-  """Multi-head BigBird block-sparse attention (Zaheer et al., 2020).
+  """Multi-head BigBird block-sparse attention (Zaheer et al., 2020), as in LRA.
 
   Attributes:
     num_heads: H.
     qkv_dim: D, total width of queries, keys and values over all heads.
     out_dim: O, width of the output projection.
-    dropout_rate: dropout on the attention weights (the joint window +
-      global + random weights, and the global block's rows).
+    dropout_rate: dropout on the attention weights (none with ``lra_bugs``).
     block_size: b, tokens per block (LRA: 64).
-    num_random_blocks: r, random key blocks per query block (LRA: 3; 0
-      disables them).
-    random_seed: seed of the fixed random pattern (see the module docstring).
+    num_random_blocks: r, random key blocks per query block (LRA: 3; 0 disables them).
+    random_seed: added to the layer index to seed numpy's draw (0: LRA's seed, the layer
+      index; seeds s and s+1 give layer-shifted patterns).
+    max_length: P, the length the pattern is laid out for (the configs: ``model.max_length``
+      plus CLS); 0: the batch's length, as LRA's code. Inputs longer than a nonzero P raise.
+    lra_bugs: reproduce LRA's ``models/bigbird/bigbird_attention.py``: appended positions
+      are real keys, padding queries output zero, no attention dropout (see the module
+      docstring). Config field ``model.attention_kwargs.lra_bugs``; default False.
     dtype: computation dtype; the softmax is computed in float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  Non-causal; outputs at real positions do not depend on padding.
+  Non-causal. The chosen random blocks are sown into ``"intermediates"`` as
+  ``random_blocks`` (``[H, N, r]`` int32, ``-1`` for none).
 
   Raises:
-    ValueError: if ``block_size < 1``, ``num_random_blocks < 0`` or
-      ``random_seed < 0`` (naming ``model.attention_kwargs.<field>``), or
-      ``qkv_dim`` is not a multiple of ``num_heads``.
+    ValueError: if ``block_size < 1``, ``num_random_blocks < 0``, ``random_seed < 0``,
+      ``max_length < 0`` or ``0 < max_length < L`` (naming
+      ``model.attention_kwargs.<field>``), or ``qkv_dim`` is not a multiple of
+      ``num_heads``.
   """
 
   num_heads: int
@@ -175,6 +211,8 @@ class BigBirdAttention(nn.Module):
   block_size: int = 64
   num_random_blocks: int = 3
   random_seed: int = 0
+  max_length: int = 0
+  lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
 
@@ -183,68 +221,75 @@ class BigBirdAttention(nn.Module):
     check_int_field(self.block_size, "block_size", "bigbird")
     check_int_field(self.num_random_blocks, "num_random_blocks", "bigbird", minimum=0)
     check_int_field(self.random_seed, "random_seed", "bigbird", minimum=0)
-    length = x_BxLxE.shape[1]
+    check_int_field(self.max_length, "max_length", "bigbird", minimum=0)
+    batch, length = x_BxLxE.shape[:2]
+    if self.max_length:
+      base.check_max_length("bigbird", length, self.max_length)
+    b = self.block_size
+    pattern_length = self.max_length or length
+    num_blocks = num_pattern_blocks(pattern_length, b)
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
+    if self.lra_bugs:
+      # Every pattern block is computed; the appended positions are zero inputs, real keys.
+      num_computed = num_blocks
+      appended = num_blocks * b - pattern_length
+      keys_BxC = jnp.concatenate(
+          [mask_BxL, jnp.zeros((batch, pattern_length - length), bool),
+           jnp.ones((batch, appended), bool)], axis=1)
+    else:
+      # Blocks past the batch hold only padding: they take no weight, so they are skipped.
+      num_computed = -(-length // b)
+      keys_BxC = jnp.pad(mask_BxL, ((0, 0), (0, num_computed * b - length)))
+    computed = num_computed * b
+    x_BxCxE = jnp.pad(x_BxLxE, ((0, 0), (0, computed - length), (0, 0)))
+    q, k, v = base.project_qkv(x_BxCxE, self.num_heads, self.qkv_dim, self.dtype,
                                use_bias=self.use_bias)
     q = scale_queries(q)
-    b = self.block_size
-    q_BxNxbxHxK, k_BxNxbxHxK, v_BxNxbxHxK = (to_blocks(t, b) for t in (q, k, v))
-    real_BxNxb = to_blocks(mask_BxL, b, False)
-    batch, num_blocks = real_BxNxb.shape[:2]
-    heads = q.shape[2]
+    heads, head_dim = q.shape[2:]
+    seed = self.random_seed + layer_index(self.path)
+    self.sow("intermediates", "random_blocks", jnp.asarray(
+        lra_random_blocks(num_blocks, b, heads, self.num_random_blocks, seed), jnp.int32))
 
-    # Window: blocks n-1, n, n+1, except block 0 (scored as the global block).
-    k_BxNx3bxHxK = with_neighbours(k_BxNxbxHxK)
-    v_BxNx3bxHxK = with_neighbours(v_BxNxbxHxK)
-    win_block_Nx3b = jnp.repeat(jnp.arange(num_blocks)[:, None] + jnp.arange(-1, 2)[None, :],
-                                b, axis=1)
-    keep_window = (with_neighbours(real_BxNxb)[:, None, :, None, :]
-                   & (win_block_Nx3b > 0)[None, None, :, None, :])
-    window_logits = jnp.einsum("bnqhd,bnkhd->bhnqk", q_BxNxbxHxK, k_BxNx3bxHxK)
+    # Static key-block table of the computed blocks; blocks past them are dropped.
+    slots_HxNxS = key_blocks(num_blocks, b, heads, self.num_random_blocks, seed)
+    slots_HxNxS = np.where(slots_HxNxS < num_computed, slots_HxNxS, -1)[:, :num_computed]
+    valid_HxNxS = slots_HxNxS >= 0
+    index_HxNxS = np.maximum(slots_HxNxS, 0)
+    num_slots = slots_HxNxS.shape[2]
+    head_Hx1x1 = np.arange(heads)[:, None, None]
 
-    # Global block 0 as keys of every query block.
-    global_logits = jnp.einsum("bnqhd,bkhd->bhnqk", q_BxNxbxHxK, k_BxNxbxHxK[:, 0])
-    keep_global = real_BxNxb[:, 0][:, None, None, None, :]
+    def blocks(t_BxCxHxK):   # -> [B, H, N, b, K]
+      return t_BxCxHxK.reshape(batch, num_computed, b, heads, head_dim).transpose(0, 3, 1, 2, 4)
 
-    # Random blocks, gathered per (example, head, query block).
-    uniforms_HxNxr = pattern_uniforms(self.random_seed, self.path, num_blocks, heads,
-                                      self.num_random_blocks)
-    idx_BxHxNxr = random_blocks(uniforms_HxNxr, num_real_blocks(mask_BxL, b))
-    self.sow("intermediates", "random_blocks", idx_BxHxNxr)
-    r = idx_BxHxNxr.shape[-1]
-    flat_BxHxNr = jnp.maximum(idx_BxHxNxr, 0).reshape(batch, heads, num_blocks * r)
+    q_BxHxNxbxK, k_BxHxNxbxK, v_BxHxNxbxK = blocks(q), blocks(k), blocks(v)
 
-    def gather(t_BxNxbxHxK):
-      t_BxHxNxbxK = t_BxNxbxHxK.transpose(0, 3, 1, 2, 4)
-      got = jnp.take_along_axis(t_BxHxNxbxK, flat_BxHxNr[..., None, None], axis=2)
-      return got.reshape(batch, heads, num_blocks, r * b, t_BxNxbxHxK.shape[-1])
+    def gather(t_BxHxNxbxK):   # -> [B, H, N, S b, K]
+      got = t_BxHxNxbxK[:, head_Hx1x1, index_HxNxS]
+      return got.reshape(batch, heads, num_computed, num_slots * b, head_dim)
 
-    k_BxHxNxRbxK, v_BxHxNxRbxK = gather(k_BxNxbxHxK), gather(v_BxNxbxHxK)
-    real_BxHxNrxb = jnp.take_along_axis(
-        jnp.broadcast_to(real_BxNxb[:, None], (batch, heads, num_blocks, b)),
-        flat_BxHxNr[..., None], axis=2)
-    real_BxHxNxRb = (real_BxHxNrxb.reshape(batch, heads, num_blocks, r, b)
-                     & (idx_BxHxNxr >= 0)[..., None]).reshape(batch, heads, num_blocks, r * b)
-    random_logits = jnp.einsum("bnqhd,bhnkd->bhnqk", q_BxNxbxHxK, k_BxHxNxRbxK)
-    keep_random = real_BxHxNxRb[:, :, :, None, :]
+    k_BxHxNxSbxK, v_BxHxNxSbxK = gather(k_BxHxNxbxK), gather(v_BxHxNxbxK)
+    real_BxNxb = keys_BxC.reshape(batch, num_computed, b)
+    keep_BxHxNxSb = (real_BxNxb[:, index_HxNxS] & valid_HxNxS[None, ..., None]).reshape(
+        batch, heads, num_computed, num_slots * b)
+    logits = jnp.einsum("bhnqd,bhnkd->bhnqk", q_BxHxNxbxK, k_BxHxNxSbxK)
+    weights = masked_softmax(logits, keep_BxHxNxSb[:, :, :, None, :], self.dtype)
+    dropout = nn.Dropout(0.0 if self.lra_bugs else self.dropout_rate)
+    weights = dropout(weights, deterministic=deterministic)
+    y_BxHxNxbxK = jnp.einsum("bhnqk,bhnkd->bhnqd", weights, v_BxHxNxSbxK)
 
-    logits = [window_logits, global_logits, random_logits]
-    keeps = [jnp.broadcast_to(keep, logit.shape)
-             for keep, logit in zip([keep_window, keep_global, keep_random], logits)]
-    weights = masked_softmax(jnp.concatenate(logits, -1), jnp.concatenate(keeps, -1),
-                             self.dtype)
-    weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
-    w_window, w_global, w_random = (weights[..., :3 * b], weights[..., 3 * b:4 * b],
-                                    weights[..., 4 * b:])
-    y_BxNxbxHxK = (jnp.einsum("bhnqk,bnkhd->bnqhd", w_window, v_BxNx3bxHxK)
-                   + jnp.einsum("bhnqk,bkhd->bnqhd", w_global, v_BxNxbxHxK[:, 0])
-                   + jnp.einsum("bhnqk,bhnkd->bnqhd", w_random, v_BxHxNxRbxK))
+    # Global query blocks: every key.
+    for g in global_blocks(num_blocks):
+      if g >= num_computed:
+        continue
+      rows_BxHxbxC = masked_softmax(
+          jnp.einsum("bhqd,bkhd->bhqk", q_BxHxNxbxK[:, :, g], k),
+          keys_BxC[:, None, None, :], self.dtype)
+      rows_BxHxbxC = dropout(rows_BxHxbxC, deterministic=deterministic)
+      y_BxHxNxbxK = y_BxHxNxbxK.at[:, :, g].set(
+          jnp.einsum("bhqk,bkhd->bhqd", rows_BxHxbxC, v))
 
-    # Global block 0 as queries: every real key.
-    rows_BxHxbxL = masked_softmax(jnp.einsum("bqhd,blhd->bhql", q_BxNxbxHxK[:, 0], k),
-                                  mask_BxL[:, None, None, :], self.dtype)
-    rows_BxHxbxL = nn.Dropout(self.dropout_rate)(rows_BxHxbxL, deterministic=deterministic)
-    y_BxNxbxHxK = y_BxNxbxHxK.at[:, 0].set(jnp.einsum("bhql,blhd->bqhd", rows_BxHxbxL, v))
-    y_BxLxHxK = y_BxNxbxHxK.reshape((batch, num_blocks * b) + q.shape[2:])[:, :length]
+    y_BxLxHxK = y_BxHxNxbxK.transpose(0, 2, 3, 1, 4).reshape(
+        batch, computed, heads, head_dim)[:, :length]
+    if self.lra_bugs:
+      y_BxLxHxK = jnp.where(mask_BxL[:, :, None, None], y_BxLxHxK, 0)
     return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

@@ -43,7 +43,7 @@ def _safe_divide(num, den, eps):
 
 
 def normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK, mask_BxL,
-                                 eps: float = 1e-6):
+                                 eps: float = 1e-6, small_den: float = 0.0):
   """Non-causal normalised kernel attention from feature maps.
 
   ``y_i = phi_q_i^T (sum_j phi_k_j v_j^T) / (phi_q_i^T sum_j phi_k_j + eps)``
@@ -58,6 +58,10 @@ def normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK, mask_B
     mask_BxL: bool, True for real tokens.
     eps: added to the denominator (0 is allowed: a row whose denominator is 0
       then gives 0).
+    small_den: the renormaliser of LRA's Performer (``models/performer/
+      performer_attention.py``, its ``numerical_stabilizer``): where the denominator's
+      absolute value is at most ``small_den``, ``2 * small_den`` is added to it. 0 (the
+      default) changes nothing.
 
   Returns:
     ``[B, L, H, K]`` in the dtype of the inputs. No ``L x L`` array is built:
@@ -70,6 +74,8 @@ def normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK, mask_B
   z_BxHxM = phi_k_BxLxHxM.sum(axis=1)
   num_BxLxHxK = jnp.einsum("blhm,bhmk->blhk", phi_q_BxLxHxM, kv_BxHxMxK)
   den_BxLxH = jnp.einsum("blhm,bhm->blh", phi_q_BxLxHxM, z_BxHxM)
+  if small_den:
+    den_BxLxH = den_BxLxH + 2.0 * small_den * (jnp.abs(den_BxLxH) <= small_den)
   return _safe_divide(num_BxLxHxK, den_BxLxH[..., None], eps)
 
 

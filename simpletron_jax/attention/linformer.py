@@ -51,8 +51,10 @@ class LinformerAttention(nn.Module):
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``proj_E``
-  (and ``proj_F``) of shape ``[max_length, k]``, initialised
-  ``N(0, 1/k)`` (the Johnson-Lindenstrauss scaling of the paper's analysis).
+  (and ``proj_F``) of shape ``[max_length, k]``, float32, initialised Xavier-uniform
+  (``U(+-sqrt(6 / (max_length + k)))``) as LRA's ``lr_kernel``
+  (``models/linformer/linformer.py`` passes ``xavier_uniform`` to
+  ``linformer_attention.py``; LRA's ``max_len`` is ``max_length``, plus 1 with CLS).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
 
@@ -82,7 +84,7 @@ class LinformerAttention(nn.Module):
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
                                use_bias=self.use_bias)
-    init = nn.initializers.normal(stddev=self.k ** -0.5)
+    init = nn.initializers.xavier_uniform()   # LRA's lr_kernel init
     e_MxR = self.param("proj_E", init, (self.max_length, self.k), jnp.float32)
     f_MxR = e_MxR if self.share_kv else self.param("proj_F", init, (self.max_length, self.k),
                                                    jnp.float32)

@@ -1,25 +1,34 @@
-"""Local (block) attention: softmax attention inside non-overlapping blocks.
+"""Local attention as LRA computes it: softmax attention inside strided groups.
 
 The LRA "Local Attention" baseline (Tay et al., Long Range Arena, 2021; LRA
-``models/local/local_attention.py``, block size 50 in ``models/local/local.py``).
-The sequence is cut into contiguous blocks of ``block_size`` tokens (the
-length is padded internally up to a multiple of the block size) and each
-query attends only to the real keys of its own block::
+``models/local/local_attention.py``, block size 50 by default in
+``models/local/local.py``). LRA's code pads the length L by ``b - L % b``
+positions (1 to b, a whole block when ``L % b == 0``), so the padded length is
+``L' = (L // b + 1) * b`` with ``N = L' / b`` groups, and reshapes
+``[B, L', ...]`` to ``[B, b, N, ...]`` with attention over the b axis. Its
+groups are therefore strided: group n holds the positions ``{p : p mod N = n}``,
+and each query attends to the real keys of its own group::
 
-    y_i = sum_{j in block(i), j real} softmax_j(q_i . k_j / sqrt(d)) v_j
+    y_i = sum_{j = i mod N, j real} softmax_j(q_i . k_j / sqrt(d)) v_j
 
-Scores are ``[B, H, L/b, b, b]``: linear in L. Non-causal (LRA uses it
-bidirectionally); there is no causal form.
+This strided grouping is LRA's design choice and the default here. With a CLS
+token at position 0 (LRA's model pools CLS) CLS sees the positions ``= 0 mod N``
+at every depth. Scores are ``[B, H, N, b, b]``: linear in L. Non-causal; there
+is no causal form. Because N follows the padded input length, the outputs at
+real positions depend on how far the batch is padded (not on what the pads
+hold), as in LRA.
 
-Differences from LRA's code:
+LRA's bugs, reproduced by ``lra_bugs=True`` (DESIGN.md section 7):
 
-* LRA reshapes ``[B, L, ...]`` to ``[B, block_size, L / block_size, ...]`` and
-  attends over the ``block_size`` axis, so its "blocks" are actually the
-  strided sets ``{p : p mod (L / b) = r}``. Here blocks are contiguous, as the
-  LRA paper describes local attention.
-* Blocks never exchange information, at any depth: with CLS pooling
-  (``model.classifier_pool = "CLS"``) the classifier sees only the first
-  ``block_size - 1`` tokens. Use MEAN pooling with this variant.
+* the appended positions are padded into the mask with ``-1e9`` on a bool array,
+  i.e. True: they are real keys (zero inputs, so zero keys and values without
+  biases);
+* the padding mask is cut into CONTIGUOUS blocks ``[B, N, b]`` while the
+  queries and keys are grouped by stride, so query i and key j of group n
+  (positions ``i N + n`` and ``j N + n``) are masked by the real flags of
+  positions ``n b + i`` and ``n b + j``;
+* the mask is LRA's query AND key mask added as a ``-1e10`` bias, so a row with
+  no allowed key is uniform over the b keys of its group.
 
 This file also holds small helpers shared by ``sparse.py``, ``longformer.py``
 and ``bigbird.py``.
@@ -121,22 +130,39 @@ def scale_queries(q_BxLxHxK: jnp.ndarray) -> jnp.ndarray:
   return q_BxLxHxK / jnp.sqrt(q_BxLxHxK.shape[-1]).astype(q_BxLxHxK.dtype)
 
 
+LRA_MASK_BIAS = -1e10   # the bias LRA's attentions add at masked logits
+
+
+def lra_padded_length(length: int, block_size: int) -> int:
+  """LRA's padded length ``L + b - L % b`` (``models/local/local_attention.py``): always
+  1 to b positions more than ``length``, a whole block when ``length % b == 0``."""
+  return length + block_size - length % block_size
+
+
 class LocalAttention(nn.Module):
-  """Multi-head softmax attention within non-overlapping blocks (LRA local attention).
+  """Multi-head softmax attention within LRA's strided groups (LRA local attention).
 
   Attributes:
     num_heads: H.
     qkv_dim: D, total width of queries, keys and values over all heads.
     out_dim: O, width of the output projection.
-    dropout_rate: dropout on the ``[B, H, L/b, b, b]`` attention weights.
-    block_size: b, tokens per block (LRA: 50). The length is padded
-      internally to a multiple of b; padded keys get zero weight.
+    dropout_rate: dropout on the ``[B, H, N, b, b]`` attention weights.
+    block_size: b, the size of each group (LRA: 50; its CIFAR-10 and Pathfinder configs 64).
+      The length L is padded internally to ``L' = L + b - L % b`` (LRA's formula), giving
+      ``N = L' / b`` groups ``{p : p mod N = n}``.
     dtype: computation dtype; the softmax is computed in float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    lra_bugs: reproduce LRA's masking in ``models/local/local_attention.py`` (config field
+      ``model.attention_kwargs.lra_bugs``): the appended positions are real keys, the
+      padding mask is read as contiguous blocks of b although the groups are strided
+      (misaligned), and it masks queries as well as keys with a ``-1e10`` bias (a row with
+      no allowed key is uniform over its group). False (default): each query attends to
+      the real keys of its own strided group.
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  Non-causal; outputs at real positions do not depend on padding.
+  Non-causal. By default the outputs at real positions do not depend on what the padded
+  positions hold; they do depend on L (through N), as in LRA.
 
   Raises:
     ValueError: if ``block_size < 1`` (naming
@@ -151,25 +177,38 @@ class LocalAttention(nn.Module):
   block_size: int = 50
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  lra_bugs: bool = False
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     check_int_field(self.block_size, "block_size", "local")
-    length = x_BxLxE.shape[1]
+    batch, length = x_BxLxE.shape[:2]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
     b = self.block_size
-    q_BxNxbxHxK = to_blocks(scale_queries(q), b)
-    k_BxNxbxHxK = to_blocks(k, b)
-    v_BxNxbxHxK = to_blocks(v, b)
-    real_BxNxb = to_blocks(mask_BxL, b, False)
-
-    logits_BxHxNxbxb = jnp.einsum("bnqhd,bnkhd->bhnqk", q_BxNxbxHxK, k_BxNxbxHxK)
-    weights_BxHxNxbxb = masked_softmax(logits_BxHxNxbxb, real_BxNxb[:, None, :, None, :],
-                                       self.dtype)
+    padded = lra_padded_length(length, b)
+    n = padded // b
+    # LRA pads the attention's input (not q, k, v): appended rows project to the biases.
+    x_BxPxE = pad_length(x_BxLxE, padded)
+    q, k, v = base.project_qkv(x_BxPxE, self.num_heads, self.qkv_dim, self.dtype,
+                               use_bias=self.use_bias)
+    # Position p = i * N + g sits at [:, i, g]: group g is {p : p mod N = g}.
+    q_BxbxNxHxK, k_BxbxNxHxK, v_BxbxNxHxK = (
+        t.reshape((batch, b, n) + t.shape[2:]) for t in (scale_queries(q), k, v))
+    logits_BxHxNxbxb = jnp.einsum("bqnhd,bknhd->bhnqk", q_BxbxNxHxK, k_BxbxNxHxK)
+    if self.lra_bugs:
+      # Appended positions real; the mask cut into contiguous blocks [B, N, b] (misaligned
+      # with the strided groups), query AND key, added as a -1e10 bias.
+      real_BxNxb = pad_length(mask_BxL, padded, True).reshape(batch, n, b)
+      allowed_BxNxbxb = real_BxNxb[:, :, :, None] & real_BxNxb[:, :, None, :]
+      bias = jnp.where(allowed_BxNxbxb, 0.0, LRA_MASK_BIAS).astype(jnp.float32)
+      logits_BxHxNxbxb = logits_BxHxNxbxb.astype(jnp.float32) + bias[:, None]
+      weights_BxHxNxbxb = jax.nn.softmax(logits_BxHxNxbxb, axis=-1).astype(self.dtype)
+    else:
+      real_BxbxN = pad_length(mask_BxL, padded, False).reshape(batch, b, n)
+      keep_BxHxNxbxb = jnp.swapaxes(real_BxbxN, 1, 2)[:, None, :, None, :]
+      weights_BxHxNxbxb = masked_softmax(logits_BxHxNxbxb, keep_BxHxNxbxb, self.dtype)
     weights_BxHxNxbxb = nn.Dropout(self.dropout_rate)(weights_BxHxNxbxb,
                                                       deterministic=deterministic)
-    y_BxNxbxHxK = jnp.einsum("bhnqk,bnkhd->bnqhd", weights_BxHxNxbxb, v_BxNxbxHxK)
-    y_BxLxHxK = y_BxNxbxHxK.reshape((x_BxLxE.shape[0], -1) + y_BxNxbxHxK.shape[3:])[:, :length]
+    y_BxbxNxHxK = jnp.einsum("bhnqk,bknhd->bqnhd", weights_BxHxNxbxb, v_BxbxNxHxK)
+    y_BxLxHxK = y_BxbxNxHxK.reshape((batch, padded) + q.shape[2:])[:, :length]
     return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)

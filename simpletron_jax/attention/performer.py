@@ -13,9 +13,12 @@ Kernels (field ``kernel``):
   ``W`` is ``[M, d]``: blocks of ``d`` orthonormal rows from the QR
   decomposition of Gaussian matrices, each row rescaled by an independent
   chi(d)-distributed norm (the norm of a Gaussian vector), so every row is
-  marginally Gaussian. A per-query and a per-(example, head) key maximum is
-  subtracted in the exponent (it cancels in the ratio) and a small
-  ``softmax_eps`` is added to the features, as in the paper's code.
+  marginally Gaussian. A per-query and a per-(example, head) key maximum of
+  ``W x'`` is subtracted in the exponent (it cancels in the ratio), a small
+  ``softmax_eps`` is added to the features and guards a tiny renormaliser, as in
+  the paper's code and LRA's ``models/performer/performer_attention.py``. LRA's
+  ListOps run drew ``W`` anew on every call from the sum of the queries: option
+  ``lra_bugs``.
 * ``"relu"``: the generalized kernel with random features,
   ``phi(x) = relu(W x) + relu_eps``.
 * ``"relu_deterministic"``: ``phi(x) = relu(x) + relu_eps`` with no
@@ -85,15 +88,78 @@ def gaussian_orthogonal_random_matrix(key: jax.Array, num_features: int, dim: in
   return w_MxD * norms_M[:, None]
 
 
+def lra_orthogonal_random_matrix(key: jax.Array, num_features: int, dim: int) -> jnp.ndarray:
+  """The FAVOR+ projection as LRA draws it from ``key`` (with ``lra_bugs``).
+
+  LRA's ``models/performer/performer_attention.py`` (``draw_weights`` and
+  ``GaussianOrthogonalRandomMatrix`` with ``scaling=0``): the key is split once and its
+  first half ``k0`` drives everything; each block of ``dim`` rows is the transposed Q factor
+  of the QR decomposition of a ``[dim, dim]`` standard Gaussian drawn from a key split off
+  ``k0`` in turn (no sign fix, so the blocks are not exactly Haar); the last block is
+  truncated to reach ``num_features`` rows; row ``i`` is scaled by the norm of row ``i`` of
+  a ``[num_features, dim]`` Gaussian drawn from ``k0`` itself. The random bits are jax's
+  non-partitionable threefry (``jax.threefry_partitionable(False)``), the default of the
+  jax LRA ran with, so the same key gives LRA's numbers.
+
+  Args:
+    key: a PRNG key (raw ``uint32[2]``).
+    num_features: M (positive).
+    dim: d, the per-head query/key width (positive).
+
+  Returns:
+    ``W_MxD``, float32 ``[num_features, dim]``.
+
+  Raises:
+    ValueError: if ``num_features`` or ``dim`` is not positive (config field
+      ``model.attention_kwargs.num_features``).
+  """
+  if num_features <= 0 or dim <= 0:
+    raise ValueError(f"model.attention_kwargs.num_features={num_features} and head width "
+                     f"{dim} must be positive")
+  with jax.threefry_partitionable(False):
+    k0, _ = jax.random.split(key)
+    rng = k0
+    blocks = []
+    for start in range(0, num_features, dim):
+      rng, sub = jax.random.split(rng)
+      q_DxD, _ = jnp.linalg.qr(jax.random.normal(sub, (dim, dim), jnp.float32))
+      blocks.append(q_DxD.T[:min(dim, num_features - start)])
+    norms_M = jnp.linalg.norm(jax.random.normal(k0, (num_features, dim), jnp.float32), axis=1)
+  return norms_M[:, None] * jnp.concatenate(blocks, axis=0)
+
+
+def lra_query_seed_key(q_BxLxHxK: jnp.ndarray) -> jax.Array:
+  """LRA's per-call feature key: ``PRNGKey(int32(ceil(sum(q) * 1e7)))``.
+
+  LRA's ``models/performer/performer_attention.py`` (``redraw_features=True``, the default of
+  ``make_fast_softmax_attention``) seeds each call's projection with the sum of ALL the
+  queries of the batch, so the features change with the batch, its padding and the
+  parameters, in training and evaluation alike. The float-to-int32 conversion saturates
+  (XLA's), as it did in LRA's runs.
+
+  Args:
+    q_BxLxHxK: the projected queries; summed in float32.
+
+  Returns:
+    A raw ``uint32[2]`` key.
+  """
+  total = jnp.sum(q_BxLxHxK.astype(jnp.float32))
+  seed = jax.lax.convert_element_type(jnp.ceil(total * 10000000.0), jnp.int32)
+  with jax.threefry_partitionable(False):
+    return jax.random.PRNGKey(seed)
+
+
 def softmax_kernel_features(x_BxLxHxK, w_MxK, mask_BxL, *, is_query: bool, eps: float):
   """FAVOR+ positive random features for the softmax kernel.
 
   ``phi(x) = (exp(W x' - |x'|^2/2 - c) + eps) / sqrt(M)``, ``x' = x d^(-1/4)``
-  (Choromanski et al., 2021, Lemma 1). The stabiliser ``c`` (no gradient) is
-  the maximum exponent of each query over the M features, or for keys the
-  maximum over the real positions and features of each (example, head); both
-  are constant along the sums they enter, so they cancel in the renormalised
-  attention when ``eps = 0``.
+  (Choromanski et al., 2021, Lemma 1). The stabiliser ``c`` is LRA's
+  (``models/performer/performer_attention.py``,
+  ``nonnegative_softmax_kernel_feature_creator``, as in the Performer authors' code): the
+  maximum of ``W x'`` (without the ``|x'|^2/2`` term) over the M features of each query, or
+  for keys over the real positions and the features of each (example, head). Constant
+  along the sums it enters, it cancels in the renormalised attention when ``eps = 0``; with
+  ``eps > 0`` it sets how much ``eps`` weighs, so it is LRA's exactly, gradient included.
 
   Args:
     x_BxLxHxK: float32 queries or keys.
@@ -110,17 +176,16 @@ def softmax_kernel_features(x_BxLxHxK, w_MxK, mask_BxL, *, is_query: bool, eps: 
   x_BxLxHxK = x_BxLxHxK * head_dim ** -0.25
   wx_BxLxHxM = jnp.einsum("blhk,mk->blhm", x_BxLxHxK, w_MxK)
   half_sq_BxLxHx1 = 0.5 * jnp.sum(jnp.square(x_BxLxHxK), axis=-1, keepdims=True)
-  logits_BxLxHxM = wx_BxLxHxM - half_sq_BxLxHx1
   if is_query:
-    stab = jnp.max(logits_BxLxHxM, axis=-1, keepdims=True)
-    logits_BxLxHxM = logits_BxLxHxM - jax.lax.stop_gradient(stab)
+    stab_BxLxHx1 = jnp.max(wx_BxLxHxM, axis=-1, keepdims=True)
+    logits_BxLxHxM = wx_BxLxHxM - half_sq_BxLxHx1 - stab_BxLxHx1
   else:
     real_BxLx1x1 = mask_BxL[:, :, None, None]
-    stab_Bx1xHx1 = jnp.max(jnp.where(real_BxLx1x1, logits_BxLxHxM, -jnp.inf), axis=(1, 3),
+    stab_Bx1xHx1 = jnp.max(jnp.where(real_BxLx1x1, wx_BxLxHxM, -jnp.inf), axis=(1, 3),
                            keepdims=True)
     stab_Bx1xHx1 = jnp.where(jnp.isfinite(stab_Bx1xHx1), stab_Bx1xHx1, 0.0)
     logits_BxLxHxM = jnp.where(real_BxLx1x1,
-                               logits_BxLxHxM - jax.lax.stop_gradient(stab_Bx1xHx1), -jnp.inf)
+                               wx_BxLxHxM - half_sq_BxLxHx1 - stab_Bx1xHx1, -jnp.inf)
   return (jnp.exp(logits_BxLxHxM) + eps) / jnp.sqrt(float(num_features))
 
 
@@ -163,13 +228,25 @@ class PerformerAttention(nn.Module):
     feature_seed: seed of the fixed projection ``jax.random.PRNGKey(feature_seed)``.
       The matrix is a constant, not a parameter: it is recomputed at trace
       time and is the same in every run with the same seed.
-    softmax_eps: FAVOR+'s numerical stabiliser for the softmax kernel.
+    softmax_eps: FAVOR+'s numerical stabiliser for the softmax kernel: added to every
+      feature, and ``2 * softmax_eps`` is added to a renormaliser whose absolute value is
+      at most ``softmax_eps`` (LRA's ``make_fast_softmax_attention``
+      ``numerical_stabilizer``, 1e-6).
     relu_eps: the epsilon added to ReLU features (Performer's
       ``kernel_epsilon``, 1e-3).
     lra_masking: False (default): pads are left out of the key sums and of the keys'
       stabiliser. True: LRA's ``models/performer/performer.py``, whose FAVOR+ attention
       function ignores the padding mask ``nn.SelfAttention`` passes it, so pads enter
       both (outputs then depend on the padding).
+    lra_bugs: False (default): the ``"softmax"`` kernel's projection is fixed
+      (``feature_seed``) or redrawn from the rng (``redraw``). True: LRA's
+      ``models/performer/performer_attention.py`` as its ListOps config ran it
+      (``make_fast_softmax_attention``, ``redraw_features=True``): on EVERY call, training
+      and evaluation, the projection is drawn from ``PRNGKey(ceil(sum(q) * 1e7))``, the sum
+      of all the batch's queries (:func:`lra_query_seed_key`), by LRA's procedure
+      (:func:`lra_orthogonal_random_matrix`), so each example's output depends on the rest
+      of the batch. ``redraw`` and ``feature_seed`` are then unused. No effect on the
+      ``"relu"`` kernels (LRA's generalized attention never redraws).
     dtype: computation dtype of the projections; features and sums are
       float32 and cast back.
     use_bias: biases on the query, key, value and output projections (config field
@@ -196,13 +273,18 @@ class PerformerAttention(nn.Module):
   softmax_eps: float = 1e-6
   relu_eps: float = 1e-3
   lra_masking: bool = False
+  lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
 
-  def _projection(self, head_dim: int, deterministic: bool):
-    """The ``[M, head_dim]`` projection for this call, or None (deterministic kernel)."""
+  def _projection(self, q_BxLxHxK, deterministic: bool):
+    """The ``[M, K]`` projection for this call, or None (deterministic kernel)."""
+    head_dim = q_BxLxHxK.shape[-1]
     if self.kernel == "relu_deterministic":
       return None
+    if self.lra_bugs and self.kernel == "softmax":
+      return lra_orthogonal_random_matrix(lra_query_seed_key(q_BxLxHxK), self.num_features,
+                                          head_dim)
     if self.redraw and not deterministic and self.has_rng("random_features"):
       return gaussian_orthogonal_random_matrix(self.make_rng("random_features"),
                                                self.num_features, head_dim)
@@ -219,7 +301,7 @@ class PerformerAttention(nn.Module):
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
                                use_bias=self.use_bias)
     q, k, v = q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)
-    w_MxK = self._projection(q.shape[-1], deterministic)
+    w_MxK = self._projection(q, deterministic)
     if w_MxK is not None:
       self.sow("intermediates", "projection_MxK", w_MxK)
     if self.kernel == "softmax":
@@ -228,6 +310,9 @@ class PerformerAttention(nn.Module):
     else:
       phi_q = relu_kernel_features(q, w_MxK, eps=self.relu_eps)
       phi_k = relu_kernel_features(k, w_MxK, eps=self.relu_eps)
-    y_BxLxHxK = normalized_feature_attention(phi_q, phi_k, v, mask_BxL, eps=0.0)
+    # LRA's renormaliser: the softmax kernel's stabiliser also guards the denominator.
+    small_den = self.softmax_eps if self.kernel == "softmax" else 0.0
+    y_BxLxHxK = normalized_feature_attention(phi_q, phi_k, v, mask_BxL, eps=0.0,
+                                             small_den=small_den)
     return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype,
                                   use_bias=self.use_bias)

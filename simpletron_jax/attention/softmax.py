@@ -226,6 +226,12 @@ class SoftmaxAttention(nn.Module):
       parameters and function, one flat matmul with a flat bias that cuBLAS adds in its
       epilogue; not bit-identical, so off by default), as Simple's ``block_diagonal`` does:
       for comparing the two on a GPU with the same projections.
+    lra_masking: False (default): a query attends to the real keys, whether or not it is a
+      pad itself. True: LRA's mask (flax.deprecated ``SelfAttention`` with ``padding_mask``,
+      ``models/transformer/transformer.py``), query AND key, so a pad query has every key
+      masked and spreads its weight evenly over all L positions, pads included. Outputs at
+      real positions are the same either way; the pad rows differ, which matters only where
+      they are read: LRA's MEAN pooling over pads (``model.lra_mean_over_pads``).
     dtype: computation dtype.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
@@ -246,6 +252,7 @@ class SoftmaxAttention(nn.Module):
   implementation: str = "einsum"
   num_queries: int = 0
   flat_projection: bool = False
+  lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
 
@@ -264,6 +271,8 @@ class SoftmaxAttention(nn.Module):
     impl, reason = resolve_implementation(
         self.implementation, backend=jax.default_backend(), dtype=self.dtype,
         head_dim=q.shape[-1], dropout_active=self.dropout_rate > 0 and not deterministic)
+    if impl == "flash" and self.lra_masking:
+      impl, reason = "xla", "flash attention masks keys only; lra_masking=True uses 'xla'"
     if impl == "flash" and n != length:
       # One query row (the CLS-only last block) needs no flash kernel: its logits are [B, H, N, L].
       impl, reason = "xla", ("flash attention runs full self-attention only; the block with "
@@ -283,9 +292,12 @@ class SoftmaxAttention(nn.Module):
     return base.output_projection(y_BxNxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
 
   def _keep_mask(self, mask_BxL, n: int, length: int):
-    """``[B, 1, N, L]`` bool: real keys, and ``j <= i`` when causal."""
+    """``[B, 1, N, L]`` bool: real keys (and real queries with ``lra_masking``), and
+    ``j <= i`` when causal."""
     keep_Bx1xNxL = jnp.broadcast_to(mask_BxL[:, None, None, :],
                                     (mask_BxL.shape[0], 1, n, length))
+    if self.lra_masking:
+      keep_Bx1xNxL = keep_Bx1xNxL & mask_BxL[:, None, :n, None]
     if self.causal:
       keep_Bx1xNxL = keep_Bx1xNxL & jnp.tril(jnp.ones((length, length), bool))[None, None, :n]
     return keep_Bx1xNxL

@@ -12,17 +12,20 @@ projection) and keys masked at padded positions::
   E -> (H, K) (``syn_hidden``) and ``W2_h``: K -> ``max_length`` (``syn_out_kernel``,
   ``syn_out_bias``), sliced to the first L key positions.
 * Random (``synthesizer_random``, the paper's Random Synthesizer): ``B_h = R_h[:L, :L]``
-  with a learned ``R`` of shape ``[H, max_length, max_length]`` (``random_logits``),
-  initialised ``N(0, 1)`` (the paper only says "randomly initialised"; LRA uses
-  Xavier-uniform, which for this shape is nearly 0 and so starts as uniform attention).
+  with a learned ``R`` of shape ``[H, max_length, max_length]`` (``random_logits``; LRA's
+  ``random``), initialised as LRA's ``SynthesizerAttention`` does (the paper only says
+  "randomly initialised"): ``xavier_uniform()`` over the whole ``[H, M, M]`` array, whose
+  fans are ``H * M`` each (the head axis counts as a receptive field), so
+  ``U(+-sqrt(3 / (H M)))``: ``R`` starts close to 0, the attention close to uniform.
   ``factorized_rank = k > 0`` learns ``R_h = R1_h R2_h`` with ``R1_h``
-  ``[max_length, k]`` and ``R2_h`` ``[k, max_length]`` (the paper's factorized random
-  synthesizer; LRA's text config ``synthesizer_mode='factorized_random'``, ``k=32``),
-  each initialised ``N(0, k^-1/2)`` so ``R`` has unit variance. ``trainable=False`` is
-  the paper's fixed random synthesizer: ``R`` is not a parameter but drawn from
+  ``[max_length, k]`` and ``R2_h`` ``[k, max_length]`` (``random_factor1``/``2``, LRA's
+  ``random1``/``2``: the paper's factorized random synthesizer, LRA's
+  ``synthesizer_mode='factorized_random'``, ``k=32``, which its configs never reach), each
+  ``xavier_uniform()`` as in LRA (fans ``H M`` and ``H k``). ``trainable=False`` is
+  the paper's fixed random synthesizer: ``R`` is not a parameter but drawn ``N(0, 1)`` from
   ``jax.random.PRNGKey(random_seed)`` in every call (row i from ``fold_in(key, i)``,
   so rows do not depend on L: padding invariance), at a cost of O(L H max_length)
-  random numbers per call.
+  random numbers per call (the factors: ``N(0, k^-1/2)`` each, so ``R`` has unit variance).
 
 There is no ``1/sqrt(d)`` scaling and no query or key projection, unless
 ``dot_product=True``: then the softmax-attention logits ``Q K^T / sqrt(d)`` (from the
@@ -32,8 +35,13 @@ There is no ``1/sqrt(d)`` scaling and no query or key projection, unless
 
 Padding: the logits of pad keys are replaced by a large negative number, so pad
 keys get zero weight; the logits of real keys depend only on the query token and
-on the key POSITION, so appending pads changes nothing at real positions. (LRA's
-synthesizer drops the padding mask when ``ignore_dot_product=True``.)
+on the key POSITION, so appending pads changes nothing at real positions.
+``lra_bugs=True`` (random form only) reproduces LRA's masking instead
+(``synthesizer_attention.py``): with the dot product, the mask is the outer product of the
+query and key masks added as a ``-1e10`` bias, so a PAD QUERY's row is ``-1e10``
+everywhere and (in float32, where ``-1e10 + x == -1e10``) averages every value, pads
+included; this matters where LRA averages over the pads (MEAN pooling). Without the dot
+product (``ignore_dot_product=True``) LRA applies no padding mask at all.
 
 LRA defaults: its ``SynthesizerAttention`` takes ``max_length`` (512 by default, the
 model's ``max_len`` + 1 in practice). Its blocks (``models/synthesizer/synthesizer.py``)
@@ -78,7 +86,8 @@ def _values_and_dots(x_BxLxE, num_heads: int, qkv_dim: int, dtype, dot_product: 
 
 
 def synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL, dropout: nn.Module,
-                        deterministic: bool, dtype) -> jnp.ndarray:
+                        deterministic: bool, dtype, lra_pad_queries: bool = False
+                        ) -> jnp.ndarray:
   """``softmax(B) V`` with pad keys masked; the softmax is float32.
 
   Args:
@@ -89,11 +98,15 @@ def synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL, dropout: nn.Module,
     dropout: an ``nn.Dropout`` applied to the weights.
     deterministic: disables dropout.
     dtype: dtype of the weights after the softmax.
+    lra_pad_queries: give each pad query uniform weights over every key, pads included,
+      as LRA's ``-1e10`` query-and-key mask does (``synthesizer_attention.py``).
 
   Returns:
     ``[B, L, H, K]``.
   """
   logits = jnp.where(mask_BxL[:, None, None, :], logits_BxHxLxL.astype(jnp.float32), NEG)
+  if lra_pad_queries:   # LRA: a pad query's row is all -1e10, i.e. uniform over every key
+    logits = jnp.where(mask_BxL[:, None, :, None], logits, 0.0)
   weights_BxHxLxL = jax.nn.softmax(logits, axis=-1).astype(dtype)
   weights_BxHxLxL = dropout(weights_BxHxLxL, deterministic=deterministic)
   return jnp.einsum("bhij,bjhk->bihk", weights_BxHxLxL, v_BxLxHxK)
@@ -190,12 +203,20 @@ class RandomSynthesizerAttention(nn.Module):
     random_seed: seed of the fixed ``R`` (``trainable=False`` only).
     dot_product: if True, add ``Q K^T / sqrt(d)`` to the logits (Random + Vanilla,
       what LRA's Synthesizer runs).
+    lra_bugs: reproduce the padding bugs of LRA's ``SynthesizerAttention``
+      (``models/synthesizer/synthesizer_attention.py``; default False, the correct
+      function): with ``dot_product``, every pad query attends uniformly to every key,
+      pads included (LRA's ``-1e10`` bias on the query-and-key mask); without it, no
+      padding mask at all (LRA drops the mask when ``ignore_dot_product=True``). Real
+      queries' outputs are unchanged by the first; pad positions' outputs reach the
+      result only through LRA's MEAN over the pads (``model.lra_mean_over_pads``).
     dtype: computation dtype; the softmax is float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
-  Parameters: ``random_logits`` ``[H, max_length, max_length]`` (or ``random_factor1``
-  ``[H, max_length, k]`` and ``random_factor2`` ``[H, k, max_length]``) when
+  Parameters: ``random_logits`` ``[H, max_length, max_length]`` (LRA's ``random``; or
+  ``random_factor1`` ``[H, max_length, k]`` and ``random_factor2`` ``[H, k, max_length]``,
+  LRA's ``random1``, ``random2``), each ``xavier_uniform()`` as in LRA, when
   ``trainable``; ``value`` and ``out`` (and ``query``, ``key`` with ``dot_product``).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
@@ -216,6 +237,7 @@ class RandomSynthesizerAttention(nn.Module):
   factorized_rank: int = 0
   random_seed: int = 0
   dot_product: bool = False
+  lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
 
@@ -223,11 +245,11 @@ class RandomSynthesizerAttention(nn.Module):
     """``R[:, :L, :L]``, ``[H, L, L]`` float32."""
     h, m, k = self.num_heads, self.max_length, self.factorized_rank
     if self.trainable:
+      # LRA's kernel_init, xavier_uniform() on the whole array: fans over H * (last axes).
+      init = nn.initializers.xavier_uniform()
       if k == 0:
-        r_HxMxM = self.param("random_logits", nn.initializers.normal(1.0), (h, m, m),
-                             jnp.float32)
+        r_HxMxM = self.param("random_logits", init, (h, m, m), jnp.float32)
         return r_HxMxM[:, :length, :length]
-      init = nn.initializers.normal(k ** -0.25)
       r1_HxMxR = self.param("random_factor1", init, (h, m, k), jnp.float32)
       r2_HxRxM = self.param("random_factor2", init, (h, k, m), jnp.float32)
       return jnp.einsum("hir,hrj->hij", r1_HxMxR[:, :length], r2_HxRxM[:, :, :length])
@@ -252,6 +274,10 @@ class RandomSynthesizerAttention(nn.Module):
     v_BxLxHxK, dots = _values_and_dots(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
                                        self.dot_product, self.use_bias)
     logits_BxHxLxL = self._logits(length)[None].astype(self.dtype) + dots
+    lra_pad_queries = self.lra_bugs and self.dot_product
+    if self.lra_bugs and not self.dot_product:   # LRA: ignore_dot_product drops the mask
+      mask_BxL = jnp.ones_like(mask_BxL)
     y_BxLxHxK = synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL,
-                                    nn.Dropout(self.dropout_rate), deterministic, self.dtype)
+                                    nn.Dropout(self.dropout_rate), deterministic, self.dtype,
+                                    lra_pad_queries)
     return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
