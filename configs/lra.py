@@ -126,6 +126,9 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.model.final_layer_norm = True          # LayerNorm after the last block
   config.model.zero_pad_embedding = False       # token 0 embeds to zero (torch padding_idx)
   config.model.head_activation = "relu"         # classifier head: relu | gelu
+  config.model.mlp_activation = "gelu_tanh"     # block MLP: gelu_tanh (flax, LRA) | gelu_exact
+  config.model.cls_position = True              # CLS gets position 0 (False: no position)
+  config.model.dense_init = "lra"              # Dense init: lra | torch (nn.Linear's)
   return config
 
 
@@ -175,6 +178,7 @@ def _retrieval(config):
   config.eval_frequency = 100
   config.checkpoint_every = 500
   config.data.unescape = False      # True decodes the b'...' literals of the TSV (not LRA's)
+  config.data.drop_last_eval_batch = False  # True: LRA drops the last partial val/test batch
   _model(config, 128, 4, 4, 128, 512)
   config.model.max_length = 4000
   # LRA's code: classifier_head_dual(interaction=None), i.e. [u, v]; "nli" is the LRA
@@ -213,6 +217,11 @@ def _image(config):
   config.model.attention_dropout_rate = 0.2
   config.model.learn_pos_emb = True
   config.data.lra_pixel_mask = False  # True: LRA's mask token > 0 (black pixels are padding)
+  # True: LRA's train[:90%] / train[90%:] in source order (exact with tfds cifar10; with the
+  # npz copy LRA's sizes only); False: a seeded 90/10 draw.
+  config.data.lra_split = False
+  # True: LRA's batch(drop_remainder=True) on val/test (10,000 test images -> 9,984 at 256).
+  config.data.drop_last_eval_batch = False
 
 
 def _pathfinder_data(config, resolution, num_images):
@@ -222,6 +231,8 @@ def _pathfinder_data(config, resolution, num_images):
   data.num_images = num_images      # images to generate when data_dir is unset
   data.split_fractions = (0.8, 0.1, 0.1)
   data.lra_pixel_mask = False       # True: LRA's mask token > 0 (black pixels are padding)
+  data.split_hash = "blake2b"       # blake2b (seeded) | lra: LRA's tfds members (MD5 of keys)
+  data.drop_last_eval_batch = False  # True: LRA drops the last partial val/test batch
 
 
 def _pathfinder(config):
@@ -437,9 +448,14 @@ def _authors(config, paper_size: bool = True) -> None:
   * every batch padded to ``max_length`` (``data.bucket=0``), so that length is
     ``max_length + 1`` with CLS;
   * ``nn.Linear`` projections with biases (``model.attention_bias``);
-  * ``TBlock``: no dropout on the attention branch; ``TEmbedding``: no embedding dropout,
+  * ``TBlock``: no dropout on the attention branch, torch's exact ``nn.GELU()`` in the MLP
+    (``model.mlp_activation="gelu_exact"``); ``TEmbedding``: no embedding dropout,
     learned positions initialised to zeros, ``nn.Embedding(padding_idx=0)`` (pad embeds
-    to zero);
+    to zero), positions added before CLS is prepended, so CLS has none and the table has
+    ``max_length`` rows (``model.cls_position=False``);
+  * every ``nn.Linear`` (q/k/v, MLP, head) with torch's default init
+    (``model.dense_init="torch"``);
+    the embedding's N(0, 1) and the LayerNorm epsilon 1e-6 are already the defaults;
   * ListOps and text: ``TClassifier``'s GELU head after a final LayerNorm; matching:
     ``DualClassifier`` on ``[u, v]`` with ReLU, no final LayerNorm, and at the paper's
     size 8 heads (``SimpleAttention(128, 128, 8, 0.1)``; ``paper_size=False`` keeps the
@@ -457,6 +473,9 @@ def _authors(config, paper_size: bool = True) -> None:
   model.embedding_dropout = False
   model.attention_branch_dropout = False
   model.zero_pad_embedding = True
+  model.mlp_activation = "gelu_exact"
+  model.cls_position = False
+  model.dense_init = "torch"
   model.head_activation = "gelu"
   if config.task == "retrieval":
     model.head_activation = "relu"
@@ -626,8 +645,11 @@ def apply_lra_code(config: ml_collections.ConfigDict) -> None:
   :func:`apply_lra_model_bugs`, plus LRA's data handling: every batch padded to
   ``max_length`` (``data.bucket=0``, which the bugs that let pads in depend on); black pixels
   are padding on image, Pathfinder and Path-X (``data.lra_pixel_mask``); text validates on the
-  test split (``data.val_fraction=0``). Left as they are: LRA's CIFAR-10 split and dropped
-  last eval batch (the data issue), and the reporting protocol (``results.json`` reports both).
+  test split (``data.val_fraction=0``); CIFAR-10's ``train[:90%]`` / ``train[90%:]``
+  (``data.lra_split``; LRA's members with a tfds source, sizes only with the npz); Pathfinder's
+  and Path-X's tfds members (``data.split_hash="lra"``); the last partial val/test batch
+  dropped on image, Pathfinder, Path-X and retrieval (``data.drop_last_eval_batch``). Left as
+  it is: the reporting protocol (``results.json`` reports both).
   """
   apply_lra_model_bugs(config)
   config.data.bucket = 0
@@ -635,6 +657,12 @@ def apply_lra_code(config: ml_collections.ConfigDict) -> None:
     config.data.lra_pixel_mask = True
   if config.task == "text":
     config.data.val_fraction = 0.0
+  if "lra_split" in config.data:
+    config.data.lra_split = True
+  if "split_hash" in config.data:
+    config.data.split_hash = "lra"
+  if "drop_last_eval_batch" in config.data:
+    config.data.drop_last_eval_batch = True
 
 
 def make_config(task: str, attention: str, variant: str | None = None,

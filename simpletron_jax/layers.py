@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpletron_jax import attention
-from simpletron_jax.attention.base import BIAS_INIT, KERNEL_INIT
+from simpletron_jax.attention import base
 
 LN_EPSILON = 1e-6
 POS_EMB_INITS = {"normal": nn.initializers.normal(stddev=0.02), "zeros": nn.initializers.zeros}
@@ -196,29 +196,70 @@ def _gelu_bwd(x, g):
 gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
+def gelu_exact(x):
+  """The exact GELU ``x * Phi(x)`` (erf form): torch's ``nn.GELU()``, which the
+  SimpleTRON authors' block MLP uses (``lra/notebooks/listops_setup_simple_2.ipynb``,
+  ``TBlock``).
+
+  Args:
+    x: any float array.
+
+  Returns:
+    ``nn.gelu(x, approximate=False)``, same shape and dtype.
+  """
+  return nn.gelu(x, approximate=False)
+
+
+# The block MLP's activation (config field model.mlp_activation): flax's tanh approximation
+# (LRA's ``nn.gelu``, default) or the exact erf form (the SimpleTRON authors' torch code).
+MLP_ACTIVATIONS = {"gelu_tanh": gelu, "gelu_exact": gelu_exact}
+
+
 class MlpBlock(nn.Module):
   """Dense(mlp_dim) -> GELU -> Dropout -> Dense(out_dim) -> Dropout.
 
   ``dropout_mask_bits`` picks the dropout layer, see :func:`dropout`.
 
-  Call: ``x_BxLxE -> [B, L, out_dim]`` (``out_dim`` defaults to E).
+  Attributes:
+    mlp_dim, out_dim: widths (``out_dim`` defaults to E).
+    dropout_rate, dropout_mask_bits: see :func:`dropout`.
+    activation: a key of :data:`MLP_ACTIVATIONS`: ``"gelu_tanh"`` (LRA, default) or
+      ``"gelu_exact"`` (the SimpleTRON authors' ``nn.GELU()``; config ``model.mlp_activation``).
+    dense_init: the Dense layers' init, a name in ``base.INITS``: ``"lra"`` (Xavier-uniform,
+      normal(1e-6) biases, LRA's) or ``"torch"`` (``nn.Linear``'s; ``model.dense_init``).
+    dtype: computation dtype.
+
+  Call: ``x_BxLxE -> [B, L, out_dim]``.
+
+  Raises:
+    ValueError: naming ``model.mlp_activation`` or ``model.dense_init`` for an unknown value.
   """
 
   mlp_dim: int
   out_dim: int | None = None
   dropout_rate: float = 0.1
   dropout_mask_bits: int = 32
+  activation: str = "gelu_tanh"
+  dense_init: str = "lra"
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, *, deterministic: bool):
-    out_dim = self.out_dim or x.shape[-1]
-    y = nn.Dense(self.mlp_dim, kernel_init=KERNEL_INIT, bias_init=BIAS_INIT,
-                 dtype=self.dtype)(x)
-    y = gelu(y)
-    y = dropout(self.dropout_rate, self.dropout_mask_bits)(y, deterministic=deterministic)
-    y = nn.Dense(out_dim, kernel_init=KERNEL_INIT, bias_init=BIAS_INIT, dtype=self.dtype)(y)
-    return dropout(self.dropout_rate, self.dropout_mask_bits)(y, deterministic=deterministic)
+  def __call__(self, x_BxLxE, *, deterministic: bool):
+    if self.activation not in MLP_ACTIVATIONS:
+      raise ValueError(f"model.mlp_activation={self.activation!r}; expected one of "
+                       f"{sorted(MLP_ACTIVATIONS)}")
+    out_dim = self.out_dim or x_BxLxE.shape[-1]
+    kernel_init, bias_init = base.initializers(x_BxLxE.shape[-1], self.dense_init)
+    y_BxLxM = nn.Dense(self.mlp_dim, kernel_init=kernel_init, bias_init=bias_init,
+                       dtype=self.dtype)(x_BxLxE)
+    y_BxLxM = MLP_ACTIVATIONS[self.activation](y_BxLxM)
+    y_BxLxM = dropout(self.dropout_rate, self.dropout_mask_bits)(
+        y_BxLxM, deterministic=deterministic)
+    kernel_init, bias_init = base.initializers(self.mlp_dim, self.dense_init)
+    y_BxLxO = nn.Dense(out_dim, kernel_init=kernel_init, bias_init=bias_init,
+                       dtype=self.dtype)(y_BxLxM)
+    return dropout(self.dropout_rate, self.dropout_mask_bits)(
+        y_BxLxO, deterministic=deterministic)
 
 
 class EncoderBlock(nn.Module):
@@ -239,6 +280,11 @@ class EncoderBlock(nn.Module):
       branch as above; False leaves it out (the SimpleTRON authors' ``TBlock``).
     attention_bias: biases on the attention's projections (``model.attention_bias``; LRA's
       have none).
+    mlp_activation: the MLP's GELU, see :class:`MlpBlock` (``model.mlp_activation``).
+    dense_init: ``"lra"`` or ``"torch"`` (``model.dense_init``): the MLP's Dense layers, and
+      the attention's projections made through ``base.head_projection`` /
+      ``base.output_projection`` (set by ``base.projection_init`` around the attention
+      call); other variant-specific weights keep their own init.
     num_queries: 0 (default): every position. N > 0: only the first N positions are
       updated and returned, ``[B, N, E]``: attention still reads every position as keys
       and values, while the residuals, the second LayerNorm and the MLP run on N
@@ -262,6 +308,8 @@ class EncoderBlock(nn.Module):
   dropout_mask_bits: int = 32
   num_queries: int = 0
   attention_bias: bool = False
+  mlp_activation: str = "gelu_tanh"
+  dense_init: str = "lra"
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -272,9 +320,11 @@ class EncoderBlock(nn.Module):
     if self.num_queries and "num_queries" in spec.module_fields():
       kwargs["num_queries"] = self.num_queries
     y = nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype)(x0_BxLxE)
-    y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=emb_dim,
-                   dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-                   use_bias=self.attention_bias, name="attention", **kwargs)(y, mask_BxL, deterministic=deterministic)
+    with base.projection_init(self.dense_init):
+      y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=emb_dim,
+                     dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+                     use_bias=self.attention_bias, name="attention", **kwargs)(
+          y, mask_BxL, deterministic=deterministic)
     if self.num_queries:
       y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
     if self.attention_branch_dropout:
@@ -282,8 +332,8 @@ class EncoderBlock(nn.Module):
     x1_BxLxE = x0_BxLxE + y
     y = nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype)(x1_BxLxE)
     y = MlpBlock(self.mlp_dim, dropout_rate=self.dropout_rate,
-                 dropout_mask_bits=self.dropout_mask_bits, dtype=self.dtype)(
-        y, deterministic=deterministic)
+                 dropout_mask_bits=self.dropout_mask_bits, activation=self.mlp_activation,
+                 dense_init=self.dense_init, dtype=self.dtype)(y, deterministic=deterministic)
     out = x1_BxLxE + y
     if spec.double_skip:
       out = out + x0_BxLxE

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from simpletron_jax import attention, layers
+from simpletron_jax.attention import base
 
 POOLINGS = ("CLS", "MEAN")
 # Classifier heads: LRA's ``common_layers.classifier_head`` (Dense(mlp_dim) -> act ->
@@ -83,6 +84,20 @@ class Encoder(nn.Module):
     dropout_mask_bits: random bits per element of the embedding, residual and MLP dropout
       masks: 32 (flax ``nn.Dropout``, default) or 16 (:class:`layers.PackedDropout`: half
       the threefry hashes, the rate quantised to ``2**-16``).
+    mlp_activation: the block MLP's GELU, a key of :data:`layers.MLP_ACTIVATIONS`:
+      ``"gelu_tanh"`` (flax's tanh approximation, LRA's; default) or ``"gelu_exact"``
+      (torch's ``nn.GELU()``, the SimpleTRON authors' ``TBlock``).
+    cls_position: with a prepended CLS token, True (default, LRA) prepends CLS and then adds
+      positions ``0..L`` (the table has ``max_length + 1`` rows, CLS at position 0); False
+      adds positions ``0..L-1`` to the tokens first and then prepends CLS, which gets no
+      position (the table has ``max_length`` rows): the SimpleTRON authors' ``TEmbedding``
+      (``lra/notebooks/listops_setup_simple_2.ipynb``).
+    dense_init: the init of the Dense layers, a name in ``base.INITS``: ``"lra"`` (default: the
+      blocks' Xavier-uniform kernels and normal(1e-6) biases, the heads' flax defaults) or
+      ``"torch"`` (torch ``nn.Linear``'s kernel and bias ``U(+-1/sqrt(fan_in))`` for the
+      attention's q/k/v/out projections, the block MLP and the classifier head; the
+      SimpleTRON authors' code). The token embedding is N(0, 1) and the LayerNorm epsilon
+      1e-6 under both, as in LRA and the authors' code.
     dtype: activation dtype, e.g. ``jnp.float32`` or ``jnp.bfloat16``.
 
   Call: ``(tokens_BxL int, mask_BxL bool | None, deterministic) -> [B, E]``
@@ -116,6 +131,9 @@ class Encoder(nn.Module):
   last_block_cls_only: bool = False
   length_multiple: int = 1
   dropout_mask_bits: int = 32
+  mlp_activation: str = "gelu_tanh"
+  cls_position: bool = True
+  dense_init: str = "lra"
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -128,16 +146,20 @@ class Encoder(nn.Module):
                        name="embed")(tokens_BxL.astype(jnp.int32))
     if self.zero_pad_embedding:
       x_BxLxE = x_BxLxE * (tokens_BxL != 0)[..., None].astype(x_BxLxE.dtype)
-    max_len = self.max_length
-    if self.classifier_pool == "CLS" and self.prepend_cls:
+    with_cls = self.classifier_pool == "CLS" and self.prepend_cls
+    positions = layers.AddPositionEmbs(
+        self.max_length + int(with_cls and self.cls_position), learned=self.learn_pos_emb,
+        init=self.pos_emb_init, name="posembed")
+    if not (with_cls and self.cls_position):   # the authors' order: positions, then CLS
+      x_BxLxE = positions(x_BxLxE)
+    if with_cls:
       cls_1x1xE = self.param("cls", nn.initializers.zeros, (1, 1, self.emb_dim))
       cls_Bx1xE = jnp.broadcast_to(cls_1x1xE, (x_BxLxE.shape[0], 1, self.emb_dim))
       x_BxLxE = jnp.concatenate([cls_Bx1xE, x_BxLxE], axis=1)
       cls_mask_Bx1 = mask_BxL[:, :1] if self.lra_cls_mask else jnp.ones_like(mask_BxL[:, :1])
       mask_BxL = jnp.concatenate([cls_mask_Bx1, mask_BxL], axis=1)
-      max_len += 1
-    x_BxLxE = layers.AddPositionEmbs(max_len, learned=self.learn_pos_emb,
-                                     init=self.pos_emb_init, name="posembed")(x_BxLxE)
+      if self.cls_position:   # LRA's order: CLS at position 0
+        x_BxLxE = positions(x_BxLxE)
     if self.embedding_dropout:
       x_BxLxE = layers.dropout(self.dropout_rate, self.dropout_mask_bits)(
           x_BxLxE, deterministic=deterministic)
@@ -156,8 +178,9 @@ class Encoder(nn.Module):
           attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
           attention_branch_dropout=self.attention_branch_dropout,
           dropout_mask_bits=self.dropout_mask_bits, num_queries=self._block_queries(i),
-          attention_bias=self.attention_bias,
-          name=f"encoderblock_{i}")(x_BxLxE, mask_BxL, deterministic=deterministic)
+          attention_bias=self.attention_bias, mlp_activation=self.mlp_activation,
+          dense_init=self.dense_init, name=f"encoderblock_{i}")(
+              x_BxLxE, mask_BxL, deterministic=deterministic)
     if self.final_layer_norm:
       x_BxLxE = nn.LayerNorm(epsilon=layers.LN_EPSILON, dtype=self.dtype,
                              name="encoder_norm")(x_BxLxE)
@@ -176,12 +199,27 @@ class Encoder(nn.Module):
     return 1 if cls_only and i == self.num_layers - 1 else 0
 
 
+def _head_dense(width: int, name: str, init: str, x_BxF):
+  """A classifier-head Dense(width) on ``x_BxF`` (float ``[B, F]``) -> ``[B, width]``.
+
+  ``init="lra"``: flax's defaults, LeCun-normal kernel and zero bias, as LRA's heads
+  (``nn.Dense`` without initialisers); ``"torch"``: torch ``nn.Linear``'s
+  (``base.initializers``), as the SimpleTRON authors' ``TClassifier`` / ``DualClassifier``.
+  Call it inside a compact method.
+  """
+  if init == "torch":
+    kernel_init, bias_init = base.initializers(x_BxF.shape[-1], init)
+    return nn.Dense(width, kernel_init=kernel_init, bias_init=bias_init, name=name)(x_BxF)
+  return nn.Dense(width, name=name)(x_BxF)
+
+
 class ClassificationEncoder(nn.Module):
   """Encoder plus LRA's classifier head (``common_layers.classifier_head``):
   Dense(mlp_dim) -> ReLU -> Dense(num_classes).
 
   The head's Dense layers have flax's default init, LeCun-normal kernels and zero biases,
-  as LRA's (``nn.Dense`` without initialisers).
+  as LRA's (``nn.Dense`` without initialisers), or torch's under
+  ``encoder.dense_init="torch"`` (the SimpleTRON authors' ``TClassifier``).
 
   Attributes:
     encoder: the :class:`Encoder` settings.
@@ -201,11 +239,12 @@ class ClassificationEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxL, mask_BxL=None, *, deterministic: bool = True):
-    h = self.encoder(tokens_BxL, mask_BxL, deterministic=deterministic)
+    h_BxF = self.encoder(tokens_BxL, mask_BxL, deterministic=deterministic)
+    init = self.encoder.dense_init
     if self.head == "mlp":
-      h = HEAD_ACTIVATIONS[self.head_activation](
-          nn.Dense(self.encoder.mlp_dim, name="head_hidden")(h))
-    return nn.Dense(self.num_classes, name="head_logits")(h)
+      h_BxF = HEAD_ACTIVATIONS[self.head_activation](
+          _head_dense(self.encoder.mlp_dim, "head_hidden", init, h_BxF))
+    return _head_dense(self.num_classes, "head_logits", init, h_BxF)
 
 
 class DualEncoderClassifier(nn.Module):
@@ -215,7 +254,9 @@ class DualEncoderClassifier(nn.Module):
   ``models/layers/common_layers.py`` ``classifier_head_dual``: the pooled encodings ``u``,
   ``v`` of the two documents are combined by ``interaction`` and fed to Dense(mlp_dim) ->
   act -> Dense(mlp_dim // 2) -> act -> Dense(num_classes), with flax's default init (as
-  LRA's). LRA's encoders here have no CLS token: see :attr:`Encoder.prepend_cls`.
+  LRA's; torch's under ``encoder.dense_init="torch"``, the SimpleTRON authors'
+  ``DualClassifier`` in ``lra/notebooks/bpe_matching_setup_simple_2.ipynb``). LRA's
+  encoders here have no CLS token: see :attr:`Encoder.prepend_cls`.
 
   Attributes:
     encoder: the :class:`Encoder` settings, shared by both documents.
@@ -247,11 +288,12 @@ class DualEncoderClassifier(nn.Module):
     parts = [u_BxE, v_BxE]
     if self.interaction == "nli":
       parts += [u_BxE * v_BxE, u_BxE - v_BxE]
-    h = jnp.concatenate(parts, axis=-1)
+    h_BxF = jnp.concatenate(parts, axis=-1)
+    init = self.encoder.dense_init
     for name, width in (("head_hidden", self.encoder.mlp_dim),
                         ("head_hidden2", self.encoder.mlp_dim // 2)):
-      h = HEAD_ACTIVATIONS[self.head_activation](nn.Dense(width, name=name)(h))
-    return nn.Dense(self.num_classes, name="head_logits")(h)
+      h_BxF = HEAD_ACTIVATIONS[self.head_activation](_head_dense(width, name, init, h_BxF))
+    return _head_dense(self.num_classes, "head_logits", init, h_BxF)
 
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -288,8 +330,9 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
       ``num_heads``, ``qkv_dim != emb_dim`` for an attention without an
       output projection (``simple``, ``simple_res``), or a ``model.attention_per_layer``
       whose length is not ``num_layers`` or that holds an unknown name; an unknown
-      ``model.head_activation``, ``model.interaction``, ``model.pos_emb_init`` or
-      ``model.dropout_mask_bits``; a
+      ``model.head_activation``, ``model.interaction``, ``model.pos_emb_init``,
+      ``model.dropout_mask_bits``, ``model.mlp_activation``, ``model.cls_position`` or
+      ``model.dense_init``; a
       ``model.length_multiple`` that is not a positive int or could change the function.
   """
   _validate_choices(model)
@@ -362,11 +405,16 @@ OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
                    "interaction": "concat", "last_block_cls_only": False,
                    "length_multiple": 1, "dropout_mask_bits": 32, "attention_bias": False,
                    "lra_mean_over_pads": False, "lra_dual_no_cls": False, "lra_cls_mask": False,
-                   "head": "mlp"}
+                   "head": "mlp", "mlp_activation": "gelu_tanh", "cls_position": True,
+                   "dense_init": "lra"}
 # What a model built before an option existed computed, where that is not the option's
 # default: before ``attention_bias`` every attention projection had a bias. A checkpoint
 # saved then resumes with ``--config.model.attention_bias=True`` and is refused, naming the
-# field, without it.
+# field, without it. ``mlp_activation``, ``cls_position`` and ``dense_init`` need no entry:
+# before them every model (``:authors`` included) had the tanh GELU, CLS at position 0 and
+# LRA's init, their defaults; an ``:authors`` checkpoint of that time is refused by today's
+# ``:authors`` config, naming ``model.mlp_activation``, ``model.cls_position`` and
+# ``model.dense_init`` (tests/test_authors_golden.py).
 LEGACY_DEFAULTS = {"attention_bias": True}
 
 
@@ -397,8 +445,9 @@ def _option(model: ml_collections.ConfigDict, field: str):
 def _validate_choices(model: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming ``model.head_activation``, ``model.interaction``,
   ``model.head``, ``model.attention_bias``, ``model.lra_mean_over_pads``,
-  ``model.lra_dual_no_cls``, ``model.lra_cls_mask``, ``model.pos_emb_init`` or
-  ``model.dropout_mask_bits`` when it is not one of the known choices."""
+  ``model.lra_dual_no_cls``, ``model.lra_cls_mask``, ``model.pos_emb_init``,
+  ``model.dropout_mask_bits``, ``model.mlp_activation``, ``model.cls_position`` or
+  ``model.dense_init`` when it is not one of the known choices."""
   for field, choices in (("head_activation", sorted(HEAD_ACTIVATIONS)),
                          ("interaction", list(INTERACTIONS)), ("head", list(HEADS)),
                          ("attention_bias", [False, True]),
@@ -406,7 +455,10 @@ def _validate_choices(model: ml_collections.ConfigDict) -> None:
                          ("lra_dual_no_cls", [False, True]),
                          ("lra_cls_mask", [False, True]),
                          ("pos_emb_init", sorted(layers.POS_EMB_INITS)),
-                         ("dropout_mask_bits", list(layers.DROPOUT_MASK_BITS))):
+                         ("dropout_mask_bits", list(layers.DROPOUT_MASK_BITS)),
+                         ("mlp_activation", sorted(layers.MLP_ACTIVATIONS)),
+                         ("cls_position", [False, True]),
+                         ("dense_init", list(base.INITS))):
     if _option(model, field) not in choices:
       raise ValueError(f"model.{field}={_option(model, field)!r}; expected one of {choices}")
 
@@ -444,7 +496,8 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
                                         "zero_pad_embedding", "last_block_cls_only",
                                         "length_multiple", "dropout_mask_bits",
                                         "attention_bias", "lra_mean_over_pads",
-                                        "lra_cls_mask")})
+                                        "lra_cls_mask", "mlp_activation", "cls_position",
+                                        "dense_init")})
   head_activation = _option(model, "head_activation")
   if dual:
     return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,

@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 import ml_collections
+import numpy as np
 
 from simpletron_jax.data.common import PairedExamples, RaggedExamples
 
@@ -99,13 +100,26 @@ def apply_lra_pixel_mask(config: ml_collections.ConfigDict,
           for name, split in splits.items()}
 
 
+def _flag(config: ml_collections.ConfigDict, field: str) -> bool:
+  """``config.data.<field>`` as a bool (False when absent).
+
+  Raises:
+    ValueError: naming ``data.<field>`` when the value is not a bool.
+  """
+  value = config.data.get(field, False)
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"data.{field} must be True or False, got {value!r}")
+  return bool(value)
+
+
 def _load_image(config: ml_collections.ConfigDict) -> TaskData:
   from simpletron_jax.data import image  # pylint: disable=import-outside-toplevel
   data_dir, tfds_dir = _optional_dir(config, "data_dir"), _optional_dir(config, "tfds_data_dir")
   kind, where = image.find_source(data_dir, tfds_dir)
   splits = image.load_image(data_dir=data_dir, tfds_data_dir=tfds_dir,
                             seed=int(config.data.seed),
-                            val_fraction=float(config.data.val_fraction))
+                            val_fraction=float(config.data.val_fraction),
+                            lra_split=_flag(config, "lra_split"))
   splits = apply_lra_pixel_mask(config, splits)
   return TaskData(**splits, vocab_size=image.VOCAB_SIZE, num_classes=image.NUM_CLASSES,
                   source=_describe(kind, where))
@@ -138,7 +152,8 @@ def _load_pathfinder(config: ml_collections.ConfigDict) -> TaskData:
   data_dir = os.path.expanduser(data_dir)
   splits = pathfinder.load_pathfinder(data_dir, resolution=int(data.resolution),
                                       level=data.level, seed=int(data.seed),
-                                      split_fractions=tuple(data.split_fractions))
+                                      split_fractions=tuple(data.split_fractions),
+                                      split_hash=str(data.get("split_hash", "blake2b")))
   splits = apply_lra_pixel_mask(config, splits)
   return TaskData(**splits, vocab_size=pathfinder.VOCAB_SIZE,
                   num_classes=pathfinder.NUM_CLASSES, source=data_dir)
@@ -153,13 +168,19 @@ def load_task(config: ml_collections.ConfigDict) -> TaskData:
 
   Tasks (``config.task``): ``listops`` (generated when ``data.data_dir`` is unset),
   ``text`` (tfds ``imdb_reviews`` in ``data.tfds_data_dir``, else the JSONL or ``aclImdb``
-  files in ``data.data_dir``, else ``../shared/data/imdb`` or ``~/data/imdb``), ``retrieval`` (LRA's AAN TSVs in
-  ``data.data_dir``), ``image`` (tfds ``cifar10``, else the npz in ``data.data_dir`` or
+  files in ``data.data_dir``, else ``../shared/data/imdb`` or ``~/data/imdb``),
+  ``retrieval`` (LRA's AAN TSVs in ``data.data_dir``), ``image`` (tfds ``cifar10``, else the npz in ``data.data_dir`` or
   ``../shared/data/cifar10`` or ``~/data/cifar10``), ``pathfinder`` and ``pathx`` (LRA's layout in
   ``data.data_dir``, else generated into the cache).
 
+  LRA's data as options (defaults off): ``data.lra_split`` (image: LRA's
+  ``train[:90%]``/``train[90%:]``, see :func:`simpletron_jax.data.image.load_image`) and
+  ``data.split_hash="lra"`` (pathfinder, pathx: LRA's tfds members, see
+  :func:`simpletron_jax.data.pathfinder.load_pathfinder`).
+
   Raises:
-    ValueError: for an unknown ``config.task`` or a malformed data file (with file:line).
+    ValueError: for an unknown ``config.task``, a malformed data file (with file:line), or a
+      bad option value (naming its ``data.*`` field).
     FileNotFoundError: when the data is missing; the message names ``data.data_dir``.
   """
   try:

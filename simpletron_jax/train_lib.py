@@ -417,11 +417,28 @@ def eval_index_batches(examples: Split, config: ml_collections.ConfigDict, batch
                        num_batches: int = -1) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """The ``(indices, valid)`` of each batch :func:`eval_batches` reads (same arguments).
 
+  With ``config.data.drop_last_eval_batch`` (default False) the last ``len % batch_size``
+  examples of the split, in its stored order, are left out, as LRA's
+  ``batch(..., drop_remainder=True)`` does for image, Pathfinder and retrieval
+  (``lra_benchmarks/image/input_pipeline.py``, ``matching/input_pipeline.py``); e.g. 10,000
+  CIFAR-10 test images at batch 256 count 9,984. The count is LRA's; the examples left out
+  are LRA's on image and Pathfinder when the split is in LRA's stored order, while on
+  retrieval LRA drops a random remainder (its unseeded ``shuffle=True`` TSV reader).
+
   Yields:
     ``batch_size`` int indices into ``examples`` and a bool mask that is False for the
     filler rows completing the last batch.
+
+  Raises:
+    ValueError: naming ``data.drop_last_eval_batch`` when it is on and the split has fewer
+      examples than one batch (nothing would be evaluated).
   """
   order = np.arange(len(examples))
+  if config.data.get("drop_last_eval_batch", False):
+    if len(order) < batch_size:
+      raise ValueError(f"data.drop_last_eval_batch=True leaves nothing of a split of "
+                       f"{len(order)} examples at eval batch size {batch_size}")
+    order = order[:len(order) // batch_size * batch_size]
   n_batches = math.ceil(len(order) / batch_size)
   if num_batches and 0 < num_batches < n_batches:
     n_batches = num_batches

@@ -175,7 +175,7 @@ def our_params(model, arrays: dict[str, np.ndarray], lra_flat: dict[str, np.ndar
   args = [jnp.asarray(arrays["inputs"]), None]
   if "inputs2" in arrays:
     args += [jnp.asarray(arrays["inputs2"]), None]
-  init = model.init(jax.random.PRNGKey(0), *args)["params"]
+  init = jax.eval_shape(model.init, jax.random.PRNGKey(0), *args)["params"]   # shapes only
   ours = {"/".join(k): v for k, v in traverse_util.flatten_dict(init).items()}
   mapped = lra_to_ours(lra_flat, model_type)
   problems = [f"only in LRA: {k}" for k in sorted(set(mapped) - set(ours))]
@@ -197,4 +197,6 @@ def logits(model, params, arrays) -> np.ndarray:
   args = [jnp.asarray(arrays["inputs"]), None]
   if "inputs2" in arrays:
     args += [jnp.asarray(arrays["inputs2"]), None]
-  return np.asarray(model.apply({"params": params}, *args, deterministic=True))
+  apply = jax.jit(lambda p, *a: model.apply({"params": p}, *a, deterministic=True),
+                  static_argnums=tuple(i + 1 for i, x in enumerate(args) if x is None))
+  return np.asarray(apply(params, *args))

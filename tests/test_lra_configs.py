@@ -146,3 +146,27 @@ def test_authors_variants(task):
   heads = {"listops": 8, "text": 4, "retrieval": 8}[task]
   assert lra.make_config(task, "simple", "authors").model.num_heads == heads
   assert "authors" not in lra.variants(task, "linear")
+
+
+@pytest.mark.parametrize("task", lra.TASKS)
+def test_lra_code_variant_sets_lras_bugs_and_data(task):
+  """``:lra_code`` = the LRA config (LRA's design choices) + every option of LRA's bugs
+  (the same options the golden tests use, tests/test_lra_golden.py) + LRA's data handling."""
+  for attention, bugs in lra.LRA_BUG_KWARGS.items():
+    config = lra.make_config(task, attention, "tiny_lra_code")
+    m = config.model
+    for key, value in bugs.items():
+      assert m.attention_kwargs[key] == value, (attention, key)
+    assert m.lra_mean_over_pads is (m.classifier_pool == "MEAN")
+    assert m.lra_cls_mask and config.data.bucket == 0
+    assert m.get("lra_dual_no_cls", False) is (task == "retrieval")
+    if "max_length" in m.attention_kwargs:   # no CLS row without a prepended CLS
+      with_cls = m.classifier_pool == "CLS" and task != "retrieval"
+      assert m.attention_kwargs.max_length == m.max_length + with_cls, attention
+    assert m.attention_bias is False
+  default = lra.make_config(task, "softmax")
+  assert not default.model.lra_mean_over_pads and not default.model.lra_cls_mask
+  assert default.model.attention_kwargs.lra_masking is False
+  assert "lra_code" not in lra.variants(task, "simple")
+  with pytest.raises(ValueError, match="LRA's code: attention must be one of"):
+    lra.make_config(task, "simple", "lra_code")

@@ -79,11 +79,15 @@ def test_three_training_steps_give_lra_losses(suffix):
     logits = model.apply({"params": p}, x, None, deterministic=True)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
+  @jax.jit
+  def step(params, opt_state, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
   losses = []
   for i in range(3):
-    loss, grads = jax.value_and_grad(loss_fn)(params, jnp.asarray(arrays["train_inputs"][i]),
-                                              jnp.asarray(arrays["train_targets"][i]))
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    params, opt_state, loss = step(params, opt_state, jnp.asarray(arrays["train_inputs"][i]),
+                                   jnp.asarray(arrays["train_targets"][i]))
     losses.append(float(loss))
   np.testing.assert_allclose(losses, arrays[f"train_losses{suffix}"], atol=LOSS_TOL, rtol=0)

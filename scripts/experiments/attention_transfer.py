@@ -5,7 +5,7 @@ curve with a softmax Transformer trained from scratch (the paper's Figure 2).
 Per task, three runs share one recipe (the ``simple`` config of ``configs/``, so only the
 attention and its ``attention_kwargs`` differ): ``simple`` (the source), ``softmax_scratch``
 and ``softmax_transfer`` (``init_from`` the source, ``init_include`` and ``freeze`` the q/k/v
-kernels and biases; the rest starts from a fresh initialisation).
+kernels (and biases, with model.attention_bias); the rest starts from a fresh initialisation).
 
     python scripts/experiments/attention_transfer.py --quick              # CPU, :tiny configs
     python scripts/experiments/attention_transfer.py                      # paper size

@@ -7,12 +7,18 @@ All attention modules in this package share one call (DESIGN.md section 2)::
 
 ``mask_BxL`` is bool with True for a real token. The initialisers follow LRA
 ``models/transformer/transformer.py``: Xavier-uniform kernels and normal(1e-6)
-biases.
+biases. Under ``model.dense_init="torch"`` (the SimpleTRON authors' ``nn.Linear`` layers,
+``lra/notebooks/listops_setup_simple_2.ipynb``) the projections made here take torch's
+defaults instead: the encoder block sets the scheme with :func:`projection_init` around
+its attention, and :func:`initializers` reads it, so every variant that projects through
+:func:`head_projection` / :func:`output_projection` follows without a field of its own.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -20,8 +26,83 @@ import jax.numpy as jnp
 
 KERNEL_INIT = nn.initializers.xavier_uniform()
 BIAS_INIT = nn.initializers.normal(stddev=1e-6)
+# Dense-layer init schemes (config field model.dense_init): LRA's (above) or torch nn.Linear's.
+INITS = ("lra", "torch")
+# torch ``nn.Linear.reset_parameters``: kaiming_uniform(a=sqrt(5)) on the weight, i.e.
+# U(+-gain * sqrt(3 / fan_in)) with gain sqrt(2 / (1 + 5)), which is U(+-1 / sqrt(fan_in)):
+# variance 1 / (3 fan_in).
+TORCH_KERNEL_INIT = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
 
 Dtype = Any
+Initializer = Callable[..., jnp.ndarray]
+
+_SCHEME: contextvars.ContextVar[str] = contextvars.ContextVar("projection_init", default="lra")
+
+
+def _check_init(init: str) -> None:
+  if init not in INITS:
+    raise ValueError(f"model.dense_init={init!r}; expected one of {list(INITS)}")
+
+
+@contextlib.contextmanager
+def projection_init(init: str) -> Iterator[None]:
+  """Sets the init scheme of the projections :func:`head_projection`,
+  :func:`output_projection` and :class:`HeadProjection` create inside the block.
+
+  Initialisers run only when parameters are created (``Module.init``), inside the
+  module's call, so the encoder block wraps its attention call in this context.
+
+  Args:
+    init: ``"lra"`` (default outside any context) or ``"torch"``.
+
+  Raises:
+    ValueError: naming ``model.dense_init`` for another value.
+  """
+  _check_init(init)
+  token = _SCHEME.set(init)
+  try:
+    yield
+  finally:
+    _SCHEME.reset(token)
+
+
+def torch_bias_init(fan_in: int) -> Initializer:
+  """torch ``nn.Linear``'s bias init, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
+
+  Args:
+    fan_in: the layer's input width (torch's ``in_features``).
+
+  Returns:
+    A flax initialiser ``(key, shape, dtype=float32) -> array``.
+  """
+  bound = 1.0 / float(fan_in) ** 0.5
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+def initializers(fan_in: int, init: str | None = None) -> tuple[Initializer, Initializer]:
+  """The ``(kernel_init, bias_init)`` of a Dense layer with input width ``fan_in``.
+
+  Args:
+    fan_in: input width (the flat width for a ``DenseGeneral`` over several axes).
+    init: ``"lra"`` (Xavier-uniform kernel, normal(1e-6) bias: LRA's block layers) or
+      ``"torch"`` (kernel and bias ``U(+-1/sqrt(fan_in))``: torch ``nn.Linear``, the
+      SimpleTRON authors' code); None: the scheme set by :func:`projection_init`.
+
+  Returns:
+    Two flax initialisers. Kernels are drawn on the flat ``[fan_in, out]`` shape.
+
+  Raises:
+    ValueError: naming ``model.dense_init`` for an unknown scheme.
+  """
+  init = _SCHEME.get() if init is None else init
+  _check_init(init)
+  if init == "torch":
+    return TORCH_KERNEL_INIT, torch_bias_init(fan_in)
+  return KERNEL_INIT, BIAS_INIT
 
 
 def check_head_dims(qkv_dim: int, num_heads: int) -> int:
@@ -79,7 +160,9 @@ def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: D
     name: the submodule name, e.g. ``"value"``.
     flat: compute it as :class:`HeadProjection` (the same parameters and function, one
       flat matmul and bias; not bit-identical).
-    use_bias: add a learned bias. LRA's attentions have none (``bias=False`` in
+    use_bias: add a learned bias. The kernel and bias initialisers are those of
+      :func:`initializers` under the scheme of :func:`projection_init` (LRA's by default).
+      LRA's attentions have none (``bias=False`` in
       ``models/transformer/transformer.py`` and every variant built like it; config field
       ``model.attention_bias``, default False); the SimpleTRON authors' ``nn.Linear`` layers
       have one.
@@ -93,8 +176,9 @@ def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: D
   head_dim = check_head_dims(qkv_dim, num_heads)
   if flat:
     return HeadProjection(num_heads, head_dim, dtype, use_bias, name=name)(x_BxLxE)
-  return nn.DenseGeneral(features=(num_heads, head_dim), kernel_init=KERNEL_INIT,
-                         bias_init=BIAS_INIT, use_bias=use_bias, dtype=dtype,
+  kernel_init, bias_init = initializers(x_BxLxE.shape[-1])
+  return nn.DenseGeneral(features=(num_heads, head_dim), kernel_init=kernel_init,
+                         bias_init=bias_init, use_bias=use_bias, dtype=dtype,
                          name=name)(x_BxLxE)
 
 
@@ -103,7 +187,8 @@ class HeadProjection(nn.Module):
 
   The parameters are DenseGeneral's: ``kernel`` ``[E, H, K]`` and ``bias`` ``[H, K]``,
   float32, initialised as DenseGeneral does (on the flat ``[E, H*K]`` and ``[H*K]`` shapes,
-  then reshaped), so checkpoints and initial values are unchanged. The product is taken
+  then reshaped, with :func:`initializers` of the current :func:`projection_init` scheme),
+  so checkpoints and initial values are unchanged. The product is taken
   with the kernel as ``[E, H*K]`` and the bias added as ``[H*K]``, then split into heads.
   DenseGeneral adds its ``[H, K]`` bias over the 4-D result, which XLA's GPU compiler could
   not put in cuBLAS's bias epilogue: it wrote the bias broadcast to the full output and
@@ -134,12 +219,13 @@ class HeadProjection(nn.Module):
     def flat_init(init, flat_shape):
       return lambda rng, shape, dtype=jnp.float32: init(rng, flat_shape, dtype).reshape(shape)
 
-    kernel = self.param("kernel", flat_init(KERNEL_INIT, (e, width)),
+    kernel_init, bias_init = initializers(e)
+    kernel = self.param("kernel", flat_init(kernel_init, (e, width)),
                         (e, self.num_heads, self.head_dim), jnp.float32)
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
     y = jax.lax.dot_general(x, kernel.reshape(e, width), (((x.ndim - 1,), (0,)), ((), ())))
     if self.use_bias:
-      bias = self.param("bias", flat_init(BIAS_INIT, (width,)),
+      bias = self.param("bias", flat_init(bias_init, (width,)),
                         (self.num_heads, self.head_dim), jnp.float32)
       y = y + bias.reshape(width).astype(y.dtype)
     return y.reshape(*x.shape[:-1], self.num_heads, self.head_dim)
@@ -171,13 +257,15 @@ def output_projection(y_BxLxHxK: jnp.ndarray, out_dim: int, dtype: Dtype, *,
     y_BxLxHxK: per-head outputs.
     out_dim: O.
     dtype: computation dtype.
-    use_bias: add a learned bias (see :func:`head_projection`).
+    use_bias: add a learned bias (see :func:`head_projection`; the initialisers follow
+      :func:`projection_init` with fan-in ``H * K``).
 
   Returns:
     ``[B, L, O]``.
   """
-  return nn.DenseGeneral(features=out_dim, axis=(-2, -1), kernel_init=KERNEL_INIT,
-                         bias_init=BIAS_INIT, use_bias=use_bias, dtype=dtype,
+  kernel_init, bias_init = initializers(y_BxLxHxK.shape[-2] * y_BxLxHxK.shape[-1])
+  return nn.DenseGeneral(features=out_dim, axis=(-2, -1), kernel_init=kernel_init,
+                         bias_init=bias_init, use_bias=use_bias, dtype=dtype,
                          name="out")(y_BxLxHxK)
 
 

@@ -13,8 +13,15 @@ this is a bug that this module fixes.
 
 LRA splits the 50,000 training images into ``train[:90%]`` and
 ``train[90%:]`` and tests on the 10,000 test images. :func:`load_image`
-draws the 90/10 split with a seed instead (``lra_split=True`` takes the
-first 90% in source order, which is LRA's split when the source is tfds).
+draws the 90/10 split with a seed instead. ``lra_split=True``
+(``data.lra_split``) takes the first 90% in source order, which is LRA's
+split exactly when the source is tfds ``cifar10``: tfds stores the training
+images sorted by the MD5 of ``"train"`` and the image's index in
+``data_batch_1..5`` (``tensorflow_datasets/image_classification/cifar.py``
+keys, ``core/hashing.py``), and ``train[:90%]`` is the first 45,000 stored
+(``core/splits.py``). The npz copy is in another fixed random order and holds
+no batch index, so there ``lra_split=True`` gives LRA's sizes, not its
+members (a warning says so).
 
 Sources, tried in this order:
 
@@ -255,7 +262,10 @@ def load_image(*, data_dir: str | None, tfds_data_dir: str | None, seed: int,
     seed: ``data.seed``: seeds the train/validation split.
     val_fraction: ``data.val_fraction``: share of the 50,000 training images
       held out for validation.
-    lra_split: see :func:`split_train_val`.
+    lra_split: ``data.lra_split``: LRA's ``train[:90%]`` / ``train[90%:]``
+      (``lra_benchmarks/image/input_pipeline.py``, ``get_cifar10_datasets``),
+      see :func:`split_train_val`. Exact with a tfds source; with the npz the
+      sizes only (the module docstring says why).
 
   Returns:
     ``{"train", "val", "test"}`` RaggedExamples (45,000 / 5,000 / 10,000 for
@@ -268,6 +278,9 @@ def load_image(*, data_dir: str | None, tfds_data_dir: str | None, seed: int,
   """
   kind, where = find_source(data_dir, tfds_data_dir)
   logging.info("CIFAR-10 source: %s %s", kind, where)
+  if lra_split and kind != "tfds":
+    logging.warning("data.lra_split=True with the npz source %s: LRA's split sizes, not its "
+                    "members (those need tfds cifar10 in data.tfds_data_dir)", where)
   data: dict[str, Any] = read_tfds(where) if kind == "tfds" else read_npz(where)
   images, labels = data["train"]
   train_idx, val_idx = split_train_val(len(labels), val_fraction, seed, lra_split)
