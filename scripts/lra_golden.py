@@ -177,7 +177,6 @@ def run_case(model_type: str, task: str, seed: int):
   """Initialises LRA's model as its train.py does and returns (params, arrays, kwargs)."""
   import jax
   from flax.deprecated import nn
-  from lra_benchmarks.listops import train as listops_train
   from lra_benchmarks.utils import train_utils
 
   kwargs = _model_kwargs(model_type, task)
@@ -188,8 +187,7 @@ def run_case(model_type: str, task: str, seed: int):
   if task == "retrieval":
     import importlib
     package, cls_name = DUAL_CLASSES[model_type]
-    module_name = {"sinkhorn_transformer": "sinkhorn_transformer"}.get(package, package)
-    mod = importlib.import_module(f"lra_benchmarks.models.{package}.{module_name}")
+    mod = importlib.import_module(f"lra_benchmarks.models.{package}.{package}")
     if model_type == "sparse_transformer":
       from lra_benchmarks.models.sparse_transformer import sparse_attention
       kwargs["attention_patterns"] = [sparse_attention.Fixed1Pattern(block_size=50),

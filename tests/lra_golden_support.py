@@ -200,3 +200,33 @@ def logits(model, params, arrays) -> np.ndarray:
   apply = jax.jit(lambda p, *a: model.apply({"params": p}, *a, deterministic=True),
                   static_argnums=tuple(i + 1 for i, x in enumerate(args) if x is None))
   return np.asarray(apply(params, *args))
+
+
+def max_differences() -> list[tuple[str, float]]:
+  """``[(case, max |ours - LRA's| over the fixture's logits)]`` for every fixture LRA's code
+  ran, in name order (float32 logits, so units of logits).
+
+  Raises:
+    AssertionError: when a case's parameter trees differ (the test's first check).
+  """
+  rows = []
+  for name in case_names("ok"):
+    lra_flat, arrays, entry = load(name)
+    model, _ = build(name, entry, entry["kwargs"]["vocab_size"], entry["kwargs"]["num_classes"])
+    params, problems = our_params(model, arrays, lra_flat, name.split("__")[0])
+    assert not problems, (name, problems)
+    rows.append((name, float(np.abs(logits(model, params, arrays) - arrays["logits"]).max())))
+  return rows
+
+
+if __name__ == "__main__":
+  # PYTHONPATH=. python tests/lra_golden_support.py > benchmarks/results/cpu/lra_golden_differences.md
+  diffs = max_differences()
+  print("# Our logits against LRA's on the golden fixtures\n")
+  print("`PYTHONPATH=. python tests/lra_golden_support.py` (CPU, float32); the test's limit is "
+        "1e-4.\n")
+  print("| case | max abs difference |\n|---|---|")
+  for case, diff in diffs:
+    print(f"| {case} | {diff:.2e} |")
+  ordered = sorted(d for _, d in diffs)
+  print(f"\n{len(diffs)} cases; largest {ordered[-1]:.2e}, median {ordered[len(ordered) // 2]:.2e}")
