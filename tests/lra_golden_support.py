@@ -220,7 +220,8 @@ def max_differences() -> list[tuple[str, float]]:
 
 
 if __name__ == "__main__":
-  # PYTHONPATH=. python tests/lra_golden_support.py > benchmarks/results/cpu/lra_golden_differences.md
+  # PYTHONPATH=. python tests/lra_golden_support.py \
+  #     > benchmarks/results/cpu/lra_golden_differences.md
   diffs = max_differences()
   print("# Our logits against LRA's on the golden fixtures\n")
   print("`PYTHONPATH=. python tests/lra_golden_support.py` (CPU, float32); the test's limit is "
