@@ -5,15 +5,20 @@
 
 Uses the config saved with the run (``workdir/config.json``) unless ``--config``
 is given. Prints the accuracy and writes ``workdir/eval_<which>_<split>.json``.
+
+A user error (a workdir that does not exist, which is never created; a missing checkpoint or
+config; a bad flag) ends with one line, ``eval.py: <cause>``, and exit status 1;
+``--verbose`` shows the traceback instead.
 """
 
-import json
 import os
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax import xla_cache
+from simpletron_jax import cli, xla_cache
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 config_flags.DEFINE_config_file("config", None, "Config file; default: the run's config.json.")
 flags.DEFINE_string("workdir", None, "The run directory.", required=True)
@@ -25,6 +30,7 @@ flags.DEFINE_integer("precompile_workers", 0,
                      "Compile the eval step of every batch shape the split meets (one per "
                      "length bucket) first, in this many threads side by side; 0: each shape "
                      "compiles when it is first met.")
+flags.DEFINE_bool("verbose", False, "Show the traceback of every error, user errors included.")
 
 
 def main(argv):
@@ -33,30 +39,36 @@ def main(argv):
 
   Raises:
     app.UsageError: for positional arguments.
-    SystemExit: with the cause, for a missing or unreadable checkpoint or config
-      (:class:`run_guard.RunError`).
+    SystemExit: with the cause on one line, for a user error (a missing workdir, checkpoint
+      or config; a bad config; :func:`simpletron_jax.cli.user_errors_exit`).
   """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  with cli.user_errors_exit("eval.py", flags.FLAGS.verbose, dirs=(ROOT,)):
+    _evaluate(flags.FLAGS)
+
+
+def _evaluate(flag_values):
+  """Evaluates and writes the result; user errors propagate to :func:`main`'s boundary."""
   logging.set_verbosity(logging.WARNING)
   xla_cache.enable(flags.FLAGS.xla_cache_dir)
   from simpletron_jax import run_guard, train_lib  # pylint: disable=import-outside-toplevel
-  flag_values = flags.FLAGS
-  try:
-    result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
-                                          which=flag_values.which, step=flag_values.step,
-                                          config=flag_values.config,
-                                          precompile_workers=flag_values.precompile_workers)
-  except run_guard.RunError as e:  # a named cause: the message, no traceback, exit 1
-    raise SystemExit(f"eval.py: {type(e).__name__}: {e}") from None
+  result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
+                                        which=flag_values.which, step=flag_values.step,
+                                        config=flag_values.config,
+                                        precompile_workers=flag_values.precompile_workers)
   out = os.path.join(flag_values.workdir,
                      f"eval_{flag_values.which if flag_values.step is None else flag_values.step}"
                      f"_{flag_values.split}.json")
-  with open(out, "w") as f:
-    json.dump(run_guard.json_safe(result), f, indent=2, allow_nan=False)
+  run_guard.write_json_atomic(out, result)
   print(f"{flag_values.split} accuracy {result['accuracy']:.4f} on {int(result['count'])} "
         f"examples (checkpoint step {result['step']}); written to {out}")
 
 
+def parse_flags(argv):
+  """absl's flag parsing with one-line errors (:func:`simpletron_jax.cli.parse_flags`)."""
+  return cli.parse_flags(argv, "eval.py")
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -4,16 +4,25 @@
     python train.py --config configs/listops/transformer.py --config.seed=1 ...
 
 Any config field can be overridden with ``--config.<field>=<value>``. Re-running
-with the same workdir resumes from its newest checkpoint.
+with the same workdir resumes from its newest checkpoint. On SIGTERM or SIGINT (a preemption,
+Ctrl-C) the run finishes its step, saves it and exits with status 75
+(``run_guard.PREEMPTED_EXIT_CODE``); any other named cause exits 1.
+
+Resuming, a setting that changes what is computed (data, optimizer and schedule, batch size,
+device or host count; ``run_guard.RESUME_ALLOWED_FIELDS`` lists those that may change) must be
+the checkpoint's, unless ``--allow_resume_changes``. A user error (a bad config field or flag,
+a missing file, a mismatched checkpoint) ends with one line, ``train.py: <cause>``, and exit
+status 1; ``--verbose`` shows the traceback instead.
 """
 
 import os
-import re
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax import xla_cache
+from simpletron_jax import cli, xla_cache
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. "
                                 "configs/listops/simple.py:tiny.", lock_config=True)
@@ -36,37 +45,53 @@ flags.DEFINE_integer("precompile_workers", 0,
                      "side; 0: compile each shape when the loop first meets it. Meant for "
                      "data.group_by_length runs, which meet many buckets (13 in an epoch of "
                      "paper ListOps).")
+flags.DEFINE_bool("allow_resume_changes", False,
+                  "Resume even though settings that change what is computed (seed, data, "
+                  "optimizer and schedule, batch size, device or host count) differ from the "
+                  "checkpoint's; each change is recorded in config.json's config_history. "
+                  "model.* changes stay refused.")
+flags.DEFINE_bool("verbose", False, "Show the traceback of every error, user errors included.")
 flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
   """absl entry point: trains and evaluates ``--config`` in ``--workdir``; the files it
-  writes are listed in the README ("What a run writes").
+  writes are listed in docs/runs.md ("What a run writes").
 
   Raises:
     app.UsageError: for positional arguments.
   """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  with cli.user_errors_exit("train.py", flags.FLAGS.verbose, dirs=(ROOT,)):
+    _train(flags.FLAGS)
+
+
+def _train(fl):
+  """Trains and evaluates; user errors propagate to :func:`main`'s boundary."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
   from simpletron_jax import distributed  # pylint: disable=import-outside-toplevel
-  fl = flags.FLAGS
   xla_cache.enable(fl.xla_cache_dir)
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,
                            timeout_s=fl.distributed_timeout)
-  config = flags.FLAGS.config
-  workdir = flags.FLAGS.workdir or os.path.join(
+  config = fl.config
+  workdir = fl.workdir or os.path.join(
       "runs", f"{config.task}_{config.model.attention}_seed{config.seed}")
   print(f"devices: {jax.devices()}; workdir: {workdir}")
   from simpletron_jax import run_guard  # pylint: disable=import-outside-toplevel
   try:
     results = train_lib.train_and_evaluate(config, workdir,
-                                           precompile_workers=fl.precompile_workers)
-  except run_guard.RunError as e:  # a named cause: the message, no traceback, exit 1
-    raise SystemExit(f"train.py: {type(e).__name__}: {e}") from None
+                                           precompile_workers=fl.precompile_workers,
+                                           allow_resume_changes=fl.allow_resume_changes)
+  except run_guard.PreemptedError as e:  # SIGTERM/SIGINT: saved; exit 75 (EX_TEMPFAIL)
+    import sys  # pylint: disable=import-outside-toplevel
+    print(f"train.py: {e}", file=sys.stderr)
+    raise SystemExit(run_guard.PREEMPTED_EXIT_CODE) from None
+  # Any other RunError, and ValueErrors and OSErrors of our own checks, are printed on one
+  # line by main's cli.user_errors_exit (exit 1).
   print(f"test accuracy {results['test_accuracy']:.4f} (majority class "
         f"{results['test_majority_rate']:.4f}) at best-validation step "
         f"{results['best_step']}, {results['test_accuracy_final']:.4f} at the final step "
@@ -75,20 +100,10 @@ def main(argv):
 
 
 def parse_flags(argv):
-  """absl's flag parsing, except that a ``--config.<field>`` override of a field the config
-  lacks exits with status 1 naming the overrides, instead of ml_collections' traceback."""
-  try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError) as e:
-    given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-    field = re.search(r"'(\w+)", str(e))
-    hint = re.search(r'Did you mean "(\w+)"', str(e))
-    raise SystemExit(
-        f"train.py: the config has no field {field.group(1) if field else e!r}"
-        f"{f' (did you mean {hint.group(1)!r}?)' if hint else ''}; overrides: "
-        f"{', '.join(given)}. The options "
-        "of a variant are listed under model.attention_kwargs in its config, e.g. python -c "
-        "\"from configs.listops import simple; print(simple.get_config('tiny').model)\"") from None
+  """absl's flag parsing; a bad ``--config`` (a missing file, an unknown ``:variant``, a
+  ``--config.<field>`` the config lacks) or flag value exits with status 1 and one line
+  (:func:`simpletron_jax.cli.parse_flags`)."""
+  return cli.parse_flags(argv, "train.py")
 
 
 if __name__ == "__main__":

@@ -6,25 +6,36 @@ Usage::
 
 Every folder under the argument that holds ``results.json`` and ``config.json`` is a run;
 ``seed<N>`` folders are grouped by their parent (the layout ``scripts/seeds.py`` writes).
+Only finished runs count: a ``results.json`` that is incomplete (``"complete": false``: a run
+stopped by ``max_train_minutes``), computed at another step count or with another config than
+the folder's ``config.json`` (``config_fingerprint``), or that holds a NaN, and a run folder
+without ``results.json``, are left out of the table and listed under "Left out" with the
+reason (``run_guard.results_problem``); the script then exits with status 1.
 For each group the table gives the test accuracy under both protocols (best-validation
 checkpoint and final step: mean ± sample std / best seed), the published number for the
 same attention and task (``simpletron_jax/published.py``), our number under the protocol
 the publication used, and the gap in points. Writes ``comparison.md`` and
-``comparison.png`` (a bar chart) in ``--out`` (default: the folder itself) and prints the
-table.
+``comparison.png`` (a bar chart; needs matplotlib, ``pip install -e ".[bench]"``; skip it
+with ``--no-plot``) in ``--out`` (default: the folder itself) and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 from typing import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import reporting  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import reporting, run_guard  # noqa: E402  pylint: disable=wrong-import-position
+
+SEED_DIR = re.compile(r"^seed(\d+)$")
+# Folders a run writes that hold no run of their own (not searched).
+RUN_SUBFOLDERS = ("checkpoints", "best", "damaged", "tb")
 
 NOTE = ("Published: LRA's Table 1 (one run, latest checkpoint) is compared with our mean "
         "final-step accuracy; the SimpleTRON paper (best of 5 seeds, best-validation "
@@ -33,20 +44,114 @@ NOTE = ("Published: LRA's Table 1 (one run, latest checkpoint) is compared with 
         "a run of another size or length is not comparable with it.")
 
 
+def _read_json(path: str):
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def collect_runs(root: str) -> tuple[list[reporting.RunGroup], list[str]]:
+  """The finished runs under ``root``, grouped as :func:`reporting.find_runs` groups them,
+  and one line for each run folder left out.
+
+  A run folder is a ``seed<N>`` folder or one holding ``results.json`` or ``config.json``.
+  It is left out when either file is missing or unreadable, or when
+  :func:`run_guard.results_problem` finds its ``results.json`` is not a finished run of its
+  ``config.json`` (incomplete, another step count or config fingerprint, a NaN accuracy).
+
+  Returns:
+    ``(groups sorted by label, ["<folder relative to root>: <reason>", ...])``.
+
+  Raises:
+    FileNotFoundError: ``root`` is not a folder.
+    ValueError: a group mixes tasks or attentions (naming the ``config.json``).
+  """
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f"{root} is not a folder")
+  groups: dict[str, reporting.RunGroup] = {}
+  left_out = []
+  for folder, subfolders, files in sorted(os.walk(root)):
+    subfolders[:] = sorted(d for d in subfolders if d not in RUN_SUBFOLDERS)
+    match = SEED_DIR.match(os.path.basename(folder))
+    if not (match or {"results.json", "config.json"} & set(files)):
+      continue
+    where = os.path.relpath(folder, root)
+    missing = [name for name in ("results.json", "config.json") if name not in files]
+    if missing:
+      left_out.append(f"{where}: no {' and no '.join(missing)} (a run not finished, or "
+                      "never started: resume it with train.py or scripts/seeds.py)")
+      continue
+    try:
+      config = _read_json(os.path.join(folder, "config.json"))
+      results = _read_json(os.path.join(folder, "results.json"))
+    except (OSError, ValueError) as e:
+      left_out.append(f"{where}: unreadable ({e})")
+      continue
+    problem = run_guard.results_problem(results, config)
+    if problem is not None:
+      left_out.append(f"{where}: results.json: {problem}")
+      continue
+    group_dir = os.path.dirname(folder) if match else folder
+    seed = int(match.group(1)) if match else int(config.get("seed", 0))
+    label = os.path.relpath(group_dir, root)
+    label = os.path.basename(os.path.abspath(root)) if label == "." else label
+    task, attn = config["task"], config["model"]["attention"]
+    group = groups.setdefault(label, reporting.RunGroup(label, task, attn, {}))
+    if (group.task, group.attention) != (task, attn):
+      raise ValueError(f"{folder}/config.json: task/attention {task}/{attn} differs from the "
+                       f"other runs of {label} ({group.task}/{group.attention})")
+    group.results[seed] = results
+  return [groups[k] for k in sorted(groups)], left_out
+
+
+def write_chart(rows, path: str) -> str | None:
+  """:func:`reporting.comparison_chart` to ``path``; returns why not (one line) when
+  matplotlib, an optional dependency (the ``bench`` and ``test`` extras), is missing."""
+  try:
+    import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    return (f"{path} not written: matplotlib is not installed; pip install -e \".[bench]\", "
+            "or pass --no-plot")
+  reporting.comparison_chart(rows, path)
+  return None
+
+
 def main(argv: Sequence[str] | None = None) -> str:
-  """Parses the flags, writes comparison.md and comparison.png, returns the markdown."""
+  """Parses the flags, writes comparison.md and comparison.png, returns the markdown.
+
+  Raises:
+    SystemExit: one line, after writing what it could: no folder or no finished run
+      (status 1), run folders left out of the table (status 1, listed in the output), no
+      matplotlib for the chart (status 1).
+  """
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("folder", help="a folder of runs (searched recursively)")
   parser.add_argument("--out", default=None, help="output folder; default: the folder")
+  parser.add_argument("--no-plot", action="store_true",
+                      help="do not write comparison.png (which needs matplotlib)")
   args = parser.parse_args(argv)
-  rows = reporting.comparison_rows(reporting.find_runs(args.folder))
+  try:
+    groups, left_out = collect_runs(args.folder)
+  except (OSError, ValueError) as e:
+    raise SystemExit(f"compare.py: {e}") from None
+  if not groups:
+    raise SystemExit(f"compare.py: no finished run (results.json + config.json) under "
+                     f"{args.folder}" + "".join(f"; {line}" for line in left_out))
+  rows = reporting.comparison_rows(groups)
   out = args.out or args.folder
   os.makedirs(out, exist_ok=True)
   text = reporting.comparison_markdown(rows) + "\n" + NOTE + "\n"
-  with open(os.path.join(out, "comparison.md"), "w") as f:
+  if left_out:
+    text += "\nLeft out of the table:\n\n" + "".join(f"- {line}\n" for line in left_out)
+  with open(os.path.join(out, "comparison.md"), "w", encoding="utf-8") as f:
     f.write(text)
-  reporting.comparison_chart(rows, os.path.join(out, "comparison.png"))
+  chart_problem = None if args.no_plot else write_chart(rows,
+                                                        os.path.join(out, "comparison.png"))
   print(text)
+  if left_out or chart_problem:
+    done = f"{os.path.join(out, 'comparison.md')} written"
+    why = (f"{len(left_out)} run folder(s) left out of the table (listed above)"
+           if left_out else "")
+    raise SystemExit("compare.py: " + "; ".join(x for x in (why, chart_problem, done) if x))
   return text
 
 

@@ -8,8 +8,13 @@ Usage::
 Arguments after the known flags that start with ``--config.`` are passed to every
 ``train.py`` call. Seed ``s`` trains in ``<workdir-root>/seed<s>`` with
 ``--config.seed=s`` (which also seeds the data order and, for ListOps, the generated
-data). A seed whose folder has ``results.json`` is done and is not trained again; any
-other seed runs ``train.py`` on its folder, which resumes from its newest checkpoint.
+data). A seed is done, and not trained again, when its folder's ``results.json`` describes a
+finished run of this very config: ``"complete": true``, ``final_step`` equal to
+``num_train_steps`` and the ``config_fingerprint`` of the config train.py gets
+(``run_guard.results_problem``). Any other seed runs ``train.py`` on its folder, which resumes
+from its newest checkpoint; a ``results.json`` that does not count is named with the reason
+(incomplete, another step count or config, a NaN). A seed that still does not count after
+training stops the script with a one-line error, as does a failed or preempted ``train.py``.
 The script then writes ``summary.json`` and ``summary.md`` in the root: per-seed test
 accuracy under both protocols (best-validation checkpoint, final step), their mean ± std
 (sample std) and the best seed (``simpletron_jax.reporting``). ``--copy-to DIR`` also
@@ -29,10 +34,16 @@ from typing import Any, Callable, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import reporting  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import reporting, run_guard  # noqa: E402  pylint: disable=wrong-import-position
 
 RUN_FILES = ("config.json", "metrics.jsonl", "results.json")
 TrainFn = Callable[[int, str], None]
+ConfigFn = Callable[[int], Any]   # seed -> the ml_collections.ConfigDict train.py builds
+
+
+class SeedError(RuntimeError):
+  """A seed could not be finished: train.py failed or was preempted, or its results.json
+  still does not count; the message (one line) names the seed, the cause and the file."""
 
 
 def seed_dir(root: str, seed: int) -> str:
@@ -40,9 +51,31 @@ def seed_dir(root: str, seed: int) -> str:
   return os.path.join(root, f"seed{seed}")
 
 
-def seed_state(workdir: str) -> str:
-  """``"done"`` (has results.json), ``"resume"`` (has a checkpoint) or ``"new"``."""
-  if os.path.exists(os.path.join(workdir, "results.json")):
+def results_status(workdir: str, config: Any = None) -> str | None:
+  """Why ``workdir/results.json`` does not count as a finished run of ``config`` (one line),
+  or None when it does; see :func:`simpletron_jax.run_guard.results_problem`.
+
+  Args:
+    workdir: a seed's folder.
+    config: the config the seed should have been trained with (None: only completeness and
+      finiteness are checked).
+  """
+  path = os.path.join(workdir, "results.json")
+  if not os.path.exists(path):
+    return "no results.json"
+  try:
+    with open(path, encoding="utf-8") as f:
+      results = json.load(f)
+  except (OSError, ValueError) as e:
+    return f"{path} is unreadable ({e})"
+  problem = run_guard.results_problem(results, config)
+  return None if problem is None else f"{path}: {problem}"
+
+
+def seed_state(workdir: str, config: Any = None) -> str:
+  """``"done"`` (its results.json counts, see :func:`results_status`), ``"resume"`` (has a
+  checkpoint) or ``"new"``."""
+  if results_status(workdir, config) is None:
     return "done"
   ckpts = os.path.join(workdir, "checkpoints")
   if os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts)):
@@ -50,12 +83,46 @@ def seed_state(workdir: str) -> str:
   return "new"
 
 
+def expected_config(config: str, overrides: Sequence[str], seed: int):
+  """The config ``train.py --config <config> <overrides> --config.seed=<seed>`` trains
+  (parsed by ml_collections' config flags, as train.py parses it).
+
+  Args:
+    config: a config file, relative to the repository root or absolute, with an optional
+      ``:variant``.
+    overrides: ``--config.<field>=<value>`` arguments.
+    seed: the seed.
+
+  Returns:
+    An ``ml_collections.ConfigDict``.
+
+  Raises:
+    SeedError: the file or an override cannot be loaded (one line).
+  """
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  path, colon, variant = config.partition(":")
+  spec = (path if os.path.isabs(path) else os.path.join(ROOT, path)) + colon + variant
+  argv = ["train.py", f"--config={spec}", *overrides, f"--config.seed={seed}"]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  try:
+    values(argv)
+  except Exception as e:  # absl, ml_collections and the config file raise many kinds
+    first = (str(e).strip().splitlines() or [""])[0]
+    raise SeedError(f"cannot load --config {config} with overrides "
+                    f"{' '.join(overrides) or '(none)'}: {type(e).__name__}: {first}") from e
+  return values.config
+
+
 def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> TrainFn:
   """A TrainFn running ``train.py --config <config> --workdir <dir> --config.seed=<s>
   <overrides>`` in a child process, its output in ``<dir>/train.log``.
 
   Raises (from the returned function):
-    RuntimeError: if train.py exits non-zero; the message names the log.
+    SeedError: if train.py exits non-zero (the message names the log) or was preempted
+      (exit status ``run_guard.PREEMPTED_EXIT_CODE``: rerun to continue).
   """
   def train(seed: int, workdir: str) -> None:
     os.makedirs(workdir, exist_ok=True)
@@ -63,12 +130,20 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> 
            "--workdir", workdir, f"--config.seed={seed}", *overrides]
     if nice:
       cmd = ["nice", "-n", str(nice)] + cmd
-    reporting.run_logged(cmd, ROOT, os.path.join(workdir, "train.log"), f"seed {seed}")
+    log = os.path.join(workdir, "train.log")
+    try:
+      reporting.run_logged(cmd, ROOT, log, f"seed {seed}")
+    except RuntimeError as e:
+      if f"exited {run_guard.PREEMPTED_EXIT_CODE};" in str(e):
+        raise SeedError(f"seed {seed}: train.py was preempted (SIGTERM or SIGINT) after saving "
+                        f"a checkpoint; rerun the same command to continue (log: {log})") from None
+      raise SeedError(str(e)) from None
   return train
 
 
 def run_seeds(seeds: Sequence[int], root: str, train: TrainFn,
-              log: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
+              log: Callable[[str], None] = print,
+              config_for: ConfigFn | None = None) -> dict[int, dict[str, Any]]:
   """Trains every seed that is not done, one after the other.
 
   Args:
@@ -76,25 +151,32 @@ def run_seeds(seeds: Sequence[int], root: str, train: TrainFn,
     root: the folder holding ``seed<s>`` workdirs.
     train: called as ``train(seed, workdir)`` for each seed not done; it must write
       ``workdir/results.json`` (train.py does) and resume from the workdir's checkpoint.
-    log: progress messages.
+    log: progress messages, including each results.json not counted and why.
+    config_for: ``seed -> config`` the seed must have been trained with (its step count and
+      ``config_fingerprint`` are checked); None: any complete, finite results.json counts.
 
   Returns:
     seed -> results.json contents, for every seed.
 
   Raises:
-    FileNotFoundError: if ``train`` returned without writing results.json.
+    SeedError: a seed's results.json still does not count after ``train`` returned (the
+      reason: missing, incomplete, another config, a NaN).
   """
   results = {}
   for seed in seeds:
     workdir = seed_dir(root, seed)
-    state = seed_state(workdir)
-    log(f"seed {seed}: {state} ({workdir})")
+    config = config_for(seed) if config_for else None
+    state = seed_state(workdir, config)
+    problem = results_status(workdir, config)
+    skipped = ("" if state == "done" or problem == "no results.json"
+               else f"; not counted: {problem}")
+    log(f"seed {seed}: {state} ({workdir}){skipped}")
     if state != "done":
       train(seed, workdir)
-    path = os.path.join(workdir, "results.json")
-    if not os.path.exists(path):
-      raise FileNotFoundError(f"seed {seed}: training ended without writing {path}")
-    with open(path) as f:
+      problem = results_status(workdir, config)
+      if problem is not None:
+        raise SeedError(f"seed {seed}: training ended, but {problem}")
+    with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
       results[seed] = json.load(f)
   return results
 
@@ -140,7 +222,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   variant = args.config.split(":")[1] if ":" in args.config else "paper"
   root = args.workdir_root or os.path.join(ROOT, "runs", "seeds", f"{stem}_{variant}")
   os.makedirs(root, exist_ok=True)
-  results = run_seeds(args.seeds, root, subprocess_trainer(args.config, overrides, args.nice))
+  try:
+    results = run_seeds(args.seeds, root, subprocess_trainer(args.config, overrides, args.nice),
+                        config_for=lambda seed: expected_config(args.config, overrides, seed))
+  except SeedError as e:  # a named cause: one line, no traceback
+    raise SystemExit(f"seeds.py: {e}") from None
   title = " ".join([args.config, *overrides])
   summary = write_summary(results, root, title)
   if args.copy_to:

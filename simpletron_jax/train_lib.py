@@ -37,7 +37,8 @@ from flax.training import train_state
 
 from simpletron_jax import distributed, lora, models, run_guard, schedules, tasks, transfer
 from simpletron_jax.data import grouping
-from simpletron_jax.data.common import PairedExamples, Split, bucketed_length, make_batch
+from simpletron_jax.data.common import (PairedExamples, Split, bucketed_length, make_batch,
+                                        report_split_truncation)
 from simpletron_jax.metric_logging import MetricLogger
 
 AXIS = "batch"
@@ -54,7 +55,10 @@ class TrainState(train_state.TrainState):
 
 def validate_config(config: ml_collections.ConfigDict, n_devices: int,
                     n_hosts: int = 1) -> None:
-  """Checks the training fields of ``config`` against the device count.
+  """Checks every model, data and training field of ``config`` before any work (issue 27).
+
+  The optimizer, schedule and bookkeeping fields are checked by
+  :func:`run_guard.check_settings`; :func:`train_and_evaluate` calls both first.
 
   Args:
     config: the run config.
@@ -62,23 +66,64 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
     n_hosts: processes of a multi-host run (``jax.process_count()``), for the message.
 
   Raises:
-    ValueError: naming the field: ``batch_size`` not divisible by
-      ``grad_accum_steps`` times the global device count, non-positive step
-      counts, or any ``model.*`` problem found by
-      :func:`simpletron_jax.models.validate_model_config`.
+    ValueError: one line naming the field and its value: an unknown ``task`` (with the
+      known ones); ``seed`` or ``data.seed`` not an int >= 0; ``batch_size``,
+      ``num_train_steps``, ``eval_frequency``, ``checkpoint_every``, ``log_every``,
+      ``grad_accum_steps`` or a ``model`` size (``emb_dim``, ``qkv_dim``, ``mlp_dim``,
+      ``num_heads``, ``num_layers``, ``max_length``) not a positive int; ``eval_batch_size``
+      < 0, ``num_eval_steps`` or ``num_test_steps`` < -1; ``batch_size`` not divisible by
+      ``grad_accum_steps`` times the global device count; ``model.dropout_rate``,
+      ``model.attention_dropout_rate`` or a ``model.attention_kwargs.*dropout*`` rate
+      outside [0, 1); ``data.bucket`` < 0, ``data.group_pool_batches`` < 1,
+      ``data.val_fraction`` outside [0, 1); ``lora.rank`` or ``lora.alpha`` < 0; or any
+      ``model.*`` problem found by :func:`simpletron_jax.models.validate_model_config` (an
+      unknown attention, pooling or dtype with the known ones, ``qkv_dim`` not divisible by
+      ``num_heads``, ...).
   """
-  models.validate_model_config(config.model)
-  if config.grad_accum_steps < 1:
-    raise ValueError(f"grad_accum_steps={config.grad_accum_steps} must be >= 1")
+  if config.task not in tasks._LOADERS:  # pylint: disable=protected-access
+    raise ValueError(f"task={config.task!r} is not a task; known: "
+                     f"{', '.join(sorted(tasks._LOADERS))}")  # pylint: disable=protected-access
+  check = run_guard.check_range
+  check("seed", config.seed, low=0, integer=True)
+  for field in ("batch_size", "num_train_steps", "eval_frequency", "checkpoint_every",
+                "log_every", "grad_accum_steps"):
+    check(field, config[field], low=1, integer=True)
+  check("eval_batch_size", config.get("eval_batch_size", 0), low=0, integer=True,
+        hint=" (0: the micro-batch size)")
+  for field in ("num_eval_steps", "num_test_steps"):
+    check(field, config.get(field, -1), low=-1, integer=True, hint=" (-1: the whole split)")
+  model = config.model
+  for field in ("emb_dim", "qkv_dim", "mlp_dim", "num_heads", "num_layers", "max_length"):
+    check(f"model.{field}", model[field], low=1, integer=True)
+  for field in ("dropout_rate", "attention_dropout_rate"):
+    check(f"model.{field}", model[field], low=0, high=1, high_open=True)
+  for key, value in (model.get("attention_kwargs") or {}).items():
+    if "dropout" in key and not isinstance(value, bool):
+      check(f"model.attention_kwargs.{key}", value, low=0, high=1, high_open=True)
+  data = config.data
+  if "seed" in data:
+    check("data.seed", data.seed, low=0, integer=True)
+  check("data.bucket", data.get("bucket", 0), low=0, integer=True, hint=" (0: max_length)")
+  check("data.group_pool_batches", data.get("group_pool_batches", 1), low=1, integer=True)
+  if "val_fraction" in data:
+    check("data.val_fraction", data.val_fraction, low=0, high=1, high_open=True)
+  if "lora" in config:
+    check("lora.rank", config.lora.get("rank", 0), low=0, integer=True, hint=" (0: no LoRA)")
+    check("lora.alpha", config.lora.get("alpha", 0.0), low=0, hint=" (0: alpha = rank)")
+  if model.qkv_dim % model.num_heads:
+    divisors = [h for h in range(1, model.qkv_dim + 1) if model.qkv_dim % h == 0][:8]
+    raise ValueError(f"model.qkv_dim={model.qkv_dim} is not divisible by model.num_heads="
+                     f"{model.num_heads}: each head gets qkv_dim / num_heads features; set "
+                     f"model.num_heads to a divisor of {model.qkv_dim} "
+                     f"({', '.join(map(str, divisors))}, ...) or change model.qkv_dim")
+  models.validate_model_config(model)
   if config.batch_size % (config.grad_accum_steps * n_devices):
     hosts = (f" of all hosts ({n_hosts} host(s) x {n_devices // n_hosts} local device(s))"
              if n_hosts > 1 else "")
     raise ValueError(
         f"batch_size={config.batch_size} must be divisible by grad_accum_steps="
-        f"{config.grad_accum_steps} times the {n_devices} device(s){hosts}")
-  for field in ("num_train_steps", "eval_frequency", "checkpoint_every", "log_every"):
-    if config[field] <= 0:
-      raise ValueError(f"{field}={config[field]} must be positive")
+        f"{config.grad_accum_steps} times the {n_devices} device(s){hosts}: use a "
+        f"multiple of {config.grad_accum_steps * n_devices}")
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> Callable:
@@ -566,24 +611,29 @@ def _first_line(error: BaseException, limit: int = 300) -> str:
 
 
 def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: int,
-                      model_config) -> tuple[TrainState, dict[str, Any], int]:
-  """Restores one step and checks its model config, CRC and finiteness (see below)."""
+                      model_config, resume_check=None) -> tuple[TrainState, dict[str, Any], int]:
+  """Restores one step and checks its model config (or calls ``resume_check``), layout, CRC
+  and finiteness (see :func:`restore_checkpoint`)."""
   where = _step_dir(manager, step)
   meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+  diff = []
   if model_config is not None and "model_config" in meta:
     diff = run_guard.flat_diff(models.with_option_defaults(meta["model_config"], saved=True),
                                models.with_option_defaults(model_config_dict(model_config)))
-    if diff:
-      raise run_guard.ConfigMismatchError(
-          f"{where} was saved with another model config: {'; '.join(diff)}. Resume with the "
-          "checkpoint's values, or use another --workdir.")
+  if resume_check is not None:
+    resume_check(where, meta, diff)
+  elif diff:
+    raise run_guard.ConfigMismatchError(
+        f"{where} was saved with another model config: {'; '.join(diff)}. Resume with the "
+        "checkpoint's values, or use another --workdir.")
   target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _ckpt_tree(state))
   structure = run_guard.state_structure((target["params"], target["opt_state"]))
   if meta.get("state_structure", structure) != structure:
     # Not damage: restoring would fail, and the checkpoint would be set aside as damaged.
     raise run_guard.ConfigMismatchError(
-        f"{where} holds a train state of another layout: the optimizer settings that change it "
-        "(grad_accum_steps > 1, grad_clip_norm > 0, freeze, lora.rank) differ from the "
+        f"{where} holds a train state of another layout: the parameter shapes (the task's "
+        "vocabulary size and class count, model sizes) or the optimizer settings that change "
+        "it (grad_accum_steps > 1, grad_clip_norm > 0, freeze, lora.rank) differ from the "
         "checkpoint's. Resume with the values in the workdir's config.json, or use another "
         "--workdir.")
   tree = manager.restore(step, args=ocp.args.Composite(
@@ -615,7 +665,8 @@ def _quarantine(manager: ocp.CheckpointManager, step: int, quarantine_dir: str) 
 
 def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
                        step: int | None = None, model_config=None,
-                       quarantine_dir: str | None = None
+                       quarantine_dir: str | None = None,
+                       resume_check: Callable[[str, dict, list[str]], None] | None = None
                        ) -> tuple[TrainState, dict[str, Any], int]:
   """Restores ``step`` (default: the newest intact one) into the structure of ``state``.
 
@@ -632,6 +683,11 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
     model_config: ``config.model``; when given, a checkpoint saved with another model config
       is an error rather than a damaged checkpoint.
     quarantine_dir: where damaged checkpoints go; None: they stay.
+    resume_check: called as ``resume_check(checkpoint folder, its meta, model_diff)`` before
+      the arrays are read, in place of the ``model_config`` check (``model_diff`` lists the
+      ``model.*`` differences as :func:`run_guard.flat_diff` lines); it raises
+      :class:`run_guard.ConfigMismatchError` to refuse the checkpoint
+      (:func:`train_and_evaluate` compares the whole run record there).
 
   Returns:
     ``(state, meta, step)``.
@@ -649,7 +705,7 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
   problems = []
   for candidate in ([step] if step is not None else available):
     try:
-      return _restore_verified(manager, state, candidate, model_config)
+      return _restore_verified(manager, state, candidate, model_config, resume_check)
     except run_guard.ConfigMismatchError:
       raise
     except Exception as e:  # a damaged checkpoint fails in many ways; each is reported
@@ -777,21 +833,82 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
 
   Raises:
     FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
+    run_guard.WriteError: ``transfer.json`` could not be written (named).
   """
   params, report = transfer.init_from_config(config, state.params)
   if report is None:
     return state
   print(f"init_from {config.init_from}: {report.summary()}", file=sys.stderr)
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "transfer.json"), "w") as f:
-      json.dump({"init_from": config.init_from, **report.to_dict()}, f, indent=2)
+    run_guard.write_json_atomic(os.path.join(workdir, "transfer.json"),
+                                {"init_from": config.init_from, **report.to_dict()})
   return state.replace(params=params)
+
+
+def make_workdir(workdir: str) -> None:
+  """Creates ``workdir`` (and its parents) unless it exists as a folder.
+
+  Raises:
+    NotADirectoryError: ``workdir`` (or a folder on its path) is a file; names it.
+    OSError: of the same type, naming ``workdir``, when it cannot be created (permissions).
+  """
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise NotADirectoryError(f"--workdir {workdir!r} is a file, not a folder: pass a folder "
+                             "(created if missing) or move the file away")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise type(e)(f"--workdir {workdir!r} cannot be created: {e.strerror or e} "
+                  f"({e.filename or workdir}); pass a folder in a writable place") from e
+
+
+def read_config_json(path: str) -> dict[str, Any] | None:
+  """The config a run saved at ``path`` as a nested dict (with its ``config_history``), or
+  None when the file is missing or unreadable (a torn write: it is rewritten at start)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      tree = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return tree if isinstance(tree, dict) else None
+
+
+def config_with_history(config: ml_collections.ConfigDict, history: list,
+                        changes: list[dict[str, Any]], step: int) -> dict[str, Any]:
+  """``config`` as the nested dict of ``config.json``, with its history of changes.
+
+  Args:
+    config: this start's config.
+    history: the ``config_history`` of the previous ``config.json`` (a list, maybe empty).
+    changes: :func:`run_guard.check_resume`'s changes at this start (empty: none).
+    step: the optimizer step this start resumes from.
+
+  Returns:
+    The config's fields, plus under :data:`run_guard.CONFIG_HISTORY_KEY` (when any start
+    changed a setting) one entry per such start: ``{"step", "time"`` (ISO 8601, local),
+    ``"changes": {field: {"old", "new", "allowed"}}, "forced"`` (True when a change that
+    alters what is computed was let through by ``--allow_resume_changes``)``}``.
+  """
+  tree = json.loads(config.to_json_best_effort())
+  history = list(history) if isinstance(history, list) else []
+  if changes:
+    entry = {"step": int(step), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "changes": {c["field"]: {"old": c["old"], "new": c["new"],
+                                      "allowed": c["allowed"]} for c in changes},
+             "forced": any(not c["allowed"] for c in changes)}
+    last = history[-1] if history else {}
+    if not (last.get("step") == entry["step"] and last.get("changes") == entry["changes"]):
+      history.append(entry)   # a start killed before its first save repeats the same change
+  if history:
+    tree[run_guard.CONFIG_HISTORY_KEY] = history
+  return tree
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        step_hook: Callable[[int], None] | None = None,
                        data: tasks.TaskData | None = None,
-                       precompile_workers: int = 0) -> dict[str, Any]:
+                       precompile_workers: int = 0,
+                       allow_resume_changes: bool = False) -> dict[str, Any]:
   """Trains, evaluates every ``eval_frequency`` steps, then tests the final and best parameters.
 
   Resumes from the newest checkpoint in ``workdir/checkpoints`` if there is
@@ -799,6 +916,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   dropout keys and optimizer state). Writes ``workdir/metrics.jsonl``,
   TensorBoard events in ``workdir/tb``, ``workdir/config.json`` and, at the
   end, ``workdir/results.json``.
+
+  Before any work every field is validated (:func:`validate_config`,
+  :func:`run_guard.check_settings`), and truncation by ``model.max_length`` is reported once
+  per split. A resumed checkpoint must have been computed with this config's settings, data,
+  vocabulary and class count, and device and host counts (:func:`run_guard.check_resume`;
+  the checkpoint meta holds them as ``run_record``); the changes let through
+  (:data:`run_guard.RESUME_ALLOWED_FIELDS`, or any but ``model.*`` with
+  ``allow_resume_changes``) are appended to ``config.json``'s ``config_history`` (see
+  :func:`config_with_history`) instead of being overwritten. A checkpoint saved before run
+  records resumes with a warning, compared with the previous ``config.json`` only.
 
   Args:
     config: the run config (see ``configs/``).
@@ -809,6 +936,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     precompile_workers: if > 0, the train and eval steps of every batch shape the run will
       meet are compiled before the loop, in this many threads side by side
       (:mod:`simpletron_jax.precompile`); 0 compiles each shape when the loop first meets it.
+    allow_resume_changes: resume even though settings that change what is computed differ
+      from the checkpoint's (train.py ``--allow_resume_changes``); the changes are recorded
+      in ``config.json``'s ``config_history``. ``model.*`` changes stay refused.
 
   Returns:
     The contents of ``results.json``: test accuracy and loss under two protocols,
@@ -821,9 +951,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     had no program yet, ``train_shapes_compiled_in_loop``), and with ``precompile_workers``
     the ``precompile_seconds`` and counts of :func:`precompile.precompile_steps`. Each train
     record of ``metrics.jsonl`` has ``compile_seconds`` and ``new_shapes`` of its window and
-    ``steps_per_sec_excluding_compile``.
+    ``steps_per_sec_excluding_compile``. ``final_step``, ``complete`` (False when
+    ``max_train_minutes`` stopped the run before ``num_train_steps``, with ``stopped_by``)
+    and ``config_fingerprint`` (:func:`run_guard.config_fingerprint`) say what the numbers
+    describe; a run that trains on past an existing ``results.json`` deletes it first.
 
-  Faults are never silent (README "When things go wrong"): ``workdir/run.lock`` keeps a
+  Faults are never silent (docs/faults.md, "When things go wrong"): ``workdir/run.lock`` keeps a
   second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
   the run resumes from the newest intact one; ``best/`` only ever holds checkpoints of this
   run's lineage (``workdir/run_id``, see :func:`reconcile_best`); ``results.json`` and
@@ -836,7 +969,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     run_guard.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
     run_guard.CheckpointError: a save failed, no checkpoint is intact, or ``best/`` holds
       another run's checkpoint.
-    run_guard.ConfigMismatchError: the model config differs from the checkpoint's.
+    run_guard.ConfigMismatchError: the checkpoint resumed was computed with other settings:
+      ``model.*``, or without ``allow_resume_changes`` any field outside
+      :data:`run_guard.RESUME_ALLOWED_FIELDS`, the task data's vocabulary size, class count
+      or contents, or the device or host count (:func:`run_guard.check_resume`).
+    NotADirectoryError: ``workdir`` is a file (:func:`make_workdir`).
+    run_guard.PreemptedError: SIGTERM or SIGINT came during the loop
+      (:class:`run_guard.PreemptionGuard`; every host stops at the same step): that step was
+      finished, logged and saved and the lock released; no test, no ``results.json``.
+    run_guard.WriteError: ``metrics.jsonl``, the TensorBoard file, ``results.json`` or
+      ``transfer.json`` could not be written (named; a failed checkpoint save is a
+      ``CheckpointError``).
   """
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
@@ -844,11 +987,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   n_dev = jax.local_device_count()
   validate_config(config, jax.device_count(), jax.process_count())
   run_guard.check_settings(config)
-  os.makedirs(workdir, exist_ok=True)
+  make_workdir(workdir)
   lock = run_guard.acquire_lock(workdir) if jax.process_index() == 0 else None
   data = data or tasks.load_task(config)
   distributed.check_hosts_agree(config, data)  # every host: process 0's config and data
   run_guard.check_splits(data, config)
+  if jax.process_index() == 0:   # loaders that truncate while loading report there
+    for name in ("train", "val", "test"):
+      report_split_truncation(name, getattr(data, name), int(config.model.max_length))
   model = build_model(config, data)
 
   init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
@@ -858,176 +1004,237 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
   meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
   start_step = 0
+  config_path = os.path.join(workdir, "config.json")
+  previous_config = read_config_json(config_path)   # before this start overwrites it
+  record = run_guard.run_record(config, vocab_size=data.vocab_size,
+                                num_classes=data.num_classes, num_devices=jax.device_count(),
+                                num_hosts=jax.process_count(),
+                                data_sha256=distributed.data_fingerprint(data))
+  changes = []   # this start's changes from the checkpoint's settings (config history)
+
+  def resume_check(where: str, saved_meta: dict, model_diff: list[str]) -> None:
+    saved = saved_meta.get(run_guard.RECORD_KEY)
+    if saved is None:   # saved before run records existed
+      run_guard.warn(f"{where} predates run records: only its model config"
+                     f"{' and ' + config_path if previous_config else ''} can be compared "
+                     "with this config; the device count and the data cannot")
+      saved = {"config": previous_config} if previous_config else None
+    changes[:] = run_guard.check_resume(where, saved, record, model_diff=model_diff,
+                                        allow_changes=allow_resume_changes)
+
   if ckpts.all_steps():
     state, meta, start_step = restore_checkpoint(
-        ckpts, state, model_config=config.model, quarantine_dir=os.path.join(workdir, "damaged"))
+        ckpts, state, model_config=config.model, quarantine_dir=os.path.join(workdir, "damaged"),
+        resume_check=resume_check)
     print(f"Resumed from {workdir}/checkpoints at step {start_step}", file=sys.stderr)
+    if changes:
+      print(f"Settings changed since the checkpoint (recorded in {config_path}): "
+            + "; ".join(run_guard.describe_change(c) for c in changes), file=sys.stderr)
   else:
     state = apply_init_from(config, state, workdir)
   legacy = start_step > 0 and "run_id" not in meta  # saved before run ids existed
   meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
-              model_config=model_config_dict(config.model))
+              model_config=model_config_dict(config.model), **{run_guard.RECORD_KEY: record})
   meta = reconcile_best(best_ckpts, meta, start_step, legacy)
   last_good = _step_dir(ckpts, start_step) if start_step else "none (nothing saved yet)"
   accum = config.grad_accum_steps
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
-  logger = MetricLogger(workdir, resume_step=start_step, enabled=jax.process_index() == 0)
-  logger.write(start_step, {"params": sum(x.size for x in jax.tree_util.tree_leaves(state.params))},
-               "info")
+    run_guard.write_json_atomic(config_path, config_with_history(
+        config, (previous_config or {}).get(run_guard.CONFIG_HISTORY_KEY, []), changes,
+        start_step))
+  logger = None
+  results_path = os.path.join(workdir, "results.json")
+  guard = run_guard.PreemptionGuard()   # SIGTERM/SIGINT: save and stop after the step
+  preempted = False
+  try:
+    logger = MetricLogger(workdir, resume_step=start_step, enabled=jax.process_index() == 0)
+    if (jax.process_index() == 0 and start_step < config.num_train_steps
+        and os.path.exists(results_path)):   # it would no longer describe the workdir
+      try:
+        os.remove(results_path)
+      except OSError as e:
+        raise run_guard.WriteError(
+            f"could not remove {results_path}, the results of an earlier run that this one "
+            f"trains past (from step {start_step}): {e.strerror or e}. Delete it, then rerun "
+            "the same command.") from e
+      print(f"removed {results_path} of an earlier run; it is written again when this run "
+            "ends", file=sys.stderr)
+    logger.write(start_step,
+                 {"params": sum(x.size for x in jax.tree_util.tree_leaves(state.params))}, "info")
 
-  p_train, p_eval = pmap_steps(state.apply_fn)
-  state_repl = replicate(state)
-  schedule = make_schedule(config)
-  train_programs, eval_fn, precompiled = {}, p_eval, {}   # {batch_shape_key: program}
-  if precompile_workers:
-    from simpletron_jax import precompile  # pylint: disable=import-outside-toplevel  (a cycle)
-    train_steps, eval_fn, precompiled = precompile.precompile_steps(
-        p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers)
-    logger.write(start_step, precompiled, "info")
-    print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
-          f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
-          f"{precompiled['precompile_seconds']:.1f} s ({precompile_workers} threads)",
-          file=sys.stderr)
-    train_programs = train_steps.compiled
-  batches = train_batches(data.train, config, start_step * accum)
-  in_flight = InFlightLimit()   # the host runs at most a few micro-steps ahead
-  window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
-  window_sums, window_steps = [], 0
-  unchecked = []        # (step, metrics) of the micro-steps since the last finiteness check
-  window_start, window_excluded = time.time(), 0.0
-  # Each new batch shape (a length bucket) compiles its own step inside p_train's call; that
-  # call's time is logged as compile_seconds, and steps/s is also given without it.
-  seen_shapes = set(train_programs)   # precompiled shapes count as seen
-  window_compile_s, window_new_shapes, compile_s_this_run, loop_shapes = 0.0, 0, 0.0, 0
-  val_majority = None   # majority rate of the examples the last validation read
-  train_seconds = float(meta["train_seconds"])
-  bar = tqdm.tqdm(total=config.num_train_steps, initial=start_step, desc="train",
-                  dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 30.0,
-                  disable=jax.process_index() != 0)
-  budget_s = 60.0 * float(config.get("max_train_minutes", 0) or 0)
-  last_step = config.num_train_steps
-  for step in range(start_step + 1, config.num_train_steps + 1):
-    for a in range(accum):
-      batch = shard(next(batches), n_dev)
-      rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
-      shapes = batch_shape_key(batch)
-      step_fn = train_programs.get(shapes, p_train)
-      if shapes in seen_shapes:
-        state_repl, sums = step_fn(state_repl, batch, rng)
-      else:   # drain the queue first, so the call's time is the compile's alone
-        jax.block_until_ready(state_repl)
-        call_start = time.time()
-        state_repl, sums = step_fn(state_repl, batch, rng)
-        seen_shapes.add(shapes)
-        window_compile_s += time.time() - call_start
-        window_new_shapes += 1
-        loop_shapes += 1
-      window_sums.append(sums)
-      unchecked.append((step, sums))
-      in_flight.add(sums)
-    window_steps += 1
-    bar.update(1)
-    out_of_time = bool(budget_s) and distributed.agree_on_flag(
-        time.time() - wall_start > budget_s)
-    final = step == config.num_train_steps or out_of_time
+    p_train, p_eval = pmap_steps(state.apply_fn)
+    state_repl = replicate(state)
+    schedule = make_schedule(config)
+    train_programs, eval_fn, precompiled = {}, p_eval, {}   # {batch_shape_key: program}
+    if precompile_workers:
+      from simpletron_jax import precompile  # pylint: disable=import-outside-toplevel  (a cycle)
+      train_steps, eval_fn, precompiled = precompile.precompile_steps(
+          p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers)
+      logger.write(start_step, precompiled, "info")
+      print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
+            f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
+            f"{precompiled['precompile_seconds']:.1f} s ({precompile_workers} threads)",
+            file=sys.stderr)
+      train_programs = train_steps.compiled
+    batches = train_batches(data.train, config, start_step * accum)
+    in_flight = InFlightLimit()   # the host runs at most a few micro-steps ahead
+    window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+    window_sums, window_steps = [], 0
+    unchecked = []        # (step, metrics) of the micro-steps since the last finiteness check
+    window_start, window_excluded = time.time(), 0.0
+    # Each new batch shape (a length bucket) compiles its own step inside p_train's call; that
+    # call's time is logged as compile_seconds, and steps/s is also given without it.
+    seen_shapes = set(train_programs)   # precompiled shapes count as seen
+    window_compile_s, window_new_shapes, compile_s_this_run, loop_shapes = 0.0, 0, 0.0, 0
+    val_majority = None   # majority rate of the examples the last validation read
+    train_seconds = float(meta["train_seconds"])
+    bar = tqdm.tqdm(total=config.num_train_steps, initial=start_step, desc="train",
+                    dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 30.0,
+                    disable=jax.process_index() != 0)
+    budget_s = 60.0 * float(config.get("max_train_minutes", 0) or 0)
+    last_step = config.num_train_steps
+    guard.install()
+    for step in range(start_step + 1, config.num_train_steps + 1):
+      for a in range(accum):
+        batch = shard(next(batches), n_dev)
+        rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
+        shapes = batch_shape_key(batch)
+        step_fn = train_programs.get(shapes, p_train)
+        if shapes in seen_shapes:
+          state_repl, sums = step_fn(state_repl, batch, rng)
+        else:   # drain the queue first, so the call's time is the compile's alone
+          jax.block_until_ready(state_repl)
+          call_start = time.time()
+          state_repl, sums = step_fn(state_repl, batch, rng)
+          seen_shapes.add(shapes)
+          window_compile_s += time.time() - call_start
+          window_new_shapes += 1
+          loop_shapes += 1
+        window_sums.append(sums)
+        unchecked.append((step, sums))
+        in_flight.add(sums)
+      window_steps += 1
+      bar.update(1)
+      out_of_time = bool(budget_s) and distributed.agree_on_flag(
+          time.time() - wall_start > budget_s)
+      final = step == config.num_train_steps or out_of_time
+      preempted = guard.should_stop(step)   # every host at the same step
+      stop = final or preempted   # log and save; only `final` validates (as a straight run)
 
-    if final or not (step % config.log_every and step % config.eval_frequency
-                     and step % config.checkpoint_every):
-      check_finite(unchecked, state_repl, last_good)  # before anything is logged or saved
-      unchecked = []
-    if step % config.log_every == 0 or final:
-      for sums in jax.device_get(window_sums):
-        for k in window:
-          window[k] += float(sums[k][0])
-      elapsed = max(time.time() - window_start - window_excluded, 1e-9)
-      train_seconds += elapsed
-      count = max(window["count"], 1.0)
-      logger.write(step, {"loss": window["loss"] / count, "accuracy": window["correct"] / count,
-                          "learning_rate": float(schedule(step - 1)),
-                          "steps_per_sec": window_steps / elapsed,
-                          "steps_per_sec_excluding_compile":
-                              window_steps / max(elapsed - window_compile_s, 1e-9),
-                          "compile_seconds": window_compile_s,
-                          "new_shapes": window_new_shapes}, "train")
-      bar.set_postfix(loss=f"{window['loss'] / count:.3f}",
-                      acc=f"{window['correct'] / count:.3f}")
-      window = dict.fromkeys(window, 0.0)
-      window_sums, window_steps = [], 0
-      window_start, window_excluded = time.time(), 0.0
-      compile_s_this_run += window_compile_s
-      window_compile_s, window_new_shapes = 0.0, 0
+      if stop or not (step % config.log_every and step % config.eval_frequency
+                      and step % config.checkpoint_every):
+        check_finite(unchecked, state_repl, last_good)  # before anything is logged or saved
+        unchecked = []
+      if step % config.log_every == 0 or stop:
+        for sums in jax.device_get(window_sums):
+          for k in window:
+            window[k] += float(sums[k][0])
+        elapsed = max(time.time() - window_start - window_excluded, 1e-9)
+        train_seconds += elapsed
+        count = max(window["count"], 1.0)
+        logger.write(step, {"loss": window["loss"] / count, "accuracy": window["correct"] / count,
+                            "learning_rate": float(schedule(step - 1)),
+                            "steps_per_sec": window_steps / elapsed,
+                            "steps_per_sec_excluding_compile":
+                                window_steps / max(elapsed - window_compile_s, 1e-9),
+                            "compile_seconds": window_compile_s,
+                            "new_shapes": window_new_shapes}, "train")
+        bar.set_postfix(loss=f"{window['loss'] / count:.3f}",
+                        acc=f"{window['correct'] / count:.3f}")
+        window = dict.fromkeys(window, 0.0)
+        window_sums, window_steps = [], 0
+        window_start, window_excluded = time.time(), 0.0
+        compile_s_this_run += window_compile_s
+        window_compile_s, window_new_shapes = 0.0, 0
 
-    pause_start = time.time()
-    if step % config.eval_frequency == 0 or final:
-      val = evaluate(eval_fn, state_repl.params, data.val, config,
-                     config.get("num_eval_steps", -1))
-      logger.write(step, val, "val")
-      if not math.isfinite(val["loss"]):
-        raise run_guard.NonFiniteError(
-            f"step {step}: the validation loss is {val['loss']}; the run stopped without "
-            f"saving this state. The last good checkpoint is {last_good}.")
-      val_majority = val["majority_rate"]
-      bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
-      if val["accuracy"] > meta["best_val_accuracy"]:
-        meta.update(best_val_accuracy=val["accuracy"], best_step=step)
-        save_checkpoint(best_ckpts, step, unreplicate(state_repl), meta)
+      pause_start = time.time()
+      if step % config.eval_frequency == 0 or final:
+        val = evaluate(eval_fn, state_repl.params, data.val, config,
+                       config.get("num_eval_steps", -1))
+        logger.write(step, val, "val")
+        if not math.isfinite(val["loss"]):
+          raise run_guard.NonFiniteError(
+              f"step {step}: the validation loss is {val['loss']}; the run stopped without "
+              f"saving this state. The last good checkpoint is {last_good}.")
+        val_majority = val["majority_rate"]
+        bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
+        if val["accuracy"] > meta["best_val_accuracy"]:
+          meta.update(best_val_accuracy=val["accuracy"], best_step=step)
+          save_checkpoint(best_ckpts, step, unreplicate(state_repl), meta)
 
-    if step % config.checkpoint_every == 0 or final:
-      meta["train_seconds"] = train_seconds
-      save_checkpoint(ckpts, step, unreplicate(state_repl), meta)
-      last_good = _step_dir(ckpts, step)
-      prune_best(best_ckpts, meta["best_step"])
-    if step_hook is not None:
-      ckpts.wait_until_finished()
-      best_ckpts.wait_until_finished()
-      step_hook(step)
-    window_excluded += time.time() - pause_start
-    if out_of_time:
-      last_step = step
-      bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
-                "rerun with the same workdir to continue")
-      break
-  bar.close()
-  ckpts.wait_until_finished()
-  best_ckpts.wait_until_finished()
+      if step % config.checkpoint_every == 0 or stop:
+        meta["train_seconds"] = train_seconds
+        save_checkpoint(ckpts, step, unreplicate(state_repl), meta)
+        last_good = _step_dir(ckpts, step)
+        prune_best(best_ckpts, meta["best_step"])
+      if step_hook is not None:
+        ckpts.wait_until_finished()
+        best_ckpts.wait_until_finished()
+        step_hook(step)
+      window_excluded += time.time() - pause_start
+      if preempted:
+        last_step = step
+        break
+      if out_of_time:
+        last_step = step
+        bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
+                  "rerun with the same workdir to continue")
+        break
+    guard.restore()   # from here on, a signal ends the process: the last step is saved
+    bar.close()
+    ckpts.wait_until_finished()
+    best_ckpts.wait_until_finished()
+    if guard.requested_locally() and not preempted:   # it came after the last step's check
+      preempted = True
+    if preempted:   # no test: the scheduler's grace period is short
+      bar.write(f"{guard.cause}: saved step {last_step} to {last_good}")
+      logger.close()
+      raise run_guard.PreemptedError(last_step, guard.cause)
 
-  # Two protocols: the final parameters (LRA's --test_only) and the best-validation
-  # checkpoint (SimpleTRON's); the two coincide when the last validation was the best.
-  test_limit = config.get("num_test_steps", -1)
-  final_test = evaluate(eval_fn, state_repl.params, data.test, config, test_limit)
-  logger.write(last_step, final_test, "test_final")
-  best_state, best_meta, best_step = restore_checkpoint(
-      best_ckpts, state, step=meta["best_step"], model_config=config.model)
-  test = final_test if best_step == last_step else evaluate(
-      eval_fn, replicate(best_state.params), data.test, config, test_limit)
-  logger.write(best_step, test, "test")
-  results = {
-      "task": config.task, "attention": config.model.attention,
-      "test_accuracy": test["accuracy"], "test_loss": test["loss"],
-      "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
-      "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
-      "final_step": last_step,
-      "test_majority_rate": test["majority_rate"],
-      "val_majority_rate": (val_majority if val_majority is not None
-                            else data.val.majority_rate()),
-      "best_step": best_step, "best_val_accuracy": best_meta["best_val_accuracy"],
-      "num_train_steps": config.num_train_steps, "last_step": last_step,
-      "steps_per_sec": last_step / max(train_seconds, 1e-9),
-      "train_seconds": train_seconds,
-      "train_compile_seconds_this_run": compile_s_this_run,
-      "train_shapes_compiled_in_loop": loop_shapes,
-      **precompiled,
-      "wall_seconds_this_run": time.time() - wall_start,
-      "num_devices": jax.device_count(), "data_source": data.source,
-  }
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(run_guard.json_safe(results), f, indent=2, allow_nan=False)
-  logger.close()
-  run_guard.release_lock(lock)
-  return results
+    # Two protocols: the final parameters (LRA's --test_only) and the best-validation
+    # checkpoint (SimpleTRON's); the two coincide when the last validation was the best.
+    test_limit = config.get("num_test_steps", -1)
+    final_test = evaluate(eval_fn, state_repl.params, data.test, config, test_limit)
+    logger.write(last_step, final_test, "test_final")
+    best_state, best_meta, best_step = restore_checkpoint(
+        best_ckpts, state, step=meta["best_step"], model_config=config.model)
+    test = final_test if best_step == last_step else evaluate(
+        eval_fn, replicate(best_state.params), data.test, config, test_limit)
+    logger.write(best_step, test, "test")
+    complete = last_step >= config.num_train_steps
+    results = {
+        "task": config.task, "attention": config.model.attention,
+        "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+        "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
+        "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
+        "final_step": last_step,
+        "test_majority_rate": test["majority_rate"],
+        "val_majority_rate": (val_majority if val_majority is not None
+                              else data.val.majority_rate()),
+        "best_step": best_step, "best_val_accuracy": best_meta["best_val_accuracy"],
+        "num_train_steps": config.num_train_steps, "last_step": last_step,
+        "complete": complete, "stopped_by": None if complete else "max_train_minutes",
+        "config_fingerprint": run_guard.config_fingerprint(config),
+        "steps_per_sec": last_step / max(train_seconds, 1e-9),
+        "train_seconds": train_seconds,
+        "train_compile_seconds_this_run": compile_s_this_run,
+        "train_shapes_compiled_in_loop": loop_shapes,
+        **precompiled,
+        "wall_seconds_this_run": time.time() - wall_start,
+        "num_devices": jax.device_count(), "data_source": data.source,
+    }
+    if jax.process_index() == 0:
+      run_guard.write_json_atomic(results_path, results)   # never a half-written file
+    logger.close()
+    return results
+  finally:   # also on errors and preemption: no handler, open file or lock is left behind
+    guard.restore()
+    try:
+      if logger is not None:
+        logger.close()   # a no-op after a success; after an error, its own would hide the first
+    except run_guard.WriteError:
+      pass
+    run_guard.release_lock(lock)
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -1035,13 +1242,18 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 
   Raises:
     FileNotFoundError: if the file is missing (not a train.py workdir).
+    ValueError: if it is not a JSON object.
   """
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: is {workdir!r} a train.py workdir? "
                             "Pass --config to evaluate with an explicit config.")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  tree = read_config_json(path)
+  if tree is None:
+    raise ValueError(f"{path} is not a JSON object (damaged?); pass --config to evaluate "
+                     "with an explicit config")
+  tree.pop(run_guard.CONFIG_HISTORY_KEY, None)
+  return ml_collections.ConfigDict(tree)
 
 
 def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
@@ -1063,16 +1275,24 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
     ``{"accuracy", "loss", "count", "step", "split", "checkpoint"}``.
 
   Raises:
-    FileNotFoundError: when the workdir has no such checkpoint or config.
+    FileNotFoundError: when the workdir (which is never created), its checkpoint folder,
+      the checkpoint or its config is missing.
     ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
   """
   if split not in ("train", "val", "test") or which not in ("best", "latest"):
     raise ValueError(f"split={split!r} / which={which!r} not understood")
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass the workdir of a "
+                            "train.py run")
   config = config or load_run_config(workdir)
+  sub = "best" if which == "best" and step is None else "checkpoints"
+  if not os.path.isdir(os.path.join(workdir, sub)):
+    raise FileNotFoundError(f"{os.path.join(workdir, sub)} not found: the run saved no "
+                            f"{'best-validation ' if sub == 'best' else ''}checkpoint yet")
   data = tasks.load_task(config)
+  report_split_truncation(split, getattr(data, split), int(config.model.max_length))
   model = build_model(config, data)
   state = create_train_state(config, model, jax.random.PRNGKey(0))
-  sub = "best" if which == "best" and step is None else "checkpoints"
   manager = checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
   state, _, restored_step = restore_checkpoint(manager, state, step, model_config=config.model)
   if precompile_workers < 0:

@@ -172,4 +172,4 @@ def main(argv=None, data=None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  exp_common.run_cli(main)

@@ -5,6 +5,10 @@ JSON / markdown / PNG outputs.
 Every script has a CPU ``--quick`` mode on the ``:tiny`` configs and a paper-size mode (the
 configs without a suffix); ``--steps`` and ``--eval-every`` override the step counts, and
 ``--override model.max_length=256`` any config field of every run.
+
+A user error (an unknown ``--override`` field, a bad config value, missing data, a runs
+folder holding another config) ends with one line, ``<script>: <cause>``, and exit status 1
+(:func:`run_cli`); ``--verbose`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ if ROOT not in sys.path:
 import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import cli, run_guard  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax import tasks, train_lib  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
 
 
 def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
-  """Adds ``--quick``, ``--steps``, ``--eval-every``, ``--override``, ``--out``, ``--runs``."""
+  """Adds ``--quick``, ``--steps``, ``--eval-every``, ``--override``, ``--out``, ``--runs``,
+  ``--verbose``."""
   parser.add_argument("--quick", action="store_true",
                       help="CPU mode: the :tiny configs and few steps")
   parser.add_argument("--steps", type=int, default=None,
@@ -42,6 +48,27 @@ def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
   parser.add_argument("--runs", default=os.path.join("runs", "experiments", name),
                       help="folder for the training runs (checkpoints); a finished run "
                            "(with results.json) is reused")
+  parser.add_argument("--verbose", action="store_true",
+                      help="show the traceback of every error, user errors included")
+
+
+def run_cli(main: Callable[..., Any], argv: list[str] | None = None) -> Any:
+  """Runs a script's ``main(argv)`` as a command: a user error (a ``ValueError`` or
+  ``OSError`` raised by the project's or the scripts' code, a ``run_guard.RunError``) exits
+  with status 1 and ``<script>: <cause>`` on one line; other errors, and every error with
+  ``--verbose``, keep their traceback (:func:`simpletron_jax.cli.user_errors_exit`).
+
+  Args:
+    main: the script's ``main(argv)``.
+    argv: the arguments (default: ``sys.argv[1:]``).
+
+  Returns:
+    What ``main`` returns.
+  """
+  argv = sys.argv[1:] if argv is None else argv
+  program = os.path.basename(sys.argv[0]) or "script"
+  with cli.user_errors_exit(program, "--verbose" in argv, dirs=(ROOT,)):
+    return main(argv)
 
 
 def make_parser(name: str, doc: str) -> argparse.ArgumentParser:
@@ -68,7 +95,8 @@ def _set_field(config: ml_collections.ConfigDict, assignment: str) -> None:
   """Applies one ``--override FIELD=VALUE``; VALUE is a Python literal or a string.
 
   Raises:
-    ValueError: if the text has no ``=`` or the field does not exist.
+    ValueError: if the text has no ``=`` or the field (or a section on its path) does not
+      exist.
   """
   if "=" not in assignment:
     raise ValueError(f"--override {assignment!r}: expected FIELD=VALUE")
@@ -80,10 +108,15 @@ def _set_field(config: ml_collections.ConfigDict, assignment: str) -> None:
   *path, leaf = key.split(".")
   target = config
   for part in path:
+    if not isinstance(target, ml_collections.ConfigDict) or part not in target:
+      raise ValueError(f"--override {assignment!r}: config has no field {key!r}")
     target = target[part]
-  if leaf not in target:
+  if not isinstance(target, ml_collections.ConfigDict) or leaf not in target:
     raise ValueError(f"--override {assignment!r}: config has no field {key!r}")
-  target[leaf] = value
+  try:
+    target[leaf] = value
+  except TypeError as e:   # ml_collections refuses a value of another type
+    raise ValueError(f"--override {assignment!r}: {e}") from None
 
 
 def make_config(args, task: str, attention: str, steps: int | None = None,
@@ -150,9 +183,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
   saved = os.path.join(workdir, "config.json")
   if os.path.exists(saved):
     with open(saved) as f:
-      if json.load(f) != json.loads(config.to_json_best_effort()):
-        raise ValueError(f"{workdir} holds a run with another config; pass another --runs "
-                         "folder or delete it")
+      tree = json.load(f)
+    tree.pop(run_guard.CONFIG_HISTORY_KEY, None)
+    if tree != json.loads(config.to_json_best_effort()):
+      raise ValueError(f"{workdir} holds a run with another config; pass another --runs "
+                       "folder or delete it")
   if os.path.exists(path):
     with open(path) as f:
       results = json.load(f)

@@ -10,6 +10,7 @@ to a length bucket (the LRA input pipelines pad every batch to ``max_length``).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -200,3 +201,63 @@ def make_batch(examples: Split, indices: np.ndarray, *, max_length: int,
   else:
     batch["inputs"], batch["mask"] = _gather(examples, indices, max_length, width)
   return batch
+
+
+def truncation_report(split: str, lengths: Sequence[int] | np.ndarray, max_length: int,
+                      unit: str = "tokens") -> str | None:
+  """How many examples of a split ``max_length`` cuts, and by how much (issue 27).
+
+  LRA truncates every sequence to its first ``max_length`` tokens without a word (ListOps,
+  image, Pathfinder: :func:`make_batch`; text and retrieval: their loaders keep the first
+  ``max_length`` bytes); this names what is lost.
+
+  Args:
+    split: the split's name for the message (``"train"``, ``"val (first documents)"``).
+    lengths: ``[N]`` full lengths of its examples, before any truncation.
+    max_length: ``model.max_length``.
+    unit: what a length counts (``"tokens"``, ``"bytes"``).
+
+  Returns:
+    One line, or None when no example is longer than ``max_length``.
+  """
+  lengths_N = np.asarray(lengths, dtype=np.int64)
+  cut_N = lengths_N > max_length
+  n_cut = int(cut_N.sum())
+  if not n_cut:
+    return None
+  excess = lengths_N[cut_N] - max_length
+  total = max(int(lengths_N.sum()), 1)
+  return (f"model.max_length={max_length} truncates {n_cut} of {lengths_N.size} {split} "
+          f"examples ({100 * n_cut / lengths_N.size:.1f}%): {int(excess.sum())} of {total} "
+          f"{unit} cut ({100 * excess.sum() / total:.1f}%), {excess.mean():.0f} on average "
+          f"and at most {int(excess.max())} per cut example (the longest has "
+          f"{int(lengths_N.max())}); raise model.max_length to keep them")
+
+
+def report_truncation(split: str, lengths: Sequence[int] | np.ndarray, max_length: int,
+                      unit: str = "tokens") -> str | None:
+  """Prints :func:`truncation_report` to stderr (``truncation: ...``) when examples are cut.
+
+  Returns:
+    The message, or None when nothing is cut (nothing is printed).
+  """
+  message = truncation_report(split, lengths, max_length, unit)
+  if message:
+    print(f"truncation: {message}", file=sys.stderr)
+  return message
+
+
+def report_split_truncation(name: str, examples: Split, max_length: int) -> list[str]:
+  """:func:`report_truncation` of a stored split (both documents of a paired split).
+
+  Loaders that already keep only ``max_length`` tokens (text, retrieval) report at load
+  time; their stored lengths are then within ``max_length`` and nothing is printed here.
+
+  Returns:
+    The messages printed (empty when nothing is cut).
+  """
+  parts = ([(f"{name} (first documents)", examples.first),
+            (f"{name} (second documents)", examples.second)]
+           if isinstance(examples, PairedExamples) else [(name, examples)])
+  messages = [report_truncation(part, split.lengths, max_length) for part, split in parts]
+  return [m for m in messages if m]

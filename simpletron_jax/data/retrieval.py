@@ -40,7 +40,7 @@ import os
 
 import numpy as np
 
-from simpletron_jax.data.common import RaggedExamples
+from simpletron_jax.data.common import RaggedExamples, report_truncation
 from simpletron_jax.data.text import check_max_length, bytes_to_examples, decode, encode
 
 VOCAB_SIZE = 257
@@ -138,8 +138,20 @@ def _parse_label(field: bytes, path: str, line_number: int) -> int:
   return int(value)
 
 
-def read_split(path: str, max_length: int, *,
-               unescape: bool = False) -> tuple[RaggedExamples, RaggedExamples]:
+def _full_length(field: bytes, kept: bytes, max_length: int, unescape: bool) -> int:
+  """Bytes of a document before truncation (``kept`` is what :func:`read_split` keeps)."""
+  if not unescape:
+    return len(field)
+  if len(kept) < max_length:
+    return len(kept)
+  try:
+    return len(unescape_bytes_literal(field))
+  except ValueError:   # the kept prefix decoded; report at least that
+    return len(kept)
+
+
+def read_split(path: str, max_length: int, *, unescape: bool = False,
+               split: str | None = None) -> tuple[RaggedExamples, RaggedExamples]:
   """Reads one AAN TSV file into two ragged splits of byte ids.
 
   Blank lines are skipped; ``\\n`` and ``\\r\\n`` line ends are both read.
@@ -148,6 +160,9 @@ def read_split(path: str, max_length: int, *,
     path: the TSV file.
     max_length: ``model.max_length``: bytes kept per document.
     unescape: decode ``b'...'`` text fields first (see the module docstring).
+    split: the split's name; when given, prints to stderr how many documents of each side
+      ``max_length`` cuts and by how many bytes
+      (:func:`simpletron_jax.data.common.report_truncation`), when it cuts any.
 
   Returns:
     ``(doc1, doc2)``: RaggedExamples of ``text1`` and ``text2`` with uint16
@@ -162,6 +177,7 @@ def read_split(path: str, max_length: int, *,
   docs1: list[bytes] = []
   docs2: list[bytes] = []
   labels: list[int] = []
+  full_lengths: tuple[list[int], list[int]] = ([], [])   # bytes before truncation
   with open(path, "rb") as f:
     for line_number, line in enumerate(f, start=1):
       line = line.rstrip(b"\n")
@@ -183,6 +199,12 @@ def read_split(path: str, max_length: int, *,
       else:
         docs1.append(fields[3][:max_length])
         docs2.append(fields[4][:max_length])
+      if split is not None:
+        for side, (field, kept) in enumerate(((fields[3], docs1[-1]), (fields[4], docs2[-1]))):
+          full_lengths[side].append(_full_length(field, kept, max_length, unescape))
+  if split is not None:
+    for side, lengths in zip(("first", "second"), full_lengths):
+      report_truncation(f"{split} ({side} documents)", lengths, max_length, unit="bytes")
   label_array = np.asarray(labels, dtype=np.int32)
   doc1 = bytes_to_examples(docs1, label_array, max_length)
   doc2 = bytes_to_examples(docs2, label_array, max_length)
@@ -209,5 +231,6 @@ def load_retrieval(*, data_dir: str, max_length: int,
   check_max_length(max_length)
   folder = find_data_dir(data_dir)
   logging.info("AAN source: %s", folder)
-  return {split: read_split(os.path.join(folder, name), max_length, unescape=unescape)
+  return {split: read_split(os.path.join(folder, name), max_length, unescape=unescape,
+                           split=split)
           for split, name in SPLIT_FILES.items()}

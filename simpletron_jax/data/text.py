@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from simpletron_jax.data.common import RaggedExamples
+from simpletron_jax.data.common import RaggedExamples, report_truncation
 
 VOCAB_SIZE = 257
 """Token ids are 0 (padding) and 1..256 (byte value + 1)."""
@@ -391,6 +391,9 @@ def load_text(*, data_dir: str | None, tfds_data_dir: str | None, max_length: in
       out, seeded, for validation, so that checkpoint selection never sees the test
       reviews. 0 reproduces LRA, which validates on the test split.
 
+  Prints to stderr, once per split, how many reviews ``max_length`` cuts and by how many
+  bytes (:func:`simpletron_jax.data.common.report_truncation`), when it cuts any.
+
   Returns:
     ``{"train", "val", "test"}`` RaggedExamples with uint16 ids in 1..256
     and labels 0/1. ``test`` is the 25,000 IMDB test reviews; ``val`` is the held-out
@@ -416,6 +419,7 @@ def load_text(*, data_dir: str | None, tfds_data_dir: str | None, max_length: in
       labels = labels[order]
     if split == "train" and val_fraction:
       texts, labels, splits["val"] = _hold_out(texts, labels, val_fraction, seed, max_length)
+    report_truncation(split, [len(t) for t in texts], max_length, unit="bytes")
     splits[split] = bytes_to_examples(texts, labels, max_length)
   splits.setdefault("val", splits["test"])
   return splits
@@ -433,6 +437,7 @@ def _hold_out(texts: list[bytes], labels: np.ndarray, val_fraction: float, seed:
   """
   from simpletron_jax.data import image  # pylint: disable=import-outside-toplevel
   train_idx, val_idx = image.split_train_val(len(texts), val_fraction, seed)
+  report_truncation("val", [len(texts[i]) for i in val_idx], max_length, unit="bytes")
   val = bytes_to_examples([texts[i] for i in val_idx], labels[val_idx], max_length)
   return [texts[i] for i in train_idx], labels[train_idx], val
 
