@@ -28,6 +28,9 @@ _TEST_XLA_FLAGS = ("--xla_force_host_platform_device_count=2",
 _flags = os.environ.get("XLA_FLAGS", "").split()
 os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in _TEST_XLA_FLAGS if f not in _flags])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The TPU compile-check tests (test_tpu_aot.py, test_tpu_flash.py) load libtpu in each xdist
+# worker; without this the second worker fails on libtpu's per-host lock file.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if not os.environ.get("SIMPLETRON_TEST_NO_CACHE") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _CACHE = tempfile.mkdtemp(prefix="simpletron_test_xla_cache_")
   atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)

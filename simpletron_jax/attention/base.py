@@ -12,6 +12,7 @@ biases. Under ``model.dense_init="torch"`` (the SimpleTRON authors' ``nn.Linear`
 defaults instead: the encoder block sets the scheme with :func:`projection_init` around
 its attention, and :func:`initializers` reads it, so every variant that projects through
 :func:`head_projection` / :func:`output_projection` follows without a field of its own.
+:func:`compiling_for` / :func:`target_platform` tell modules which platform a trace is for.
 """
 
 from __future__ import annotations
@@ -37,6 +38,53 @@ Dtype = Any
 Initializer = Callable[..., jnp.ndarray]
 
 _SCHEME: contextvars.ContextVar[str] = contextvars.ContextVar("projection_init", default="lra")
+# Platforms a module may be compiled for (jax.default_backend()'s names).
+PLATFORMS = ("cpu", "gpu", "tpu")
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target_platform",
+                                                                     default=None)
+
+
+def target_platform() -> str:
+  """The platform the modules traced now are compiled for.
+
+  Modules that choose a kernel at trace time (``SoftmaxAttention``'s ``flash``: cuDNN on a
+  GPU, the Pallas TPU kernel on a TPU) read this rather than ``jax.default_backend()``, so
+  that a step lowered on a CPU host for TPU devices (``scripts/tpu_check.py``) picks the
+  TPU's kernels.
+
+  Returns:
+    The platform set by the innermost :func:`compiling_for` block of this thread's context,
+    else ``jax.default_backend()`` (``"cpu"``, ``"gpu"`` or ``"tpu"``).
+  """
+  override = _TARGET.get()
+  return jax.default_backend() if override is None else override
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str) -> Iterator[None]:
+  """Makes :func:`target_platform` return ``platform`` while the block runs.
+
+  Wrap the tracing (``jax.jit(f).lower(...)``, ``Module.init``/``apply`` under a trace),
+  not the later ``.compile()``: kernels are chosen when the module is traced. The setting is
+  a ``contextvars.ContextVar``, so it holds in this thread (and asyncio task) only; threads
+  started inside the block do not see it. Running a program traced for another platform
+  on this one fails when it is lowered (e.g. a Pallas TPU kernel on a CPU) unless that kernel
+  runs in Pallas's interpret mode (``jax.experimental.pallas.tpu.force_tpu_interpret_mode``,
+  used by the tests).
+
+  Args:
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+
+  Raises:
+    ValueError: for another platform name.
+  """
+  if platform not in PLATFORMS:
+    raise ValueError(f"compiling_for({platform!r}): expected one of {list(PLATFORMS)}")
+  token = _TARGET.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 def _check_init(init: str) -> None:
