@@ -6,7 +6,7 @@ from DESIGN.md section 5:
 * LRA's code configs (``lra_benchmarks/<task>/configs/base_*_config.py`` and
   ``transformer_base.py``) for every task, and for the LRA baselines their per-variant
   settings (``<model_type>_base.py`` and the model files' defaults that actually ran), see
-  :func:`_lra_variant_settings`; the departures that remain are listed in the README;
+  :func:`_lra_variant_settings`; the departures that remain are listed in docs/fidelity.md;
 * SimpleTRON's appendix A for ``simple``, ``simple_res`` and ``simple_resl`` on ListOps, text
   and retrieval (the paper has no image or Pathfinder settings, so there the simple variants
   use LRA's, with ``qkv_dim`` raised to ``emb_dim`` where LRA's is smaller because ``simple``

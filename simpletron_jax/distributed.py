@@ -5,7 +5,7 @@ A multi-host run is one Python process per host (TPU VM worker or GPU machine), 
 started with the same command; ``jax.distributed.initialize`` joins them through a
 coordinator (process 0), after which ``jax.devices()`` lists every host's devices and
 the ``pmap``ped steps of :mod:`simpletron_jax.train_lib` reduce over all of them. The
-README section "TPU VM pods and multi-GPU hosts" gives the commands.
+``docs/scaling.md`` section "TPU VM pods and multi-GPU hosts" gives the commands.
 """
 
 from __future__ import annotations
