@@ -38,7 +38,7 @@ def child(mode: str, batches: int, repeats: int) -> None:
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 
-  from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
+  from simpletron_jax import evaluation, train_lib  # pylint: disable=import-outside-toplevel
 
   def step(x):
     y = jnp.tanh(x @ x.T).sum()
@@ -55,7 +55,7 @@ def child(mode: str, batches: int, repeats: int) -> None:
       elif mode == "tree_add":
         total = jax.tree_util.tree_map(jnp.add, total, sums)
       else:
-        total = train_lib._add_trees(total, sums)  # pylint: disable=protected-access
+        total = evaluation._add_trees(total, sums)  # pylint: disable=protected-access
       if mode == "limited":
         in_flight.add(total)
     jax.block_until_ready(total)

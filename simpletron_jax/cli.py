@@ -2,7 +2,7 @@
 (issue 27, "one line, no traceback, for every user error").
 
 A *user error* is an exception the project raises itself with a message that names the cause,
-the file or config field and what to do: a :class:`simpletron_jax.run_guard.RunError`, or a
+the file or config field and what to do: a :class:`simpletron_jax.errors.RunError`, or a
 ``ValueError`` / ``OSError`` (``FileNotFoundError``, ``NotADirectoryError``, ...) whose
 traceback ends in the project's own code (the package, or the folders a script names, e.g. the
 repository's ``configs/``). It is printed as ``<program>: <message>`` on one line and the
@@ -28,8 +28,10 @@ from typing import Iterable, Iterator, Sequence
 from absl import flags
 from ml_collections import config_flags
 
+from simpletron_jax import errors
+
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# The exception types a user error can have (besides run_guard.RunError).
+# The exception types a user error can have (besides errors.RunError).
 USER_ERROR_TYPES = (ValueError, OSError)
 
 
@@ -61,12 +63,11 @@ def user_error_message(error: BaseException, dirs: Iterable[str] = ()) -> str | 
     dirs: folders of project code besides the package (a script's own folder, ``configs/``).
 
   Returns:
-    ``"<ErrorType>: <message>"`` for a :class:`run_guard.RunError` (its type names the
+    ``"<ErrorType>: <message>"`` for a :class:`errors.RunError` (its type names the
     cause: ``ConfigMismatchError``, ``NonFiniteError``, ...), the message for a
     ``ValueError`` or ``OSError`` raised in the project's code, else None.
   """
-  from simpletron_jax import run_guard  # pylint: disable=import-outside-toplevel  (JAX)
-  if isinstance(error, run_guard.RunError):
+  if isinstance(error, errors.RunError):
     return one_line(f"{type(error).__name__}: {error}")
   if isinstance(error, USER_ERROR_TYPES) and raised_in(error, (PACKAGE_DIR, *dirs)):
     return one_line(str(error))

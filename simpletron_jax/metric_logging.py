@@ -2,7 +2,7 @@
 
 Both files are written in the caller's thread and flushed after every record, so a failed
 write (a full disk, a read-only folder) stops the run at once with a
-:class:`simpletron_jax.run_guard.WriteError` naming the file. tensorboardX's ``SummaryWriter``
+:class:`simpletron_jax.errors.WriteError` naming the file. tensorboardX's ``SummaryWriter``
 writes from a thread instead: when a full disk killed that thread, ``add_scalar`` blocked
 forever on the thread's 10-event queue and the run hung (issue 27); and its events waited up to
 two minutes in a buffer, so a run that failed lost them.
@@ -23,7 +23,7 @@ from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.record_writer import RecordWriter
 from tensorboardX.summary import scalar
 
-from simpletron_jax import run_guard
+from simpletron_jax import atomic_io
 
 
 def read_records(path: str) -> list[dict[str, Any]]:
@@ -84,7 +84,7 @@ class MetricLogger:
 
   Raises:
     ValueError: ``metrics.jsonl`` holds a damaged record (see :func:`read_records`).
-    run_guard.WriteError: a file could not be written; here and in :meth:`write` and
+    errors.WriteError: a file could not be written; here and in :meth:`write` and
       :meth:`close`, naming it.
   """
 
@@ -99,7 +99,7 @@ class MetricLogger:
       kept = [json.dumps(_strict(r), allow_nan=False) + "\n"
               for r in read_records(self.path) if r["step"] < resume_step
               or (r["step"] == resume_step and r.get("split") != "info")]
-      run_guard.write_text_atomic(self.path, "".join(kept))
+      atomic_io.write_text_atomic(self.path, "".join(kept))
     tb_dir = os.path.join(workdir, "tb")
     self.tb_path = os.path.join(tb_dir, f"events.out.tfevents.{int(time.time())}."
                                 f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
@@ -115,7 +115,7 @@ class MetricLogger:
                                   session_log=SessionLog(status=SessionLog.START))])
     except OSError as e:
       self._close_quietly()
-      raise run_guard.write_error(current, e) from e
+      raise atomic_io.write_error(current, e) from e
 
   def _write_events(self, events) -> None:
     """Appends TensorBoard events and flushes them (OSError on failure)."""
@@ -138,19 +138,19 @@ class MetricLogger:
       self._file.write(json.dumps(_strict(record), allow_nan=False) + "\n")
       self._file.flush()
     except OSError as e:
-      raise run_guard.write_error(self.path, e, "the records before this one are kept") from e
+      raise atomic_io.write_error(self.path, e, "the records before this one are kept") from e
     try:
       self._write_events([Event(wall_time=now, step=int(step),
                                 summary=scalar(f"{split}/{name}", float(value)))
                           for name, value in metrics.items()])
     except OSError as e:
-      raise run_guard.write_error(self.tb_path, e, "the events before these are kept") from e
+      raise atomic_io.write_error(self.tb_path, e, "the events before these are kept") from e
 
   def close(self) -> None:
     """Flushes and closes both outputs; later calls do nothing.
 
     Raises:
-      run_guard.WriteError: a final flush failed (both files are closed anyway).
+      errors.WriteError: a final flush failed (both files are closed anyway).
     """
     file, tb, self._file, self._tb = self._file, self._tb, None, None
     for path, handle in ((self.path, file), (self.tb_path, tb)):
@@ -159,7 +159,7 @@ class MetricLogger:
           handle.close()
         except OSError as e:
           self._close_quietly(file, tb)
-          raise run_guard.write_error(path, e) from e
+          raise atomic_io.write_error(path, e) from e
 
   def _close_quietly(self, *handles) -> None:
     """Closes the given handles (default: this logger's), ignoring errors: after a failure."""

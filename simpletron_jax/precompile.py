@@ -25,7 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from simpletron_jax import train_lib
+from simpletron_jax import batches, steps
 from simpletron_jax.data.common import Split
 
 
@@ -37,7 +37,7 @@ class CompiledSteps:
 
   Attributes:
     step: the ``jax.pmap``ped step.
-    compiled: ``{train_lib.batch_shape_key(batch): compiled program}``.
+    compiled: ``{steps.batch_shape_key(batch): compiled program}``.
   """
 
   def __init__(self, step: Callable, compiled: dict[tuple, Any] | None = None):
@@ -45,7 +45,7 @@ class CompiledSteps:
     self.compiled = dict(compiled or {})
 
   def __call__(self, first, batch, *rest):
-    return self.compiled.get(train_lib.batch_shape_key(batch), self.step)(first, batch, *rest)
+    return self.compiled.get(steps.batch_shape_key(batch), self.step)(first, batch, *rest)
 
 
 def _one_batch_per_width(examples: Split, index_batches, config
@@ -54,21 +54,21 @@ def _one_batch_per_width(examples: Split, index_batches, config
   numpy batch [n_devices, rows / n_devices, ...]}``."""
   found: dict[int, tuple] = {}
   for indices, valid in index_batches:
-    found.setdefault(train_lib.batch_width(examples, indices, config), (indices, valid))
+    found.setdefault(batches.batch_width(examples, indices, config), (indices, valid))
   n_dev = jax.local_device_count()
-  return {w: train_lib.shard(train_lib.host_batch(examples, idx, config, valid), n_dev)
+  return {w: steps.shard(batches.host_batch(examples, idx, config, valid), n_dev)
           for w, (idx, valid) in sorted(found.items())}
 
 
 def train_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
                            start_micro_step: int, count: int) -> dict[int, dict[str, np.ndarray]]:
   """One sharded train micro-batch per padded width among micro-batches
-  ``start_micro_step .. start_micro_step + count - 1`` (:func:`train_lib.train_batches`).
+  ``start_micro_step .. start_micro_step + count - 1`` (:func:`batches.train_batches`).
 
   Returns:
     ``{width in tokens: [n_devices, rows / n_devices, ...] numpy batch}``.
   """
-  ds = train_lib.train_index_batches(examples, config)
+  ds = batches.train_index_batches(examples, config)
   return _one_batch_per_width(
       examples, ((np.asarray(ds[i]), None)
                  for i in range(start_micro_step, start_micro_step + count)), config)
@@ -76,13 +76,13 @@ def train_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
 
 def eval_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
                           num_batches: int) -> dict[int, dict[str, np.ndarray]]:
-  """One sharded batch per padded width among the batches :func:`train_lib.evaluate` reads.
+  """One sharded batch per padded width among the batches :func:`evaluation.evaluate` reads.
 
   Returns:
     ``{width in tokens: [n_devices, rows / n_devices, ...] numpy batch}``.
   """
-  return _one_batch_per_width(examples, train_lib.eval_index_batches(
-      examples, config, train_lib.eval_batch_size(config), num_batches), config)
+  return _one_batch_per_width(examples, batches.eval_index_batches(
+      examples, config, batches.eval_batch_size(config), num_batches), config)
 
 
 def _abstract(batch: dict[str, np.ndarray]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -94,7 +94,7 @@ def _eval_batches_by_key(splits, config) -> dict[tuple, dict[str, np.ndarray]]:
   found: dict[tuple, dict[str, np.ndarray]] = {}
   for split, limit in splits:
     for batch in eval_batches_by_width(split, config, limit).values():
-      found.setdefault(train_lib.batch_shape_key(batch), batch)
+      found.setdefault(steps.batch_shape_key(batch), batch)
   return found
 
 
@@ -111,9 +111,9 @@ def precompile_eval_step(p_eval: Callable, params_repl, splits, config: ml_colle
   """Compiles the eval step for every batch shape that evaluating ``splits`` meets (eval.py).
 
   Args:
-    p_eval: the pmapped eval step of :func:`train_lib.pmap_steps`.
+    p_eval: the pmapped eval step of :func:`steps.pmap_steps`.
     params_repl: the replicated parameters (only shapes and dtypes are read).
-    splits: ``[(Split, num_batches), ...]`` as :func:`train_lib.evaluate` reads them.
+    splits: ``[(Split, num_batches), ...]`` as :func:`evaluation.evaluate` reads them.
     config: the run config.
     workers: compiling threads, at least 1.
 
@@ -135,7 +135,7 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
   """Compiles the train and eval steps for every batch shape the run will meet, in threads.
 
   Args:
-    p_train, p_eval: the pmapped steps of :func:`train_lib.pmap_steps`.
+    p_train, p_eval: the pmapped steps of :func:`steps.pmap_steps`.
     state_repl: the replicated train state (only its shapes and dtypes are read).
     data: the run's :class:`simpletron_jax.tasks.TaskData`.
     config: the run config.
@@ -155,7 +155,7 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
   micro = config.batch_size // accum
   remaining = max(config.num_train_steps * accum - start_micro_step, 0)
   count = min(remaining, max(len(data.train) // micro, 1))
-  train = {train_lib.batch_shape_key(b): b for b in train_batches_by_width(
+  train = {steps.batch_shape_key(b): b for b in train_batches_by_width(
       data.train, config, start_micro_step, count).values()}
   evals = _eval_batches_by_key([(data.val, config.get("num_eval_steps", -1)),
                                 (data.test, config.get("num_test_steps", -1))], config)

@@ -51,16 +51,16 @@ def presence_data():
                         source="synthetic")
 
 
-def _record_loads(train_lib, data, loads):
-  """Wraps train_lib.make_batch to append ``[split, indices]`` for every batch built."""
+def _record_loads(batches, data, loads):
+  """Wraps batches.make_batch to append ``[split, indices]`` for every batch built."""
   names = {id(data.train): "train", id(data.val): "val", id(data.test): "test"}
-  make_batch = train_lib.make_batch
+  make_batch = batches.make_batch
 
   def recording(examples, indices, **kwargs):
     loads.append([names[id(examples)], [int(i) for i in indices]])
     return make_batch(examples, indices, **kwargs)
 
-  train_lib.make_batch = recording
+  batches.make_batch = recording
 
 
 def _record_evals(train_lib, evals):
@@ -106,14 +106,15 @@ def main(argv):
   xla_flags = os.environ.get("XLA_FLAGS", "")
   data = presence_data()
   os.environ["XLA_FLAGS"] = xla_flags  # importing conftest added its 2 devices
-  from simpletron_jax import distributed, train_lib  # pylint: disable=import-outside-toplevel
+  from simpletron_jax import (  # pylint: disable=import-outside-toplevel
+      batches, distributed, train_lib)
   distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes, args.process_id,
                          timeout_s=TIMEOUT_S)
   import jax  # pylint: disable=import-outside-toplevel
   record = {"process_index": jax.process_index(), "process_count": jax.process_count(),
             "local_device_count": jax.local_device_count(), "loads": [], "evals": [],
             "writes": []}
-  _record_loads(train_lib, data, record["loads"])
+  _record_loads(batches, data, record["loads"])
   _record_evals(train_lib, record["evals"])
   _record_writes(args.workdir, record["writes"])
 

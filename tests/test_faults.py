@@ -26,7 +26,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from simpletron_jax import attention, models, run_guard, train_lib
+from simpletron_jax import attention, config_checks, models, run_guard, train_lib
 from simpletron_jax.data import image, listops, retrieval, text
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.metric_logging import MetricLogger, read_records
@@ -389,14 +389,14 @@ def test_empty_split_stops_before_training(presence_task, tmp_path, split):
 ])
 def test_meaningless_settings_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    run_guard.check_settings(fault_config(**{field: value}))
+    config_checks.check_settings(fault_config(**{field: value}))
 
 
 def test_doubtful_settings_are_warned_about():
   with pytest.warns(run_guard.RunWarning, match="warmup=50 exceeds num_train_steps=10"):
-    run_guard.check_settings(fault_config(warmup=50))
+    config_checks.check_settings(fault_config(warmup=50))
   with pytest.warns(run_guard.RunWarning, match="checkpoint_every=20 exceeds"):
-    run_guard.check_settings(fault_config(checkpoint_every=20))
+    config_checks.check_settings(fault_config(checkpoint_every=20))
 
 
 # ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import lra
-from simpletron_jax import cli, run_guard, train_lib
+from simpletron_jax import cli, config_checks, run_guard, train_lib
 from simpletron_jax.data import common, listops, retrieval, text
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
@@ -236,7 +236,7 @@ def test_bad_model_data_and_batch_fields_are_refused(field, value, message):
 ])
 def test_bad_optimizer_fields_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    run_guard.check_settings(small_config(**{field: value}))
+    config_checks.check_settings(small_config(**{field: value}))
 
 
 def test_validation_runs_before_any_work(tmp_path, presence_task):
@@ -253,7 +253,7 @@ def test_every_shipped_config_passes_validation():
       for variant in (None,) + lra.variants(task, name):
         config = lra.make_config(task, name, variant)
         train_lib.validate_config(config, n_devices=2)
-        run_guard.check_settings(config)
+        config_checks.check_settings(config)
 
 
 def test_truncation_is_reported_with_counts(tmp_path, presence_task, capsys):

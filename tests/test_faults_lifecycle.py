@@ -35,7 +35,7 @@ import chex
 import orbax.checkpoint as ocp
 import pytest
 
-from simpletron_jax import metric_logging, run_guard, train_lib
+from simpletron_jax import batches, metric_logging, run_guard, train_lib
 from simpletron_jax.metric_logging import MetricLogger, read_records
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
@@ -263,8 +263,8 @@ def test_two_hosts_stop_at_the_same_step_when_one_gets_sigterm(tmp_path, monkeyp
   assert resumed["results"]["complete"] and resumed["results"]["final_step"] == 6
   # The same run in this process on its two devices (as test_multihost.py compares them).
   single, data, loads = str(tmp_path / "single"), worker.presence_data(), []
-  monkeypatch.setattr(train_lib, "make_batch", train_lib.make_batch)   # restored after
-  worker._record_loads(train_lib, data, loads)  # pylint: disable=protected-access
+  monkeypatch.setattr(batches, "make_batch", batches.make_batch)   # restored after
+  worker._record_loads(batches, data, loads)  # pylint: disable=protected-access
   train_lib.train_and_evaluate(worker.worker_config(), single, data=data)
   train_loads = [idx for split, idx in loads if split == "train"]
   resumed_first = [idx for split, idx in resumed["loads"] if split == "train"][0]

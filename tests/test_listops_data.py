@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax.data import listops
+from simpletron_jax.data.listops import generate as listops_generate
 
 SMALL = dict(num_train=300, num_val=30, num_test=30, min_length=20, max_length=200)
 
@@ -242,7 +243,7 @@ def test_ensure_generated_reuses(tmp_path, monkeypatch):
     raise AssertionError("regenerated")
 
   with monkeypatch.context() as m:
-    m.setattr(listops, "generate_dataset", fail)
+    m.setattr(listops_generate, "generate_dataset", fail)
     assert listops.ensure_generated(cache, seed=1, **SMALL) == first
   assert os.stat(train).st_mtime_ns == mtime
   assert len(listops.load_split(first, "val")) == 30
@@ -254,7 +255,7 @@ def test_ensure_generated_reuses(tmp_path, monkeypatch):
     f.write("{")
   calls = []
   real = listops.generate_dataset
-  monkeypatch.setattr(listops, "generate_dataset",
+  monkeypatch.setattr(listops_generate, "generate_dataset",
                       lambda *a, **k: calls.append(1) or real(*a, **k))
   assert listops.ensure_generated(cache, seed=1, num_workers=1, **SMALL) == first
   assert calls == [1]

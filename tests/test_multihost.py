@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from simpletron_jax import distributed, tasks, train_lib
+from simpletron_jax import batches, distributed, tasks, train_lib
 from simpletron_jax.data.common import RaggedExamples
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
@@ -84,9 +84,9 @@ def single(tmp_path_factory):
   data = worker.presence_data()
   record = {"loads": [], "evals": []}
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(train_lib, "make_batch", train_lib.make_batch)  # restored on exit
+    mp.setattr(batches, "make_batch", batches.make_batch)  # restored on exit
     mp.setattr(train_lib, "evaluate", train_lib.evaluate)
-    worker._record_loads(train_lib, data, record["loads"])  # pylint: disable=protected-access
+    worker._record_loads(batches, data, record["loads"])  # pylint: disable=protected-access
     worker._record_evals(train_lib, record["evals"])  # pylint: disable=protected-access
     record["results"] = train_lib.train_and_evaluate(worker.worker_config(), str(workdir),
                                                      data=data)

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from simpletron_jax.data import pathfinder as pf
+from simpletron_jax.data.pathfinder import generate as pf_generate
 
 # ----------------------------------------------------------------------------
 # Reference pixel analysis.
@@ -311,7 +312,7 @@ def test_ensure_generated_reuses_finished_data(tmp_path, monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("regenerated finished data")
 
-  monkeypatch.setattr(pf, "generate_dataset", fail)
+  monkeypatch.setattr(pf_generate, "generate_dataset", fail)
   assert pf.ensure_generated(str(tmp_path), seed=2, resolution=32, level="easy",
                              num_images=6, progress=False) == root
   with pytest.raises(AssertionError, match="regenerated"):

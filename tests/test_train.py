@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs.listops import simple as simple_config
-from simpletron_jax import precompile, train_lib
+from simpletron_jax import evaluation, precompile, train_lib
 from simpletron_jax.data.common import make_batch
 
 
@@ -282,7 +282,7 @@ def test_evaluate_keeps_few_batches_in_flight(presence_task, monkeypatch):
       older = added[:-self.limit]
       assert all(x.is_ready() for x in jax.tree_util.tree_leaves(older))
 
-  monkeypatch.setattr(train_lib, "InFlightLimit", Recording)
+  monkeypatch.setattr(evaluation, "InFlightLimit", Recording)
   config = tiny_config()
   model, state = _state(config, presence_task)
   _, p_eval = train_lib.pmap_steps(model.apply)

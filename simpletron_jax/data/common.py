@@ -5,6 +5,8 @@ sequences stored back to back in one flat array, plus one integer label per
 example. The trainer turns index lists into padded batches with
 :func:`make_batch`, padding each batch only to its longest example rounded up
 to a length bucket (the LRA input pipelines pad every batch to ``max_length``).
+:func:`split_train_val` holds out the validation part of a training split (the image and
+text tasks).
 """
 
 from __future__ import annotations
@@ -261,3 +263,31 @@ def report_split_truncation(name: str, examples: Split, max_length: int) -> list
            if isinstance(examples, PairedExamples) else [(name, examples)])
   messages = [report_truncation(part, split.lengths, max_length) for part, split in parts]
   return [m for m in messages if m]
+
+
+def split_train_val(n: int, val_fraction: float, seed: int,
+                    lra_split: bool = False) -> tuple[np.ndarray, np.ndarray]:
+  """Indices of the train and validation parts of ``n`` training examples (image, text).
+
+  Args:
+    n: number of training examples.
+    val_fraction: ``data.val_fraction``, in (0, 1). The validation part has
+      ``round(n * val_fraction)`` examples.
+    seed: seeds the permutation.
+    lra_split: take the last ``val_fraction`` in source order (LRA's
+      ``train[90%:]``) instead of a seeded draw.
+
+  Returns:
+    ``(train_idx, val_idx)``: sorted int64 arrays, disjoint, covering
+    ``range(n)``.
+
+  Raises:
+    ValueError: if ``val_fraction`` is not in (0, 1).
+  """
+  if not 0.0 < float(val_fraction) < 1.0:
+    raise ValueError(f"data.val_fraction must lie in (0, 1), got {val_fraction!r}")
+  n_val = int(round(n * float(val_fraction)))
+  if lra_split:
+    return np.arange(n - n_val, dtype=np.int64), np.arange(n - n_val, n, dtype=np.int64)
+  perm = np.random.default_rng(seed).permutation(n)
+  return np.sort(perm[n_val:]).astype(np.int64), np.sort(perm[:n_val]).astype(np.int64)

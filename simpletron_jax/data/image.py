@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from simpletron_jax.data.common import RaggedExamples
-from simpletron_jax.data.text import find_prepared_tfds, read_tfds_split
+from simpletron_jax.data.common import RaggedExamples, split_train_val
+from simpletron_jax.data.tfds_io import find_prepared_tfds, read_tfds_split
 
 VOCAB_SIZE = 256
 NUM_CLASSES = 10
@@ -111,34 +111,6 @@ def images_to_examples(images: np.ndarray, labels: np.ndarray) -> RaggedExamples
                         explicit_mask=True)
 
 
-def split_train_val(n: int, val_fraction: float, seed: int,
-                    lra_split: bool = False) -> tuple[np.ndarray, np.ndarray]:
-  """Indices of the train and validation parts of ``n`` training images.
-
-  Args:
-    n: number of training images.
-    val_fraction: ``data.val_fraction``, in (0, 1). The validation part has
-      ``round(n * val_fraction)`` images.
-    seed: seeds the permutation.
-    lra_split: take the last ``val_fraction`` in source order (LRA's
-      ``train[90%:]``) instead of a seeded draw.
-
-  Returns:
-    ``(train_idx, val_idx)``: sorted int64 arrays, disjoint, covering
-    ``range(n)``.
-
-  Raises:
-    ValueError: if ``val_fraction`` is not in (0, 1).
-  """
-  if not 0.0 < float(val_fraction) < 1.0:
-    raise ValueError(f"data.val_fraction must lie in (0, 1), got {val_fraction!r}")
-  n_val = int(round(n * float(val_fraction)))
-  if lra_split:
-    return np.arange(n - n_val, dtype=np.int64), np.arange(n - n_val, n, dtype=np.int64)
-  perm = np.random.default_rng(seed).permutation(n)
-  return np.sort(perm[n_val:]).astype(np.int64), np.sort(perm[:n_val]).astype(np.int64)
-
-
 def _check_arrays(images: np.ndarray, labels: np.ndarray, where: str) -> None:
   if images.ndim != 3 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE) or (
       images.dtype != np.uint8):
@@ -197,7 +169,7 @@ def read_tfds(version_dir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
   Args:
     version_dir: a prepared tfds folder (see
-      :func:`~simpletron_jax.data.text.find_prepared_tfds`).
+      :func:`~simpletron_jax.data.tfds_io.find_prepared_tfds`).
 
   Returns:
     As :func:`read_npz`, images from :func:`rgb_to_grayscale`.
@@ -264,7 +236,7 @@ def load_image(*, data_dir: str | None, tfds_data_dir: str | None, seed: int,
       held out for validation.
     lra_split: ``data.lra_split``: LRA's ``train[:90%]`` / ``train[90%:]``
       (``lra_benchmarks/image/input_pipeline.py``, ``get_cifar10_datasets``),
-      see :func:`split_train_val`. Exact with a tfds source; with the npz the
+      see :func:`~simpletron_jax.data.common.split_train_val`. Exact with a tfds source; with the npz the
       sizes only (the module docstring says why).
 
   Returns:
@@ -274,7 +246,8 @@ def load_image(*, data_dir: str | None, tfds_data_dir: str | None, seed: int,
 
   Raises:
     FileNotFoundError, ValueError, RuntimeError: see :func:`find_source`,
-      :func:`read_npz`, :func:`read_tfds` and :func:`split_train_val`.
+      :func:`read_npz`, :func:`read_tfds` and
+      :func:`~simpletron_jax.data.common.split_train_val`.
   """
   kind, where = find_source(data_dir, tfds_data_dir)
   logging.info("CIFAR-10 source: %s %s", kind, where)

@@ -28,7 +28,6 @@ per-byte Python loop); the retrieval loader reuses it.
 
 from __future__ import annotations
 
-import glob
 import gzip
 import json
 import logging
@@ -39,7 +38,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from simpletron_jax.data.common import RaggedExamples, report_truncation
+from simpletron_jax.data.common import RaggedExamples, report_truncation, split_train_val
+from simpletron_jax.data.tfds_io import find_prepared_tfds, read_tfds_split
 
 VOCAB_SIZE = 257
 """Token ids are 0 (padding) and 1..256 (byte value + 1)."""
@@ -139,81 +139,6 @@ def check_max_length(max_length: int) -> None:
   if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or (
       max_length <= 0):
     raise ValueError(f"model.max_length must be a positive int, got {max_length!r}")
-
-
-# ----------------------------------------------------------------------------
-# tfds (shared with the image loader).
-
-
-def find_prepared_tfds(tfds_data_dir: str, name: str) -> str | None:
-  """The folder of a prepared tfds data set, or None.
-
-  Looks for ``{tfds_data_dir}/{name}/{version}/dataset_info.json``, where
-  ``name`` may include a config (``imdb_reviews/plain_text``), and returns the
-  highest version found. Folders of unfinished preparations (tfds names them
-  ``incomplete.*``) are skipped. Nothing is downloaded or generated.
-
-  Args:
-    tfds_data_dir: the tfds data dir (``~`` is expanded).
-    name: ``dataset`` or ``dataset/config``.
-
-  Returns:
-    The version folder, or None if no prepared copy exists.
-  """
-  base = os.path.join(os.path.expanduser(tfds_data_dir), *name.split("/"))
-  best: tuple[tuple[int, ...], str] | None = None
-  for info in glob.glob(os.path.join(glob.escape(base), "*", "dataset_info.json")):
-    folder = os.path.dirname(info)
-    version = os.path.basename(folder)
-    if not re.fullmatch(r"\d+(\.\d+)*", version):
-      continue
-    key = tuple(int(p) for p in version.split("."))
-    if best is None or key > best[0]:
-      best = (key, folder)
-  return None if best is None else best[1]
-
-
-def read_tfds_split(version_dir: str, split: str, keys: Sequence[str]) -> dict[str, list[Any]]:
-  """Reads the features ``keys`` of one split of a prepared tfds data set.
-
-  The builder is made with ``tfds.builder_from_directory``, which reads only
-  the files already in ``version_dir`` (it never downloads and needs no
-  builder code). ``array_record`` data are read with the tfds data source,
-  which needs no TensorFlow; the default ``tfrecord`` format needs TensorFlow.
-
-  Args:
-    version_dir: a folder returned by :func:`find_prepared_tfds`.
-    split: a tfds split name such as ``"train"``.
-    keys: feature names to keep.
-
-  Returns:
-    ``{key: [value per example]}`` with numpy values, in the stored order.
-
-  Raises:
-    RuntimeError: if the data are in ``tfrecord`` format and TensorFlow is
-      not installed. The message names ``data.tfds_data_dir``.
-  """
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  builder = tfds.builder_from_directory(version_dir)
-  out: dict[str, list[Any]] = {k: [] for k in keys}
-  if str(builder.info.file_format).lower().endswith("array_record"):
-    source = builder.as_data_source(split=split)
-    for i in range(len(source)):
-      example = source[i]
-      for k in keys:
-        out[k].append(example[k])
-    return out
-  try:
-    import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-  except ImportError:
-    raise RuntimeError(
-        f"the tfds copy in {version_dir} is stored as {builder.info.file_format}, which needs "
-        f"TensorFlow to read; install tensorflow, or leave data.tfds_data_dir unset to use "
-        f"the local files in data.data_dir") from None
-  for example in tfds.as_numpy(builder.as_dataset(split=split)):
-    for k in keys:
-      out[k].append(example[k])
-  return out
 
 
 # ----------------------------------------------------------------------------
@@ -435,8 +360,7 @@ def _hold_out(texts: list[bytes], labels: np.ndarray, val_fraction: float, seed:
   Raises:
     ValueError: naming ``data.val_fraction`` if it is outside (0, 1).
   """
-  from simpletron_jax.data import image  # pylint: disable=import-outside-toplevel
-  train_idx, val_idx = image.split_train_val(len(texts), val_fraction, seed)
+  train_idx, val_idx = split_train_val(len(texts), val_fraction, seed)
   report_truncation("val", [len(texts[i]) for i in val_idx], max_length, unit="bytes")
   val = bytes_to_examples([texts[i] for i in val_idx], labels[val_idx], max_length)
   return [texts[i] for i in train_idx], labels[train_idx], val

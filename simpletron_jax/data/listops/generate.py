@@ -1,32 +1,13 @@
-"""ListOps: a seeded generator, the label evaluator and the TSV loader.
+"""Generating ListOps with LRA's algorithm, seeded, and writing it in LRA's TSV layout.
 
-The task follows LRA's ``lra_benchmarks/data/listops.py`` (generator) and
-``lra_benchmarks/listops/input_pipeline.py`` (tokenisation).
-
-An expression is a tree. Each inner node is one of the operators ``[MIN``,
-``[MAX``, ``[MED`` (median) and ``[SM`` (sum modulo 10), is closed by ``]``,
-and has 2 to ``max_args`` children. Each leaf is a digit 0-9. The label is the
-value of the tree, a class in 0..9.
-
-A TSV file has the header ``Source\\tTarget`` and one example per line. In
-``Source`` the tree is written in LRA's left-nested pair form. An operator
-with children ``c1 .. ck`` becomes ``((((op, c1), c2), ...), ck), ])``, and
-every pair is written ``( X Y )``. So ``[MAX 2 9 ]`` is stored as
-``( ( ( [MAX 2 ) 9 ) ] )``.
-
-LRA's pipeline removes the parentheses and splits on whitespace. The length of
-an example is the number of tokens left: digits, operators and ``]``.
-
-This module fixes two LRA bugs:
-
-* LRA's generator used the unseeded global ``random`` module. Here the data
-  are a pure function of an integer seed and the generator arguments.
-* LRA built its vocabulary from a Python ``set()``, so the token ids changed
-  from run to run. Here the vocabulary is the fixed tuple :data:`VOCAB`.
-
-The trainer reads the splits with :func:`load_split`. It gets its data
-directory from :func:`ensure_generated`, or from the user, for example LRA's
-``lra_release/listops-1000`` folder.
+LRA's generator (``lra_benchmarks/data/listops.py``) used the unseeded global
+``random`` module. Here the data are a pure function of an integer seed and the
+generator arguments, whatever the number of worker processes:
+:func:`generate_tree` is LRA's algorithm as written, :func:`sample_token_ids`
+the same draws without tuples, and :func:`generate_splits` keeps the distinct
+examples of seeded blocks in block order. :func:`generate_dataset` writes
+``{task}_{split}.tsv`` files (:func:`write_tsv`) and :func:`ensure_generated`
+reuses a finished folder; :mod:`simpletron_jax.data.listops.read` reads them.
 """
 
 from __future__ import annotations
@@ -46,143 +27,11 @@ import numpy as np
 import tqdm
 
 from simpletron_jax.data import workers as worker_pool
-from simpletron_jax.data.common import RaggedExamples
+from simpletron_jax.data.listops.tokens import (_END_ID, _MIN_ID, _SM_ID, END, NUM_CLASSES,
+                                                OPERATORS, VOCAB, _evaluate_ids)
 
-# ----------------------------------------------------------------------------
-# Vocabulary.
 
-VOCAB: tuple[str, ...] = (
-    "<pad>", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
-    "[MIN", "[MAX", "[MED", "[SM", "]")
-"""Token strings by id. Id 0 is padding; digit ``d`` has id ``d + 1``."""
-VOCAB_SIZE = 16
-PAD_ID = 0
-NUM_CLASSES = 10
-OPERATORS: tuple[str, ...] = ("[MIN", "[MAX", "[MED", "[SM")
-"""The operators in LRA's order. The generator picks one by index in this tuple."""
-END = "]"
-
-_MIN_ID, _MAX_ID, _MED_ID, _SM_ID = (VOCAB.index(op) for op in OPERATORS)
-_END_ID = VOCAB.index(END)
-_TOKEN_ID = {tok: i for i, tok in enumerate(VOCAB) if i != PAD_ID}
-_BYTES_TOKEN_ID = {tok.encode(): i for tok, i in _TOKEN_ID.items()}
 _LEAF_P = 0.25  # LRA's VALUE_P: a node is a leaf when random() > 0.25.
-
-assert len(VOCAB) == VOCAB_SIZE and _END_ID == VOCAB_SIZE - 1
-
-# ----------------------------------------------------------------------------
-# Tokenisation and labels.
-
-
-def _split_tokens(source: str) -> list[str]:
-  """Removes ``(`` and ``)`` wherever they occur and splits on whitespace (as LRA does)."""
-  return source.replace("(", "").replace(")", "").split()
-
-
-def tokenize(source: str) -> np.ndarray:
-  """Turns a ``Source`` string into token ids.
-
-  As LRA's input pipeline does, this removes every ``(`` and ``)`` and splits
-  on whitespace. Then it maps each token through the fixed :data:`VOCAB`.
-
-  Args:
-    source: an expression, with or without LRA's parentheses.
-
-  Returns:
-    ``[L]`` int32 array of ids in ``1..VOCAB_SIZE - 1``. ``L`` is the number
-    of digits, operators and ``]`` (in tokens). Padding id 0 never occurs.
-
-  Raises:
-    ValueError: if a token is not in the vocabulary. The message names the
-      token.
-  """
-  tokens = _split_tokens(source)
-  try:
-    return np.fromiter(map(_TOKEN_ID.__getitem__, tokens), dtype=np.int32, count=len(tokens))
-  except KeyError as e:
-    raise ValueError(f"unknown ListOps token {e.args[0]!r}; the tokens are "
-                     f"{', '.join(VOCAB[1:])}") from None
-
-
-def _apply(op_id: int, args: list[int]) -> int:
-  """The value of one operator applied to its list of argument values."""
-  if op_id == _MIN_ID:
-    return min(args)
-  if op_id == _MAX_ID:
-    return max(args)
-  if op_id == _SM_ID:
-    return sum(args) % 10
-  # Median: int(np.median(args)). For an even count, numpy takes the mean of
-  # the two middle values and int() truncates it.
-  ordered = sorted(args)
-  mid = len(ordered) // 2
-  if len(ordered) % 2:
-    return ordered[mid]
-  return int((ordered[mid - 1] + ordered[mid]) / 2)
-
-
-def _evaluate_ids(ids: Sequence[int]) -> int:
-  """The value of an expression given as paren-free token ids.
-
-  This uses an explicit stack, so the nesting depth is unlimited.
-
-  Raises:
-    ValueError: if the expression is malformed.
-  """
-  stack: list[tuple[int, list[int]]] = []  # (operator id, argument values so far)
-  n = len(ids)
-  for pos, t in enumerate(ids):
-    if 1 <= t <= 10:
-      value = t - 1
-    elif _MIN_ID <= t <= _SM_ID:
-      stack.append((t, []))
-      continue
-    elif t == _END_ID:
-      if not stack:
-        raise ValueError(f"unbalanced ']' at token {pos}: no operator is open")
-      op_id, args = stack.pop()
-      if not args:
-        raise ValueError(f"operator {VOCAB[op_id]} closed at token {pos} has no arguments")
-      value = _apply(op_id, args)
-    else:
-      raise ValueError(f"unknown token id {t} at token {pos}")
-    if stack:
-      stack[-1][1].append(value)
-    elif pos != n - 1:
-      raise ValueError(f"trailing tokens after the complete expression, from token {pos + 1} "
-                       f"of {n}")
-    else:
-      return value
-  if stack:
-    raise ValueError(f"{len(stack)} operator(s) not closed by ']' at the end of the expression "
-                     f"(innermost: {VOCAB[stack[-1][0]]})")
-  raise ValueError("empty expression")
-
-
-def evaluate(source: str) -> int:
-  """The label of a ListOps expression.
-
-  Accepts LRA's ``Source`` form (``( ( ( [MAX 2 ) 9 ) ] )``) and the same text
-  without parentheses (``[MAX 2 9 ]``). The operators follow LRA's
-  ``to_value``: ``[MIN`` is min, ``[MAX`` is max, ``[MED`` is
-  ``int(numpy.median(args))`` (for an even count, the mean of the two middle
-  values, truncated), and ``[SM`` is ``sum(args) % 10``.
-
-  An explicit stack is used, not recursion, so any nesting depth works.
-
-  Args:
-    source: the expression.
-
-  Returns:
-    The value, an int in 0..9.
-
-  Raises:
-    ValueError: if the expression is malformed. That covers an unknown token,
-      an unbalanced ``]``, an operator with no arguments, an operator that is
-      never closed, tokens after the complete expression, and an empty
-      expression.
-  """
-  return _evaluate_ids(tokenize(source).tolist())
 
 
 # ----------------------------------------------------------------------------
@@ -699,80 +548,3 @@ def ensure_generated(cache_dir: str, *, seed: int, num_workers: int | None = Non
   if not up_to_date:
     generate_dataset(data_dir, task=task, num_workers=num_workers, **args)
   return data_dir
-
-
-def load_split(data_dir: str, split: str, *, task: str = "basic") -> RaggedExamples:
-  """Reads one split of an LRA-format ListOps TSV.
-
-  Reads ``{data_dir}/{task}_{split}.tsv``. This works on the output of
-  :func:`generate_dataset` and on LRA's released ``listops-1000`` folder,
-  which uses the same names. Each ``Source`` is tokenised as in
-  :func:`tokenize`: parentheses dropped, split on whitespace, fixed
-  :data:`VOCAB`. Nothing is truncated here; the batcher truncates to the
-  model's ``max_length``. Both ``\\n`` and ``\\r\\n`` line ends are read.
-
-  Args:
-    data_dir: the folder.
-    split: ``"train"``, ``"val"`` or ``"test"``.
-    task: the file name prefix. LRA's is ``basic``.
-
-  Returns:
-    A :class:`RaggedExamples` with uint8 ``tokens`` (ids 1..15, no padding),
-    int64 ``offsets`` and int32 ``labels`` in 0..9. Lengths are in tokens.
-
-  Raises:
-    ValueError: on an unknown split name. For a malformed file the message
-      starts with ``{path}:{line_number}:``; that covers a missing or wrong
-      header, a line without exactly two tab-separated fields, a target that
-      is not an int in 0..9, an unknown token and an empty source.
-    FileNotFoundError: if the file does not exist. The message says how to
-      get the data.
-  """
-  if split not in ("train", "val", "test"):
-    raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
-  path = os.path.join(os.path.expanduser(data_dir), f"{task}_{split}.tsv")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(
-        f"ListOps file {path} not found. Leave the data dir unset to generate the data "
-        f"(simpletron_jax.data.listops.ensure_generated), make it with "
-        f"simpletron_jax.data.listops.generate_dataset, or point the data dir at LRA's release "
-        f"folder lra_release/listops-1000 (from lra_release.gz, "
-        f"https://github.com/google-research/long-range-arena).")
-  # Bytes throughout: bytes.translate drops the parentheses much faster than
-  # str.replace, and bytes.split splits on ASCII whitespace like LRA's tokenizer.
-  token_id = _BYTES_TOKEN_ID
-  chunks: list[bytes] = []
-  lengths: list[int] = []
-  labels: list[int] = []
-  with open(path, "rb") as f:
-    header = f.readline()
-    if header.rstrip(b"\r\n") != b"Source\tTarget":
-      found = repr(header.rstrip(b"\r\n")[:60].decode("utf-8", "replace")) if header else (
-          "an empty file")
-      raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', found {found}")
-    for line_number, line in enumerate(f, start=2):
-      fields = line.rstrip(b"\r\n").split(b"\t")
-      if len(fields) != 2:
-        raise ValueError(f"{path}:{line_number}: expected 2 tab-separated fields "
-                         f"(Source, Target), found {len(fields)}")
-      source, target = fields
-      target = target.strip()
-      if len(target) != 1 or not target.isdigit():
-        raise ValueError(f"{path}:{line_number}: Target {target.decode('utf-8', 'replace')!r} "
-                         f"is not an integer in 0..{NUM_CLASSES - 1}")
-      tokens = source.translate(None, b"()").split()
-      if not tokens:
-        raise ValueError(f"{path}:{line_number}: empty Source")
-      try:
-        chunks.append(bytes(map(token_id.__getitem__, tokens)))
-      except KeyError as e:
-        raise ValueError(f"{path}:{line_number}: unknown token "
-                         f"{e.args[0].decode('utf-8', 'replace')!r} in Source; the tokens are "
-                         f"{', '.join(VOCAB[1:])}") from None
-      lengths.append(len(tokens))
-      labels.append(target[0] - 48)
-  offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-  np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
-  tokens_flat = np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
-  return RaggedExamples(tokens=tokens_flat, offsets=offsets,
-                        labels=np.asarray(labels, dtype=np.int32))

@@ -1,0 +1,269 @@
+"""Checkpoints a killed run resumes from, verified before use (issues 14 and 27).
+
+Orbax managers keep ``workdir/checkpoints`` (the newest ``max_to_keep``) and ``workdir/best``
+(the best-validation step). :func:`save_checkpoint` refuses a non-finite state and stores a
+CRC-32 and the layout of the arrays with each step; :func:`restore_checkpoint` restores the
+newest intact step, setting damaged ones aside (:func:`run_guard.state_crc32`), and refuses a
+checkpoint of another model config or train-state layout. :func:`reconcile_best` keeps
+``best/`` to this run's lineage, and :func:`prune_best` to one step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from simpletron_jax import distributed, errors, models, run_guard, run_record
+from simpletron_jax.steps import TrainState
+
+
+def _ckpt_tree(state: TrainState) -> dict[str, Any]:
+  """Step, params and optimizer state as host numpy arrays.
+
+  Numpy, not jax arrays: on several hosts, orbax refuses the host-local arrays that
+  ``pmap`` returns ("Cannot serialize host local jax.Array"), while numpy arrays are
+  written once, by process 0, and read by every host (orbax ``NumpyHandler``).
+  """
+  return jax.device_get({"step": state.step, "params": state.params,
+                         "opt_state": state.opt_state})
+
+
+def checkpoint_manager(directory: str, max_to_keep: int | None) -> ocp.CheckpointManager:
+  """An orbax manager keeping the newest ``max_to_keep`` checkpoints in ``directory``
+  (None: all). Saves are synchronous, so a failed save raises in :func:`save_checkpoint`."""
+  return ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=False))
+
+
+def model_config_dict(model_config) -> dict[str, Any]:
+  """``config.model`` as the plain JSON dict that checkpoints record (references resolved)."""
+  if isinstance(model_config, ml_collections.ConfigDict):
+    model_config = model_config.to_dict()
+  return json.loads(json.dumps(model_config))
+
+
+def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
+  """The folder of ``step`` in ``manager``'s directory (named in messages)."""
+  return os.path.join(str(manager.directory), str(step))
+
+
+def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState,
+                    meta: dict[str, Any]) -> None:
+  """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``.
+
+  ``meta`` is stored with ``state_crc32`` (:func:`run_guard.state_crc32` of the params and
+  optimizer state) and ``state_structure`` (:func:`run_guard.state_structure`) added, which
+  :func:`restore_checkpoint` verifies.
+
+  Raises:
+    errors.NonFiniteError: ``state`` holds NaN or inf; nothing is saved.
+    errors.CheckpointError: naming the path and the reason, when the save fails (e.g. a
+      read-only folder) or when orbax skips it because the folder already holds a step at
+      or after ``step``.
+  """
+  tree = _ckpt_tree(state)
+  where = step_dir(manager, step)
+  if not run_guard.tree_is_finite(tree):
+    raise errors.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
+  arrays = (tree["params"], tree["opt_state"])
+  meta = {**meta, "state_crc32": run_guard.state_crc32(arrays),
+          "state_structure": run_guard.state_structure(arrays)}
+  try:
+    saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
+                                                       meta=ocp.args.JsonSave(meta)))
+    manager.wait_until_finished()
+  except Exception as e:  # any failure of the library or the file system stops the run
+    raise errors.CheckpointError(
+        f"saving step {step} to {where} failed: {type(e).__name__}: {_first_line(e)}") from e
+  if not saved:
+    raise errors.CheckpointError(
+        f"orbax skipped saving step {step} to {manager.directory}: the folder holds step "
+        f"{manager.latest_step()}, and orbax only saves newer steps")
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+  text = str(error).strip().splitlines()
+  return (text[0] if text else "")[:limit]
+
+
+def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: int,
+                      model_config, resume_check=None) -> tuple[TrainState, dict[str, Any], int]:
+  """Restores one step and checks its model config (or calls ``resume_check``), layout, CRC
+  and finiteness (see :func:`restore_checkpoint`)."""
+  where = step_dir(manager, step)
+  meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+  diff = []
+  if model_config is not None and "model_config" in meta:
+    diff = run_record.flat_diff(models.with_option_defaults(meta["model_config"], saved=True),
+                               models.with_option_defaults(model_config_dict(model_config)))
+  if resume_check is not None:
+    resume_check(where, meta, diff)
+  elif diff:
+    raise errors.ConfigMismatchError(
+        f"{where} was saved with another model config: {'; '.join(diff)}. Resume with the "
+        "checkpoint's values, or use another --workdir.")
+  target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _ckpt_tree(state))
+  structure = run_guard.state_structure((target["params"], target["opt_state"]))
+  if meta.get("state_structure", structure) != structure:
+    # Not damage: restoring would fail, and the checkpoint would be set aside as damaged.
+    raise errors.ConfigMismatchError(
+        f"{where} holds a train state of another layout: the parameter shapes (the task's "
+        "vocabulary size and class count, model sizes) or the optimizer settings that change "
+        "it (grad_accum_steps > 1, grad_clip_norm > 0, freeze, lora.rank) differ from the "
+        "checkpoint's. Resume with the values in the workdir's config.json, or use another "
+        "--workdir.")
+  tree = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(target)))["state"]
+  crc = run_guard.state_crc32((tree["params"], tree["opt_state"]))
+  if "state_crc32" in meta and crc != meta["state_crc32"]:
+    raise errors.CheckpointError("its arrays do not match the CRC-32 saved with them")
+  if not run_guard.tree_is_finite(tree):
+    raise errors.NonFiniteError("it holds NaN or inf")
+  state = state.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"])
+  return state, meta, step
+
+
+def _quarantine(manager: ocp.CheckpointManager, step: int, quarantine_dir: str) -> str:
+  """Moves a damaged step folder out of the manager's directory; returns its new path.
+
+  Every host reads the same files and so finds the same damage; only process 0 moves the
+  folder (a shared workdir), and the others wait for it before they reload.
+  """
+  target = os.path.join(quarantine_dir, f"{os.path.basename(str(manager.directory))}_{step}")
+  if jax.process_index() == 0:
+    os.makedirs(quarantine_dir, exist_ok=True)
+    target += f"_{time.strftime('%Y%m%d-%H%M%S')}"
+    shutil.move(step_dir(manager, step), target)
+  distributed.barrier(f"quarantine_{step}")
+  manager.reload()
+  return target
+
+
+def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
+                       step: int | None = None, model_config=None,
+                       quarantine_dir: str | None = None,
+                       resume_check: Callable[[str, dict, list[str]], None] | None = None
+                       ) -> tuple[TrainState, dict[str, Any], int]:
+  """Restores ``step`` (default: the newest intact one) into the structure of ``state``.
+
+  A checkpoint is intact when its meta loads, its arrays load into ``state``'s structure,
+  they match the CRC-32 saved with them (checkpoints that carry one) and they are finite.
+  With ``step=None`` a checkpoint that is not intact is skipped with a
+  :class:`errors.RunWarning` naming it, moved to ``quarantine_dir`` when given (so the
+  run can save that step again), and the next older one is tried.
+
+  Args:
+    manager: the checkpoint folder.
+    state: a TrainState giving the structure, shapes and dtypes.
+    step: restore exactly this optimizer step (no fallback).
+    model_config: ``config.model``; when given, a checkpoint saved with another model config
+      is an error rather than a damaged checkpoint.
+    quarantine_dir: where damaged checkpoints go; None: they stay.
+    resume_check: called as ``resume_check(checkpoint folder, its meta, model_diff)`` before
+      the arrays are read, in place of the ``model_config`` check (``model_diff`` lists the
+      ``model.*`` differences as :func:`run_record.flat_diff` lines); it raises
+      :class:`errors.ConfigMismatchError` to refuse the checkpoint
+      (:func:`simpletron_jax.train_lib.train_and_evaluate` compares the whole run record there).
+
+  Returns:
+    ``(state, meta, step)``.
+
+  Raises:
+    FileNotFoundError: the folder holds no checkpoint, or not ``step``.
+    errors.ConfigMismatchError: listing every ``model.*`` field that differs.
+    errors.CheckpointError: ``step`` is damaged, or no checkpoint is intact (each one
+      named with its problem).
+  """
+  available = sorted(manager.all_steps(), reverse=True)
+  if not available or (step is not None and step not in available):
+    raise FileNotFoundError(f"no checkpoint{'' if step is None else f' at step {step}'} in "
+                            f"{manager.directory} (it holds steps {sorted(available)})")
+  problems = []
+  for candidate in ([step] if step is not None else available):
+    try:
+      return _restore_verified(manager, state, candidate, model_config, resume_check)
+    except errors.ConfigMismatchError:
+      raise
+    except Exception as e:  # a damaged checkpoint fails in many ways; each is reported
+      problem = f"{step_dir(manager, candidate)}: {type(e).__name__}: {_first_line(e)}"
+      if step is not None:
+        raise errors.CheckpointError(f"damaged checkpoint {problem}") from e
+      problems.append(problem)
+      moved = _quarantine(manager, candidate, quarantine_dir) if quarantine_dir else None
+      errors.warn(f"skipping damaged checkpoint {problem}"
+                     + (f"; moved to {moved}" if moved else ""))
+  raise errors.CheckpointError(f"no intact checkpoint in {manager.directory}: "
+                                  + " | ".join(problems))
+
+
+def _best_run_id(best: ocp.CheckpointManager, step: int) -> str | None:
+  meta = best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  return meta.get("run_id")
+
+
+def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any], resume_step: int,
+                   legacy: bool = False) -> dict[str, Any]:
+  """Makes ``best/`` hold only checkpoints of this run's lineage, up to ``resume_step``.
+
+  The lineage is ``meta["run_id"]`` (:func:`run_guard.lineage_id`): every checkpoint of a
+  run, in ``checkpoints/`` and ``best/``, carries it. At start-up:
+
+  * a ``best/`` step of another lineage is an error: ``best/`` never reports another run;
+  * ``best/`` steps after ``resume_step`` were saved by this lineage after the checkpoint
+    the run resumes from (at a fresh start, ``resume_step`` 0, by an earlier start killed
+    before its first checkpoint, or kept after ``checkpoints/`` was deleted). They are
+    removed with a warning; the run recomputes them;
+  * a damaged ``best/`` step is removed with a warning;
+  * if ``meta["best_step"]`` is then missing, the best so far is reset with a warning.
+
+  Args:
+    best: the ``best/`` manager (``max_to_keep=None``; :func:`prune_best` trims it).
+    meta: the resumed checkpoint's meta, with ``run_id`` set.
+    resume_step: the step the run resumes from (0: fresh start).
+    legacy: the resumed checkpoint predates run ids; ``best/`` steps without one are kept.
+
+  Returns:
+    ``meta``, with ``best_val_accuracy`` and ``best_step`` reset if their checkpoint is gone.
+
+  Raises:
+    errors.CheckpointError: naming a ``best/`` step of another lineage.
+  """
+  for step in best.all_steps():
+    where = step_dir(best, step)
+    try:
+      run_id = _best_run_id(best, step)
+    except Exception as e:  # unreadable meta: a damaged checkpoint
+      errors.warn(f"removing damaged best checkpoint {where}: {_first_line(e)}")
+      best.delete(step)
+      continue
+    if run_id != meta["run_id"] and not (legacy and run_id is None):
+      raise errors.CheckpointError(
+          f"{where} belongs to run {run_id}, not to this workdir's run {meta['run_id']}; "
+          f"best/ must come from the run in checkpoints/. Move {best.directory} away or use "
+          "another --workdir.")
+    if step > resume_step:
+      errors.warn(f"removing {where}: saved after step {resume_step}, where this run "
+                     "(re)starts; it will be recomputed")
+      best.delete(step)
+  best.reload()
+  if meta["best_step"] >= 0 and meta["best_step"] not in best.all_steps():
+    errors.warn(f"the best checkpoint of step {meta['best_step']} is missing from "
+                   f"{best.directory}; the best validation restarts from this run's next one")
+    meta.update(best_val_accuracy=-1.0, best_step=-1)
+  return meta
+
+
+def prune_best(best: ocp.CheckpointManager, keep_step: int) -> None:
+  """Deletes every ``best/`` step but ``keep_step``; call after a regular checkpoint."""
+  for step in best.all_steps():
+    if step != keep_step:
+      best.delete(step)

@@ -1,0 +1,260 @@
+"""Writing a generated Pathfinder level in LRA's file layout, and reusing a finished one.
+
+The files follow LRA's ``lra_release/pathfinder{res}/{level_dir}`` layout:
+``imgs/{shard}/sample_{j}.png`` are 8-bit grayscale PNGs. ``metadata/{shard}.npy`` is, despite
+its name, a text file with one line per image and space-separated columns. LRA's reader
+(``lra_benchmarks/data/pathfinder.py``) uses column 0 (image folder, relative to the level
+folder), column 1 (file name) and column 3 (label). The columns written here are:
+``imgs/{shard} sample_{j}.png j label contour_length distractor_length num_distractors
+paddle_length paddle_thickness paddle_margin contrast``.
+
+:func:`generate_dataset` draws image ``i`` with
+:func:`simpletron_jax.data.pathfinder.draw.render_example` from
+:func:`~simpletron_jax.data.pathfinder.draw.example_rng` ``(seed, params, i)`` in a pool of
+spawned processes, so the files do not depend on the worker count; :func:`ensure_generated`
+generates only what is missing or stale. :mod:`simpletron_jax.data.pathfinder.read` reads
+the result, as it reads LRA's own release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import io
+import json
+import os
+import tempfile
+import time
+from typing import Any, Iterator
+
+import numpy as np
+import tqdm
+
+from simpletron_jax.data import workers as worker_pool
+from simpletron_jax.data.pathfinder.draw import example_rng, render_example_info
+from simpletron_jax.data.pathfinder.params import (LEVELS, PathfinderParams, _level_name,
+                                                   params_for)
+
+
+IMAGES_PER_SHARD = 1000
+"""Images per ``imgs/{shard}`` folder and ``metadata/{shard}.npy`` file."""
+
+
+@contextlib.contextmanager
+def _atomic_path(path: str) -> Iterator[str]:
+  """Yields a temporary path beside ``path``; on a clean exit it replaces ``path``."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                             dir=directory)
+  os.close(fd)
+  try:
+    yield tmp
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
+
+
+def _write_text(path: str, text: str) -> None:
+  with _atomic_path(path) as tmp:
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+      f.write(text)
+
+
+def _png_bytes(image: np.ndarray) -> bytes:
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  buffer = io.BytesIO()
+  Image.fromarray(image, mode="L").save(buffer, format="PNG")
+  return buffer.getvalue()
+
+
+def _render_chunk(task: tuple) -> tuple[int, int, list[int], list[int], list[int]]:
+  """Worker: renders images ``start..stop-1`` of one shard and writes their PNGs.
+
+  Args:
+    task: ``(seed, params, level_dir, shard, start, stop, images_per_shard)``.
+
+  Returns:
+    ``(shard, start, labels, margins, attempts)``.
+  """
+  seed, params, level_dir, shard, start, stop, per_shard = task
+  folder = os.path.join(level_dir, "imgs", str(shard))
+  labels, margins, attempts = [], [], []
+  for j in range(start, stop):
+    rng = example_rng(seed, params, shard * per_shard + j)
+    image, label, info = render_example_info(rng, params)
+    path = os.path.join(folder, f"sample_{j}.png")
+    # One writer per file, so a fixed temporary name is safe; the rename makes it atomic.
+    with open(path + ".tmp", "wb") as f:
+      f.write(_png_bytes(image))
+    os.replace(path + ".tmp", path)
+    labels.append(label)
+    margins.append(info["margin"])
+    attempts.append(info["attempts"])
+  return shard, start, labels, margins, attempts
+
+
+def _default_workers() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # Not Linux.
+    return os.cpu_count() or 1
+
+
+_META_FORMAT = "simpletron_jax.data.pathfinder/1"
+_DONE_FILE = "simpletron_generated.json"
+_CHUNK = 25  # images per worker task
+
+
+def _metadata_line(shard: int, j: int, label: int, margin: int, p: PathfinderParams) -> str:
+  return (f"imgs/{shard} sample_{j}.png {j} {label} {p.contour_length} {p.distractor_length} "
+          f"{p.num_distractors} {p.paddle_length:g} {p.paddle_thickness:g} {margin} "
+          f"{p.contrast:g}\n")
+
+
+def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: str = "hard",
+                     num_images: int, num_workers: int | None = None, progress: bool = True,
+                     images_per_shard: int = IMAGES_PER_SHARD) -> dict[str, Any]:
+  """Generates a Pathfinder level and writes it in LRA's layout.
+
+  Writes ``{out_dir}/pathfinder{resolution}/{level_dir}/imgs/{shard}/sample_{j}.png`` and
+  ``.../metadata/{shard}.npy`` (text, see the module docstring), where image ``i`` is
+  ``j = i % images_per_shard`` of shard ``i // images_per_shard``. Image ``i`` is
+  ``render_example(example_rng(seed, params, i), params)``, so the files do not depend on
+  ``num_workers``. Every file is written to a temporary name and renamed. A metadata file is
+  written once its shard is complete, and ``simpletron_generated.json`` (the arguments, the
+  time taken and the redraw statistics) last. Old ``metadata/*.npy`` files are removed first.
+
+  Args:
+    out_dir: the root folder, created if missing. Pass it to :func:`load_pathfinder`.
+    seed: the data seed.
+    resolution: 32 or 128.
+    level: ``easy``, ``intermediate`` or ``hard`` (or an LRA folder name).
+    num_images: images to make, >= 1.
+    num_workers: processes; None means every CPU this process may use, 1 means this process.
+    progress: show a tqdm bar and print the speed.
+    images_per_shard: images per shard folder (layout only; the images do not change).
+
+  Returns:
+    ``{"level_dir", "num_images", "seconds", "images_per_second", "positive_fraction",
+    "redrawn_fraction", "mean_attempts"}``. ``redrawn_fraction`` is the fraction of images
+    whose first drawing failed the pixel check.
+
+  Raises:
+    ValueError: for a bad resolution, level, count or worker number.
+    RuntimeError: if an image cannot be drawn (see :func:`render_example`).
+  """
+  params = params_for(resolution, level)
+  level_dir = os.path.join(os.path.expanduser(out_dir), f"pathfinder{resolution}",
+                           LEVELS[_level_name(level)])
+  if int(num_images) < 1 or int(images_per_shard) < 1:
+    raise ValueError(f"num_images and images_per_shard must be >= 1, got {num_images}, "
+                     f"{images_per_shard}")
+  workers = _default_workers() if num_workers is None else int(num_workers)
+  if workers < 1:
+    raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+  num_images, per_shard = int(num_images), int(images_per_shard)
+  num_shards = -(-num_images // per_shard)
+  meta_dir = os.path.join(level_dir, "metadata")
+  os.makedirs(meta_dir, exist_ok=True)
+  with contextlib.suppress(FileNotFoundError):
+    os.unlink(os.path.join(level_dir, _DONE_FILE))
+  for old in glob.glob(os.path.join(meta_dir, "*.npy")):
+    os.unlink(old)
+  tasks = []
+  for shard in range(num_shards):
+    os.makedirs(os.path.join(level_dir, "imgs", str(shard)), exist_ok=True)
+    size = min(per_shard, num_images - shard * per_shard)
+    tasks += [(int(seed), params, level_dir, shard, start, min(start + _CHUNK, size), per_shard)
+              for start in range(0, size, _CHUNK)]
+
+  labels = np.zeros(num_images, np.int64)
+  margins = np.zeros(num_images, np.int64)
+  attempts = np.zeros(num_images, np.int64)
+  remaining = [min(per_shard, num_images - s * per_shard) for s in range(num_shards)]
+  start_time = time.time()
+  bar = tqdm.tqdm(total=num_images, desc=f"Pathfinder{resolution} {level}", unit="img",
+                  disable=not progress, smoothing=0.05)
+  # Spawned workers, not forked: the caller may run JAX threads (worker_pool).
+  with bar, worker_pool.executor(workers, len(tasks)) as pool:
+    for shard, start, lab, mar, att in worker_pool.results(pool, _render_chunk, tasks,
+                                                           ordered=False, what="Pathfinder"):
+      first = shard * per_shard + start
+      labels[first:first + len(lab)] = lab
+      margins[first:first + len(lab)] = mar
+      attempts[first:first + len(lab)] = att
+      bar.update(len(lab))
+      remaining[shard] -= len(lab)
+      if remaining[shard] == 0:
+        base = shard * per_shard
+        size = min(per_shard, num_images - base)
+        _write_text(os.path.join(meta_dir, f"{shard}.npy"), "".join(
+            _metadata_line(shard, j, int(labels[base + j]), int(margins[base + j]), params)
+            for j in range(size)))
+  seconds = time.time() - start_time
+  stats = {"level_dir": level_dir, "num_images": num_images, "seconds": round(seconds, 3),
+           "images_per_second": round(num_images / max(seconds, 1e-9), 1),
+           "positive_fraction": float(labels.mean()),
+           "redrawn_fraction": float((attempts > 1).mean()),
+           "mean_attempts": float(attempts.mean())}
+  _write_text(os.path.join(level_dir, _DONE_FILE), json.dumps(
+      {"format": _META_FORMAT, "arguments": _generator_args(seed, resolution, level, num_images,
+                                                            per_shard),
+       "params": dataclasses.asdict(params), "stats": stats}, indent=2, sort_keys=True) + "\n")
+  if progress:
+    print(f"Pathfinder{resolution} {level}: {num_images} images in {seconds:.1f} s "
+          f"({stats['images_per_second']} images/s, {workers} worker(s)); "
+          f"{100 * stats['redrawn_fraction']:.2f}% redrawn")
+  return stats
+
+
+def _generator_args(seed: int, resolution: int, level: str, num_images: int,
+                    images_per_shard: int) -> dict[str, Any]:
+  return {"seed": int(seed), "resolution": int(resolution), "level": _level_name(level),
+          "num_images": int(num_images), "images_per_shard": int(images_per_shard)}
+
+
+def ensure_generated(cache_dir: str, *, seed: int, resolution: int = 32, level: str = "hard",
+                     num_images: int, num_workers: int | None = None, progress: bool = True,
+                     images_per_shard: int = IMAGES_PER_SHARD) -> str:
+  """Returns a root folder holding this generated Pathfinder level, generating it if needed.
+
+  The folder is ``{cache_dir}/seed{seed}_n{num_images}``. The level is generated with
+  :func:`generate_dataset` unless its ``simpletron_generated.json`` exists with the same
+  arguments, settings (:class:`PathfinderParams`) and format version, and every metadata file
+  is present.
+
+  Args:
+    cache_dir: parent folder, created if missing.
+    seed, resolution, level, num_images, num_workers, progress, images_per_shard: as for
+      :func:`generate_dataset` (``num_workers`` and ``progress`` are not part of the key).
+
+  Returns:
+    The root folder; pass it to :func:`load_pathfinder` as ``data_dir``.
+
+  Raises:
+    ValueError, RuntimeError: as :func:`generate_dataset`.
+  """
+  params = params_for(resolution, level)
+  args = _generator_args(seed, resolution, level, num_images, images_per_shard)
+  root = os.path.join(os.path.expanduser(cache_dir), f"seed{int(seed)}_n{int(num_images)}")
+  level_dir = os.path.join(root, f"pathfinder{resolution}", LEVELS[args["level"]])
+  try:
+    with open(os.path.join(level_dir, _DONE_FILE), encoding="utf-8") as f:
+      done = json.load(f)
+  except (OSError, ValueError):
+    done = None
+  shards = -(-int(num_images) // int(images_per_shard))
+  up_to_date = (isinstance(done, dict) and done.get("format") == _META_FORMAT
+                and done.get("arguments") == args
+                and done.get("params") == json.loads(json.dumps(dataclasses.asdict(params)))
+                and all(os.path.isfile(os.path.join(level_dir, "metadata", f"{s}.npy"))
+                        for s in range(shards)))
+  if not up_to_date:
+    generate_dataset(root, seed=seed, resolution=resolution, level=level,
+                     num_images=num_images, num_workers=num_workers, progress=progress,
+                     images_per_shard=images_per_shard)
+  return root

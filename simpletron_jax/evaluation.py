@@ -1,0 +1,58 @@
+"""Evaluating parameters on a split: accuracy, mean loss and the majority-class rate.
+
+The metrics are LRA's (``utils/train_utils.py``), summed over the real examples of each batch
+on the devices and read once at the end, so filler rows never count and a limited evaluation
+(``num_eval_steps``, ``num_test_steps``) reads a fixed seeded subset
+(:func:`simpletron_jax.batches.eval_batches`).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from simpletron_jax import distributed
+from simpletron_jax.batches import eval_batch_size, eval_batches
+from simpletron_jax.data.common import Split
+from simpletron_jax.steps import InFlightLimit, shard, unreplicate
+
+
+@jax.jit
+def _add_trees(a, b):
+  """Leafwise ``a + b`` of two pytrees of the same structure, as one computation."""
+  return jax.tree_util.tree_map(jnp.add, a, b)
+
+
+def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.ConfigDict,
+             num_batches: int = -1) -> dict[str, float]:
+  """Accuracy and mean loss over a split (or ``num_batches`` batches of it, see
+  :func:`eval_batches`). At most :data:`simpletron_jax.steps.CALLS_IN_FLIGHT` batches are
+  unfinished at once (:class:`InFlightLimit`).
+
+  Returns:
+    ``{"accuracy", "loss", "count", "majority_rate"}``: count in examples, and
+    majority_rate the share of the most frequent label among the examples read (by all
+    hosts), the accuracy of always answering that label. Equal on every host.
+  """
+  n_dev = jax.local_device_count()
+  batch_size = eval_batch_size(config)
+  device_sums = None   # summed on the device; read once, after the last batch
+  in_flight = InFlightLimit()
+  label_counts: collections.Counter = collections.Counter()
+  for batch in eval_batches(examples, config, batch_size, num_batches):
+    sums = p_eval_step(params_repl, shard(batch, n_dev))
+    device_sums = sums if device_sums is None else _add_trees(device_sums, sums)
+    in_flight.add(device_sums)
+    label_counts.update(batch["targets"][batch["weights"] > 0].tolist())
+  totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+  if device_sums is not None:
+    totals.update({k: float(v) for k, v in jax.device_get(unreplicate(device_sums)).items()})
+  label_counts = distributed.sum_label_counts(label_counts)
+  count = max(totals["count"], 1.0)
+  read = sum(label_counts.values())
+  return {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count,
+          "count": totals["count"],
+          "majority_rate": max(label_counts.values()) / read if read else 0.0}

@@ -1,0 +1,201 @@
+"""The device steps: loss, pmapped train and eval steps, replication, and calls in flight.
+
+The loss and metrics follow LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al.,
+2020), with metrics as sums over the real examples of a batch (filler rows weigh 0). The steps
+run under ``jax.pmap`` over the local devices (axis :data:`AXIS`): gradients are ``pmean``ed
+and metric sums ``psum``med, so every device holds the same state. :func:`replicate`,
+:func:`unreplicate` and :func:`shard` move a state and a batch to and from that layout, and
+:class:`InFlightLimit` bounds how far the host runs ahead of the devices.
+
+Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
+``config.grad_accum_steps = A`` it is made of A *micro-steps* of ``batch_size / A`` examples
+each (``optax.MultiSteps``); :class:`TrainState` counts micro-steps.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax.training import train_state
+
+AXIS = "batch"
+Batch = dict[str, np.ndarray]
+
+
+class TrainState(train_state.TrainState):
+  """flax TrainState; ``step`` counts micro-steps (see the module docstring)."""
+
+
+def metric_sums(logits_BxC, targets_B, weights_B) -> dict[str, jnp.ndarray]:
+  """Weighted sums of cross-entropy and correct predictions.
+
+  Args:
+    logits_BxC: float logits.
+    targets_B: int labels.
+    weights_B: float, 1 for a real example and 0 for a filler row.
+
+  Returns:
+    ``{"loss": sum w*CE, "correct": sum w*[argmax == target], "count": sum w}``
+    as float32 scalars.
+  """
+  loss_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxC.astype(jnp.float32),
+                                                           targets_B)
+  correct_B = (jnp.argmax(logits_BxC, -1) == targets_B).astype(jnp.float32)
+  return {"loss": jnp.sum(loss_B * weights_B), "correct": jnp.sum(correct_B * weights_B),
+          "count": jnp.sum(weights_B)}
+
+
+def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
+  """Mean cross-entropy over the real examples of ``batch``.
+
+  Args:
+    params: model parameters.
+    apply_fn: ``model.apply``.
+    batch: ``inputs`` ``[B, L]`` int32, ``mask`` ``[B, L]`` bool, ``targets``
+      ``[B]`` int32, ``weights`` ``[B]`` float32; for the dual encoder also
+      ``inputs2`` and ``mask2``.
+    dropout_rng: key for dropout; a key folded from it feeds the
+      ``random_features`` collection (Performer with ``redraw=True``).
+    deterministic: disables dropout.
+
+  Returns:
+    ``(loss scalar, metric_sums dict)``.
+  """
+  second = (batch["inputs2"], batch["mask2"]) if "inputs2" in batch else ()
+  logits = apply_fn({"params": params}, batch["inputs"], batch["mask"], *second,
+                    deterministic=deterministic,
+                    rngs={"dropout": dropout_rng,
+                          "random_features": jax.random.fold_in(dropout_rng, 0x5EED)})
+  sums = metric_sums(logits, batch["targets"], batch["weights"])
+  return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
+
+
+def train_step(state: TrainState, batch: Batch, dropout_rng):
+  """One micro-step on this device's shard; call it under ``pmap(axis_name="batch")``.
+
+  Gradients are ``pmean``ed and metric sums ``psum``med over the devices.
+
+  Returns:
+    ``(new_state, metrics)``: the metric sums over the global micro-batch, and
+    ``grad_norm``, the global L2 norm of the averaged gradient (the non-finite guard reads it).
+  """
+  dropout_rng = jax.random.fold_in(dropout_rng, jax.lax.axis_index(AXIS))
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  (_, sums), grads = grad_fn(state.params, state.apply_fn, batch, dropout_rng, False)
+  grads = jax.lax.pmean(grads, AXIS)
+  metrics = {**jax.lax.psum(sums, AXIS), "grad_norm": optax.tree.norm(grads)}
+  return state.apply_gradients(grads=grads), metrics
+
+
+def eval_step(params, apply_fn, batch: Batch):
+  """Metric sums of one deterministic forward pass, ``psum``med over devices."""
+  _, sums = loss_fn(params, apply_fn, batch, jax.random.PRNGKey(0), True)
+  return jax.lax.psum(sums, AXIS)
+
+
+def pmap_steps(apply_fn, devices=None):
+  """Pmapped train and eval steps over ``devices`` (default: all local devices).
+
+  Returns:
+    ``(p_train_step(state, batch, rng), p_eval_step(params, batch))`` taking
+    state and params replicated over the devices and batches of shape
+    ``[n_devices, B / n_devices, ...]``.
+  """
+  p_train = jax.pmap(train_step, axis_name=AXIS, in_axes=(0, 0, None),
+                     donate_argnums=(0,), devices=devices)
+  p_eval = jax.pmap(lambda p, b: eval_step(p, apply_fn, b), axis_name=AXIS, devices=devices)
+  return p_train, p_eval
+
+
+def batch_shape_key(batch: Batch) -> tuple:
+  """``((field, shape), ...)`` of a batch, sorted by field: one compiled step per key."""
+  return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _pmapped_identity(devices: tuple | None) -> Callable:
+  return jax.pmap(lambda tree: tree, axis_name=AXIS, devices=devices)
+
+
+def replicate(tree, devices=None):
+  """One copy of every leaf per device, laid out as the pmapped steps return their state.
+
+  ``flax.jax_utils.replicate`` places the copies under a sharding whose mesh axis is not
+  :data:`AXIS`. JAX (0.10) implements ``pmap`` with ``jit``, whose cache key includes the
+  input shardings, so the state the first train step returns differs in sharding from the
+  state it was given, and the second step built the whole train step again (2.2 s on CPU for
+  the paper ListOps config at batch 2 with the persistent cache on,
+  ``benchmarks/results/cpu/replicate_compiles.md``). Passing the copies through a
+  pmapped identity gives them the steps' own output sharding, so each batch shape compiles
+  once. (Called AOT-compiled steps, as in the benchmarks, never recompiled.)
+
+  Args:
+    tree: a pytree of arrays or scalars (e.g. a ``TrainState`` or its ``params``).
+    devices: the devices of :func:`pmap_steps` (default: all local devices).
+
+  Returns:
+    The same pytree with every leaf ``x`` as a ``[n_devices, *x.shape]`` array of the same
+    dtype on those devices.
+  """
+  n = len(devices) if devices else jax.local_device_count()
+  host = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (n, *np.shape(x))),
+                                tree)
+  return _pmapped_identity(tuple(devices) if devices else None)(host)
+
+
+def unreplicate(tree):
+  """The first device's copy of every leaf of a pmapped (``[n_devices, ...]``) tree."""
+  return jax.tree_util.tree_map(lambda x: x[0], tree)
+
+
+def shard(batch: Batch, n_devices: int) -> Batch:
+  """Reshapes every ``[B, ...]`` array to ``[n_devices, B / n_devices, ...]``."""
+  return {k: v.reshape(n_devices, -1, *v.shape[1:]) for k, v in batch.items()}
+
+
+# How many device calls (train micro-steps, eval batches) may be unfinished at once.
+CALLS_IN_FLIGHT = 4
+
+
+class InFlightLimit:
+  """Keeps at most ``limit`` dispatched device calls unfinished; older ones are waited for.
+
+  JAX dispatches asynchronously, so a loop over batches can run ahead of the devices. On
+  a host with several XLA CPU devices (``--xla_force_host_platform_device_count``, as in
+  the tests) running ahead far enough deadlocks: each CPU device accepts at most 32
+  unfinished computations, and a launch past that waits for a slot *on one of the client's
+  worker threads* (as many as the cores, at least as many as the devices). When every
+  worker waits like that or in a collective's rendezvous, the computations that would free
+  a slot never run, and XLA aborts the process after 40 s (``Termination timeout ... all
+  reduce``). Seen as "Fatal Python error: Aborted" in an evaluation on a loaded 2-core
+  machine, and reproduced there with a plain pmap-psum-and-add loop
+  (``benchmarks/dispatch_deadlock.py``, results in
+  ``benchmarks/results/cpu/dispatch_deadlock/``). On an accelerator the bound still leaves
+  ``limit`` calls queued, which should keep it busy; that is not yet measured on a GPU.
+
+  Args:
+    limit: calls kept in flight (>= 1). Each call may be several computations (an eval
+      batch and its running sum), so ``limit`` times that must stay under 32.
+
+  Raises:
+    ValueError: ``limit`` < 1.
+  """
+
+  def __init__(self, limit: int = CALLS_IN_FLIGHT):
+    if limit < 1:
+      raise ValueError(f"limit={limit} must be >= 1")
+    self.limit = limit
+    self._pending: collections.deque = collections.deque()
+
+  def add(self, outputs) -> None:
+    """Records one call's outputs (a pytree of arrays that are never donated later) and
+    waits for the oldest recorded call while more than ``limit`` are recorded."""
+    self._pending.append(outputs)
+    while len(self._pending) > self.limit:
+      jax.block_until_ready(self._pending.popleft())
