@@ -88,6 +88,8 @@ def main(argv):
     print(f"tpu_check.py: {e}", file=sys.stderr)
     raise SystemExit(2) from None
   print_report(report)
+  for reason in sorted({f for r in report["compiles"] for f in r.get("fallbacks", [])}):
+    print(f"note: {reason}")
   if flags.FLAGS.json:
     with open(flags.FLAGS.json, "w") as f:
       json.dump(report, f, indent=2)

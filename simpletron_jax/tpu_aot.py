@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from simpletron_jax import models, tasks, train_lib
-from simpletron_jax.attention import base
+from simpletron_jax.attention import base, softmax
 
 GIB = 1 << 30
 
@@ -262,8 +262,10 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
     ``{"slice", "topology", "device_kind", "devices", "processes", "hbm_bytes", "dtype",
     "task", "attention", "compiles": [record, ...], "fits", "peak_bytes", "ok"}``. A record has
     ``step``, ``width``, ``rows_per_device``, ``compile_seconds``, the bytes of
-    :func:`_memory`, ``flops`` and ``bytes_accessed`` per device, and ``fits`` (peak <= HBM),
-    or ``error`` (the compiler's first line, e.g. its HBM OOM) when it did not compile.
+    :func:`_memory`, ``flops`` and ``bytes_accessed`` per device, ``fits`` (peak <= HBM),
+    ``fallbacks`` (the reasons a requested attention implementation was replaced while the
+    step was traced, e.g. ``flash`` -> ``einsum`` under attention dropout), or ``error`` (the
+    compiler's first line, e.g. its HBM OOM) when it did not compile.
     ``ok``: every step compiled and fits.
 
   Raises:
@@ -301,9 +303,10 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
       record = {"step": step, "width": width, "rows_per_device": rows // n}
       start = time.time()
       try:
-        with base.compiling_for("tpu"):
+        with base.compiling_for("tpu"), softmax.recording_fallbacks() as fallbacks:
           lowered = (p_train.lower(state_n, batch, rng) if step == "train"
                      else p_eval.lower(state_n.params, batch))
+        record["fallbacks"] = sorted(set(fallbacks))
         compiled = lowered.compile()
         record.update(_memory(compiled), **_cost(compiled))
         record["fits"] = hbm is None or record["peak_bytes"] <= hbm
