@@ -175,8 +175,8 @@ class InFlightLimit:
   a slot never run, and XLA aborts the process after 40 s (``Termination timeout ... all
   reduce``). Seen as "Fatal Python error: Aborted" in an evaluation on a loaded 2-core
   machine, and reproduced there with a plain pmap-psum-and-add loop
-  (``benchmarks/dispatch_deadlock.py``, results in
-  ``benchmarks/results/cpu/dispatch_deadlock/``). On an accelerator the bound still leaves
+  (results and the deleted script's method in ``benchmarks/results/cpu/dispatch_deadlock/``,
+  ``docs/benchmarks.md``). On an accelerator the bound still leaves
   ``limit`` calls queued, which should keep it busy; that is not yet measured on a GPU.
 
   Args:
