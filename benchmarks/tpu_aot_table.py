@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -103,6 +104,13 @@ def command(row: dict) -> str:
           f"--slice {row['slice']} --config.model.dtype={row['dtype']}{extra}")
 
 
+def _short_error(error: str) -> str:
+  """The compiler's verdict without its boilerplate: for an HBM OOM, the bytes needed and
+  available (``... temporaries (16.05G) exceeds available HBM (15.75G)``)."""
+  oom = re.search(r"(total memory required for .*? exceeds available HBM \([^)]*\))", error)
+  return f"HBM OOM: {oom.group(1)}" if oom else error[:200]
+
+
 def write_markdown(results: list[dict], path: str) -> None:
   """``table.md``: one line per row, GiB per chip, the verdict or the compiler's error."""
   lines = ["# Paper configs compiled for TPU slices on a CPU host (no TPU)", "",
@@ -110,8 +118,10 @@ def write_markdown(results: list[dict], path: str) -> None:
            "`table.json`). The train step of `train.py` at the widest batch "
            "(`model.max_length` tokens), per chip: peak = arguments + outputs - donated + "
            "temporaries + code, against the chip's HBM (`simpletron_jax/tpu_aot.py`, "
-           "`HBM_BYTES`). `flash`: the Pallas TPU flash-attention kernel. Check one row "
-           "yourself with the `scripts/tpu_check.py` command in `table.json`.", "",
+           "`HBM_BYTES`). `flash`: the Pallas TPU flash-attention kernel, run with "
+           "`attention_dropout_rate=0` (it has no attention dropout); XLA's FLOP count leaves "
+           "its custom calls out. Check one row yourself with the `scripts/tpu_check.py` "
+           "command in `table.json`.", "",
            "| task | model | dtype | slice | rows/chip | temp GiB | peak GiB | HBM GiB | fits "
            "| TFLOP/step/chip | compile s |",
            "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
@@ -127,7 +137,7 @@ def write_markdown(results: list[dict], path: str) -> None:
     if "error" in c or not c:
       lines.append(f"| {r['task']} | {model} | {r['dtype']} | {r['slice']} | "
                    f"{c.get('rows_per_device', '')} | | | {hbm / 2**30:.0f} | **no**: "
-                   f"{c.get('error', r['report'].get('error', ''))[:160]} | | "
+                   f"{_short_error(c.get('error', r['report'].get('error', '')))} | | "
                    f"{c.get('compile_seconds', '')} |")
       continue
     lines.append(f"| {r['task']} | {model} | {r['dtype']} | {r['slice']} | "
