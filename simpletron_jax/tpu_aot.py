@@ -327,6 +327,9 @@ def summary_line(report: dict[str, Any]) -> str:
   hbm = report["hbm_bytes"]
   peak = report["peak_bytes"]
   where = f"{report['task']}/{report['attention']} {report['dtype']} on {report['slice']}"
+  if report["ok"] and hbm is None:   # a device kind HBM_BYTES lacks: no verdict on memory
+    return (f"OK: {where} compiles: peak {peak / GIB:.2f} GiB per chip; the HBM of a "
+            f"{report['device_kind']!r} chip is unknown (add it to tpu_aot.HBM_BYTES)")
   if report["ok"]:
     return (f"OK: {where} compiles and fits: peak {peak / GIB:.2f} GiB of "
             f"{hbm / GIB:.0f} GiB HBM per chip")

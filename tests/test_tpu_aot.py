@@ -86,3 +86,11 @@ def test_cli_exit_status_and_one_line_errors(tmp_path):
   bad = run("--config", "configs/listops/simple.py:tiny", "--slice", "v9-8")
   assert bad.returncode == 2 and "tpu_check.py: unknown TPU slice 'v9-8'" in bad.stderr
   assert "Traceback" not in bad.stderr
+
+
+def test_a_chip_whose_hbm_is_unknown_gets_no_memory_verdict():
+  report = {"task": "listops", "attention": "simple", "dtype": "float32", "slice": "v3:2x2",
+            "hbm_bytes": None, "peak_bytes": 1 << 30, "ok": True, "device_kind": "TPU v3",
+            "compiles": []}
+  line = tpu_aot.summary_line(report)
+  assert "fits" not in line and "'TPU v3' chip is unknown" in line and "1.00 GiB" in line
