@@ -75,7 +75,16 @@ def straight(presence_task, tmp_path_factory):
 # Preemption.
 
 
-def test_a_signal_asks_to_stop_a_second_one_stops_at_once():
+@pytest.fixture
+def python_sigint():
+  """A process started in the background (nohup, some CI runners) inherits SIGINT ignored;
+  the test starts from Python's own handler, and the inherited one is put back after."""
+  inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, inherited)
+
+
+def test_a_signal_asks_to_stop_a_second_one_stops_at_once(python_sigint):
   before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   assert before[signal.SIGINT] is signal.default_int_handler
   with run_guard.PreemptionGuard() as guard:
