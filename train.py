@@ -4,7 +4,9 @@
     python train.py --config configs/listops/transformer.py --config.seed=1 ...
 
 Any config field can be overridden with ``--config.<field>=<value>``. Re-running
-with the same workdir resumes from its newest checkpoint. On SIGTERM or SIGINT (a preemption,
+with the same workdir resumes from its newest checkpoint. ``--profile_steps=A:B`` writes a JAX
+profiler trace of steps A..B to ``<workdir>/profile``; ``--config.wandb.project=NAME`` also logs
+to Weights & Biases (docs/runs.md). On SIGTERM or SIGINT (a preemption,
 Ctrl-C) the run finishes its step, saves it and exits with status 75
 (``run_guard.PREEMPTED_EXIT_CODE``); any other named cause exits 1.
 
@@ -20,7 +22,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax import cli, xla_cache
+from simpletron_jax import cli, metric_logging, profiling, xla_cache
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -50,6 +52,11 @@ flags.DEFINE_bool("allow_resume_changes", False,
                   "optimizer and schedule, batch size, device or host count) differ from the "
                   "checkpoint's; each change is recorded in config.json's config_history. "
                   "model.* changes stay refused.")
+flags.DEFINE_string("profile_steps", None,
+                    "A:B: write a JAX profiler trace of optimizer steps A..B (both included, "
+                    "1 <= A <= B <= num_train_steps) to <workdir>/profile, for TensorBoard's "
+                    "profile plugin or ui.perfetto.dev (docs/runs.md, \"Profiling\"). A run "
+                    "resumed at or past step A traces nothing.")
 flags.DEFINE_bool("verbose", False, "Show the traceback of every error, user errors included.")
 flags.mark_flags_as_required(["config"])
 
@@ -69,6 +76,9 @@ def main(argv):
 
 def _train(fl):
   """Trains and evaluates; user errors propagate to :func:`main`'s boundary."""
+  # Flags and config.wandb are checked before JAX starts, so a typo costs no start-up.
+  profile_steps = profiling.parse_profile_steps(fl.profile_steps, fl.config.num_train_steps)
+  metric_logging.wandb_settings(fl.config)
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
@@ -81,11 +91,14 @@ def _train(fl):
   workdir = fl.workdir or os.path.join(
       "runs", f"{config.task}_{config.model.attention}_seed{config.seed}")
   print(f"devices: {jax.devices()}; workdir: {workdir}")
+  if profile_steps:
+    profiling.check_profiler_can_run()   # before the data and the model, not at step A
   from simpletron_jax import run_guard  # pylint: disable=import-outside-toplevel
   try:
     results = train_lib.train_and_evaluate(config, workdir,
                                            precompile_workers=fl.precompile_workers,
-                                           allow_resume_changes=fl.allow_resume_changes)
+                                           allow_resume_changes=fl.allow_resume_changes,
+                                           profile_steps=profile_steps)
   except run_guard.PreemptedError as e:  # SIGTERM/SIGINT: saved; exit 75 (EX_TEMPFAIL)
     import sys  # pylint: disable=import-outside-toplevel
     print(f"train.py: {e}", file=sys.stderr)

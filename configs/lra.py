@@ -69,6 +69,13 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.max_to_keep = 2
   config.log_every = 10             # steps between train-metric records
   config.max_train_minutes = 0.0    # wall-clock budget per invocation; 0: none
+  # How the run is executed and reported, not what it computes (run_record.RESUME_ALLOWED_FIELDS).
+  config.parallelism = "pmap"       # "pmap" (LRA's) or "jit" (jax.jit over a device Mesh)
+  config.async_checkpoints = False  # orbax saves in a background thread (docs/faults.md)
+  config.wandb = ml_collections.ConfigDict()
+  config.wandb.project = ""         # "": no Weights & Biases logging
+  config.wandb.entity = ""          # "": the W&B account's default
+  config.wandb.mode = "online"      # "online", or "offline" (synced later: `wandb sync`)
 
   # Weight surgery (simpletron_jax/transfer.py, lora.py); the papers' experiments.
   config.init_from = ""             # a train.py workdir: start from its best checkpoint's params

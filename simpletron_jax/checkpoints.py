@@ -6,6 +6,12 @@ CRC-32 and the layout of the arrays with each step; :func:`restore_checkpoint` r
 newest intact step, setting damaged ones aside (:func:`run_guard.state_crc32`), and refuses a
 checkpoint of another model config or train-state layout. :func:`reconcile_best` keeps
 ``best/`` to this run's lineage, and :func:`prune_best` to one step.
+
+With ``config.async_checkpoints`` (issue 29) the managers save in orbax's background thread:
+:func:`save_checkpoint` returns once the state is copied to the host, and
+:func:`finish_saves` waits for the write and reports a failed one as
+:class:`errors.CheckpointError` naming its step folder (docs/faults.md, "Asynchronous
+checkpoint saves").
 """
 
 from __future__ import annotations
@@ -14,34 +20,141 @@ import json
 import os
 import shutil
 import time
+import weakref
 from typing import Any, Callable
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
 from simpletron_jax import distributed, errors, models, run_guard, run_record
 from simpletron_jax.steps import TrainState
 
 
-def _ckpt_tree(state: TrainState) -> dict[str, Any]:
+def _ckpt_tree(state: TrainState, private_copy: bool = False) -> dict[str, Any]:
   """Step, params and optimizer state as host numpy arrays.
 
   Numpy, not jax arrays: on several hosts, orbax refuses the host-local arrays that
   ``pmap`` returns ("Cannot serialize host local jax.Array"), while numpy arrays are
   written once, by process 0, and read by every host (orbax ``NumpyHandler``).
+
+  ``private_copy``: every array is a fresh copy that nothing else refers to.
+  ``jax.device_get`` hands back a numpy leaf as it is and may share a CPU array's buffer;
+  an asynchronous save writes after :func:`save_checkpoint` returns, so it must not read
+  memory the caller can still change.
   """
-  return jax.device_get({"step": state.step, "params": state.params,
+  tree = jax.device_get({"step": state.step, "params": state.params,
                          "opt_state": state.opt_state})
+  if private_copy:
+    tree = jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
+  return tree
 
 
-def checkpoint_manager(directory: str, max_to_keep: int | None) -> ocp.CheckpointManager:
-  """An orbax manager keeping the newest ``max_to_keep`` checkpoints in ``directory``
-  (None: all). Saves are synchronous, so a failed save raises in :func:`save_checkpoint`."""
-  return ocp.CheckpointManager(
+class _Saves:
+  """What :func:`save_checkpoint` and :func:`finish_saves` know of one manager."""
+
+  def __init__(self, async_save: bool):
+    self.async_save = async_save
+    self.pending: int | None = None   # the step whose background save is not yet confirmed
+
+
+# Managers made by checkpoint_manager -> their _Saves (weak: a dropped manager is forgotten).
+_SAVES: "weakref.WeakKeyDictionary[ocp.CheckpointManager, _Saves]" = weakref.WeakKeyDictionary()
+
+
+def _saves(manager: ocp.CheckpointManager) -> _Saves:
+  """The :class:`_Saves` of ``manager``; a manager not made by :func:`checkpoint_manager`
+  counts as synchronous."""
+  if manager not in _SAVES:
+    _SAVES[manager] = _Saves(async_save=False)
+  return _SAVES[manager]
+
+
+def check_async_supported(async_save: bool, process_count: int) -> None:
+  """Refuses asynchronous saves on several processes.
+
+  Args:
+    async_save: ``config.async_checkpoints``.
+    process_count: ``jax.process_count()``.
+
+  Raises:
+    ValueError: naming ``config.async_checkpoints`` when ``async_save`` and
+      ``process_count > 1``. Process 0 alone writes the (numpy) checkpoint; a background
+      write that fails there would leave the other processes waiting at orbax's commit
+      barrier (up to its 20-minute time-out) instead of stopping with the error, and the
+      combination is not tested (docs/faults.md).
+  """
+  if async_save and process_count > 1:
+    raise ValueError(
+        f"config.async_checkpoints=True is not supported on several processes (this run has "
+        f"{process_count}): set config.async_checkpoints=False (docs/faults.md, "
+        "\"Asynchronous checkpoint saves\")")
+
+
+def checkpoint_manager(directory: str, max_to_keep: int | None,
+                       async_save: bool = False) -> ocp.CheckpointManager:
+  """An orbax manager keeping the newest ``max_to_keep`` checkpoints in ``directory``.
+
+  Args:
+    directory: the folder (created if missing; made absolute).
+    max_to_keep: how many of the newest steps to keep; None keeps all.
+    async_save: ``config.async_checkpoints``. False: each save is written before
+      :func:`save_checkpoint` returns, and a failed save raises there. True: orbax writes in
+      a background thread (``enable_async_checkpointing``); :func:`save_checkpoint` returns
+      once the state is copied to the host, and a failed write is raised by the next
+      :func:`save_checkpoint` or by :func:`finish_saves` (which the training loop calls
+      before it returns, is preempted, or calls ``step_hook``).
+
+  Returns:
+    An ``orbax.checkpoint.CheckpointManager``.
+
+  Raises:
+    ValueError: ``async_save`` with ``jax.process_count() > 1``
+      (:func:`check_async_supported`).
+  """
+  check_async_supported(bool(async_save), jax.process_count())
+  manager = ocp.CheckpointManager(
       os.path.abspath(directory),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=False))
+                                           enable_async_checkpointing=bool(async_save)))
+  _SAVES[manager] = _Saves(async_save=bool(async_save))
+  return manager
+
+
+def finish_saves(*managers: ocp.CheckpointManager) -> None:
+  """Waits until every save started in ``managers`` is written, renamed into place and
+  its old steps removed; reports a failed background save.
+
+  A no-op for synchronous managers. The training loop calls it after the loop (so the
+  newest step is on disk before the run returns or raises ``PreemptedError``) and before
+  ``step_hook``; :func:`save_checkpoint` and :func:`restore_checkpoint` call it first.
+
+  Args:
+    managers: managers made by :func:`checkpoint_manager`.
+
+  Raises:
+    errors.CheckpointError: naming the step folder whose background save failed (orbax's
+      exception is chained), or whose folder is missing after orbax reported success.
+      The step is gone from ``manager.all_steps()``; its files stay in orbax's temporary
+      folder (``<step>.orbax-checkpoint-tmp``), which no restore reads, and the steps saved
+      before it are kept.
+  """
+  for manager in managers:
+    saves = _saves(manager)
+    step, saves.pending = saves.pending, None
+    where = step_dir(manager, step) if step is not None else str(manager.directory)
+    try:
+      manager.wait_until_finished()
+    except Exception as e:  # a failed background write, of any kind, stops the run
+      raise errors.CheckpointError(
+          f"the background save of step {step} to {where} failed: {type(e).__name__}: "
+          f"{_first_line(e)}. The checkpoints saved before it are kept.") from e
+    if (step is not None and step in manager.all_steps() and jax.process_index() == 0
+        and not os.path.isdir(where)):
+      raise errors.CheckpointError(
+          f"the background save of step {step} to {where} ended without the folder: orbax "
+          "reported no error but did not finish the checkpoint")
 
 
 def model_config_dict(model_config) -> dict[str, Any]:
@@ -64,13 +177,24 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
   optimizer state) and ``state_structure`` (:func:`run_guard.state_structure`) added, which
   :func:`restore_checkpoint` verifies.
 
+  With an asynchronous manager (:func:`checkpoint_manager` ``async_save=True``) it first
+  waits for the previous save (:func:`finish_saves`), then returns once orbax holds a
+  private host copy of ``state``: the stored CRC-32 and layout are those of ``state`` as it
+  was at the call, whatever the caller does with it afterwards. The step folder appears
+  (renamed from orbax's temporary folder) only when the write has finished; until then a
+  new manager on the folder, such as a resumed run's, does not list the step.
+
   Raises:
     errors.NonFiniteError: ``state`` holds NaN or inf; nothing is saved.
     errors.CheckpointError: naming the path and the reason, when the save fails (e.g. a
       read-only folder) or when orbax skips it because the folder already holds a step at
-      or after ``step``.
+      or after ``step``; with an asynchronous manager, also when the previous step's
+      background save failed (naming that step's folder).
   """
-  tree = _ckpt_tree(state)
+  saves = _saves(manager)
+  if saves.async_save:
+    finish_saves(manager)   # orbax would wait anyway; this names a failed previous step
+  tree = _ckpt_tree(state, private_copy=saves.async_save)
   where = step_dir(manager, step)
   if not run_guard.tree_is_finite(tree):
     raise errors.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
@@ -80,10 +204,13 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
   try:
     saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                                        meta=ocp.args.JsonSave(meta)))
-    manager.wait_until_finished()
+    if not saves.async_save:
+      manager.wait_until_finished()
   except Exception as e:  # any failure of the library or the file system stops the run
     raise errors.CheckpointError(
         f"saving step {step} to {where} failed: {type(e).__name__}: {_first_line(e)}") from e
+  if saved and saves.async_save:
+    saves.pending = step
   if not saved:
     raise errors.CheckpointError(
         f"orbax skipped saving step {step} to {manager.directory}: the folder holds step "
@@ -181,8 +308,10 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
     FileNotFoundError: the folder holds no checkpoint, or not ``step``.
     errors.ConfigMismatchError: listing every ``model.*`` field that differs.
     errors.CheckpointError: ``step`` is damaged, or no checkpoint is intact (each one
-      named with its problem).
+      named with its problem), or a background save of ``manager`` failed
+      (:func:`finish_saves`).
   """
+  finish_saves(manager)   # an asynchronous save of this manager is read only once written
   available = sorted(manager.all_steps(), reverse=True)
   if not available or (step is not None and step not in available):
     raise FileNotFoundError(f"no checkpoint{'' if step is None else f' at step {step}'} in "
@@ -263,7 +392,11 @@ def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any], resume_ste
 
 
 def prune_best(best: ocp.CheckpointManager, keep_step: int) -> None:
-  """Deletes every ``best/`` step but ``keep_step``; call after a regular checkpoint."""
+  """Deletes every ``best/`` step but ``keep_step``; call after a regular checkpoint.
+
+  It does not wait for an asynchronous save of ``keep_step`` (the newest best step): the
+  steps it deletes are older, and orbax finished them before it began that save.
+  """
   for step in best.all_steps():
     if step != keep_step:
       best.delete(step)

@@ -33,8 +33,9 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
 
   Raises:
     ValueError: one line naming the field and its value: an unknown ``task`` (with the
-      known ones); ``seed`` or ``data.seed`` not an int >= 0; ``batch_size``,
-      ``num_train_steps``, ``eval_frequency``, ``checkpoint_every``, ``log_every``,
+      known ones) or ``parallelism`` (not "pmap" or "jit"); ``seed`` or ``data.seed`` not
+      an int >= 0; ``batch_size``, ``num_train_steps``, ``eval_frequency``,
+      ``checkpoint_every``, ``log_every``,
       ``grad_accum_steps`` or a ``model`` size (``emb_dim``, ``qkv_dim``, ``mlp_dim``,
       ``num_heads``, ``num_layers``, ``max_length``) not a positive int; ``eval_batch_size``
       < 0, ``num_eval_steps`` or ``num_test_steps`` < -1; ``batch_size`` not divisible by
@@ -49,6 +50,9 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
   if config.task not in tasks._LOADERS:  # pylint: disable=protected-access
     raise ValueError(f"task={config.task!r} is not a task; known: "
                      f"{', '.join(sorted(tasks._LOADERS))}")  # pylint: disable=protected-access
+  if config.get("parallelism", "pmap") not in ("pmap", "jit"):
+    raise ValueError(f"parallelism={config.parallelism!r} is not 'pmap' (LRA's) or 'jit' "
+                     "(jax.jit over a device mesh; docs/scaling.md)")
   check = check_range
   check("seed", config.seed, low=0, integer=True)
   for field in ("batch_size", "num_train_steps", "eval_frequency", "checkpoint_every",

@@ -17,7 +17,7 @@ import ml_collections
 from simpletron_jax import distributed
 from simpletron_jax.batches import eval_batch_size, eval_batches
 from simpletron_jax.data.common import Split
-from simpletron_jax.steps import InFlightLimit, shard, unreplicate
+from simpletron_jax.steps import InFlightLimit, JitParallel, PmapParallel
 
 
 @jax.jit
@@ -27,29 +27,39 @@ def _add_trees(a, b):
 
 
 def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.ConfigDict,
-             num_batches: int = -1) -> dict[str, float]:
+             num_batches: int = -1,
+             parallel: PmapParallel | JitParallel | None = None) -> dict[str, float]:
   """Accuracy and mean loss over a split (or ``num_batches`` batches of it, see
   :func:`eval_batches`). At most :data:`simpletron_jax.steps.CALLS_IN_FLIGHT` batches are
   unfinished at once (:class:`InFlightLimit`).
+
+  Args:
+    p_eval_step: the eval step of ``parallel.steps`` (:func:`simpletron_jax.steps.pmap_steps`
+      by default).
+    params_repl: the parameters as that step takes them (``parallel.put_state``).
+    examples: the split.
+    config: the run config (batch size, bucket, max_length).
+    num_batches: batches to read; -1 for the whole split.
+    parallel: :func:`simpletron_jax.steps.make_parallel` of the run (default: pmap's).
 
   Returns:
     ``{"accuracy", "loss", "count", "majority_rate"}``: count in examples, and
     majority_rate the share of the most frequent label among the examples read (by all
     hosts), the accuracy of always answering that label. Equal on every host.
   """
-  n_dev = jax.local_device_count()
+  parallel = parallel or PmapParallel()
   batch_size = eval_batch_size(config)
   device_sums = None   # summed on the device; read once, after the last batch
   in_flight = InFlightLimit()
   label_counts: collections.Counter = collections.Counter()
   for batch in eval_batches(examples, config, batch_size, num_batches):
-    sums = p_eval_step(params_repl, shard(batch, n_dev))
+    sums = p_eval_step(params_repl, parallel.put_batch(batch))
     device_sums = sums if device_sums is None else _add_trees(device_sums, sums)
     in_flight.add(device_sums)
     label_counts.update(batch["targets"][batch["weights"] > 0].tolist())
   totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
   if device_sums is not None:
-    totals.update({k: float(v) for k, v in jax.device_get(unreplicate(device_sums)).items()})
+    totals.update({k: float(v) for k, v in parallel.host(device_sums).items()})
   label_counts = distributed.sum_label_counts(label_counts)
   count = max(totals["count"], 1.0)
   read = sum(label_counts.values())

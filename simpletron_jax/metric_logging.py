@@ -1,29 +1,33 @@
-"""Metrics to a JSONL file (one record per line, easy to plot) and to TensorBoard.
+"""Metrics to a JSONL file (one record per line, easy to plot), to TensorBoard and, when
+``config.wandb.project`` is set, to Weights & Biases, through ``clu.metric_writers``; and the
+run's parameter table (``clu.parameter_overview``).
 
-Both files are written in the caller's thread and flushed after every record, so a failed
-write (a full disk, a read-only folder) stops the run at once with a
-:class:`simpletron_jax.errors.WriteError` naming the file. tensorboardX's ``SummaryWriter``
-writes from a thread instead: when a full disk killed that thread, ``add_scalar`` blocked
-forever on the thread's 10-event queue and the run hung (issue 27); and its events waited up to
-two minutes in a buffer, so a run that failed lost them.
+Every record is written in the caller's thread and flushed before :meth:`MetricLogger.write`
+returns, so a failed write (a full disk, a read-only folder) stops the run at once with a
+:class:`simpletron_jax.errors.WriteError` naming the file (issue 27). TensorBoard goes through
+``clu.metric_writers.SummaryWriter`` (``tf.summary``'s file writer, which writes in the calling
+thread and reports a failed flush as a ``tf.errors.OpError``), never through
+``create_default_writer``'s ``AsyncMultiWriter``, whose thread would hold a failed write back.
+
+TensorFlow (which ``clu.metric_writers`` imports) is imported only when a logger is created,
+without GPUs, so ``from simpletron_jax.metric_logging import read_records`` stays cheap.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-import socket
+import sys
 import time
-import uuid
 import warnings
 from typing import Any, Mapping
 
-from tensorboardX.proto.event_pb2 import Event, SessionLog
-from tensorboardX.record_writer import RecordWriter
-from tensorboardX.summary import scalar
+from simpletron_jax import atomic_io, errors
 
-from simpletron_jax import atomic_io
+WANDB_MODES = ("online", "offline")
+PARAMETER_OVERVIEW_FILE = "parameter_overview.txt"
 
 
 def read_records(path: str) -> list[dict[str, Any]]:
@@ -61,73 +65,285 @@ def _strict(record: Mapping[str, Any]) -> dict[str, Any]:
           for k, v in record.items()}
 
 
+def flat_config(config: Any) -> dict[str, bool | int | float | str]:
+  """``config`` as hyperparameters: ``{"model.num_layers": 4, ...}``.
+
+  Args:
+    config: an ``ml_collections.ConfigDict`` or a nested mapping.
+
+  Returns:
+    One entry per leaf, keyed by its dotted path; bools, ints, floats and strings are kept,
+    ``None`` becomes ``""`` and anything else (tuples, lists) its JSON text, since TensorBoard's
+    hparams plugin takes only those four types.
+  """
+  tree = config.to_dict() if hasattr(config, "to_dict") else config
+  flat = {}
+
+  def visit(prefix: str, node: Any) -> None:
+    if isinstance(node, Mapping):
+      for key, value in node.items():
+        visit(f"{prefix}.{key}" if prefix else str(key), value)
+    elif node is None:
+      flat[prefix] = ""
+    elif isinstance(node, (bool, int, float, str)):
+      flat[prefix] = node
+    else:
+      flat[prefix] = json.dumps(node, default=str)
+
+  visit("", tree)
+  return flat
+
+
+def wandb_settings(config: Any) -> dict[str, str] | None:
+  """The checked ``config.wandb`` fields, or None when W&B logging is off.
+
+  Args:
+    config: the run config; ``config.wandb.project`` ("" or missing: off), ``.entity`` ("":
+      the W&B account's default) and ``.mode`` (``"online"`` or ``"offline"``).
+
+  Returns:
+    ``{"project", "entity", "mode"}`` (entity "" for the default) when ``project`` is set.
+
+  Raises:
+    ValueError: ``config.wandb.mode`` is not ``"online"`` or ``"offline"`` (checked even when
+      the project is empty, so a typo shows before a run relies on it).
+    errors.RunError: a project is set but ``wandb`` is not installed; says
+      ``pip install -e ".[wandb]"``.
+  """
+  section = config.get("wandb", None) if config is not None else None
+  if section is None:
+    return None
+  mode = section.get("mode", "online")
+  if mode not in WANDB_MODES:
+    raise ValueError(f"config.wandb.mode={mode!r} is not one of {', '.join(WANDB_MODES)}: "
+                     "'online' logs to the W&B server as the run goes, 'offline' writes "
+                     "workdir/wandb for a later `wandb sync`")
+  project = str(section.get("project", "") or "")
+  if not project:
+    return None
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  if importlib.util.find_spec("wandb") is None:
+    raise errors.RunError(f"config.wandb.project={project!r} asks for Weights & Biases "
+                          "logging, but the wandb package is not installed: run "
+                          "pip install -e \".[wandb]\", or set --config.wandb.project='' "
+                          "to log to metrics.jsonl and TensorBoard only")
+  return {"project": project, "entity": str(section.get("entity", "") or ""), "mode": mode}
+
+
+def wandb_run_id(workdir: str, run_id: str | None = None) -> str:
+  """The W&B run id of ``workdir``: the same on every start, so a resumed run continues it.
+
+  Args:
+    workdir: the run directory.
+    run_id: the run's lineage id (``train_lib``'s ``meta["run_id"]``, ``workdir/run_id``);
+      used when given.
+
+  Returns:
+    ``run_id``, else the id in ``workdir/run_id`` if that file exists, else the first 32 hex
+    digits of the sha256 of the workdir's absolute path.
+  """
+  if run_id:
+    return run_id
+  path = os.path.join(workdir, "run_id")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = f.read().strip()
+    if saved:
+      return saved
+  return hashlib.sha256(os.path.abspath(workdir).encode()).hexdigest()[:32]
+
+
+def _tensorflow():
+  """Imports TensorFlow for ``clu.metric_writers``: without GPUs (JAX owns them), with one
+  thread per op pool, and without its import-time notices (``TF_CPP_MIN_LOG_LEVEL=1`` hides
+  INFO lines; ``TF_ENABLE_ONEDNN_OPTS=0`` only changes TF's own kernels, which compute nothing
+  here). Both are defaults: values the user set are kept. Returns the ``tensorflow`` module."""
+  if "tensorflow" not in sys.modules:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  try:
+    tf.config.set_visible_devices([], "GPU")
+    # Its ops here only write summaries: one thread each, not a pool per core beside JAX's.
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+  except RuntimeError:   # TF's devices were set up earlier in this process; it keeps them
+    pass
+  return tf
+
+
+def _tf_write_error(path: str, error: Exception, kept: str = "what was written before is kept"
+                    ) -> errors.WriteError:
+  """The one-line :class:`errors.WriteError` for a ``tf.errors.OpError`` of TF's event writer.
+
+  TF's message carries the OS error's text ("...; No space left on device"); its errno is
+  recovered from that text, so the message reads as :func:`atomic_io.write_error`'s.
+  """
+  import errno as errno_codes  # pylint: disable=import-outside-toplevel
+  text = str(getattr(error, "message", None) or error)
+  reason = text.split("\n")[0].strip()
+  if reason.startswith("{{") and "}}" in reason:   # "{{function_node ...}} path; reason"
+    reason = reason.split("}}", 1)[1].strip()
+  code = next((c for c in (errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EROFS,
+                           errno_codes.EACCES, errno_codes.EPERM, errno_codes.EIO,
+                           errno_codes.ENOENT) if os.strerror(c) in text), None)
+  return atomic_io.write_error(path, OSError(code, os.strerror(code) if code else reason), kept)
+
+
+def _write_session_start(tf, writer, step: int) -> None:
+  """Writes TensorBoard's restart marker, a ``SessionLog.START`` event at ``step``, into the
+  event file of ``writer`` (a ``clu.metric_writers.SummaryWriter``).
+
+  TensorBoard drops every event of the run at ``step`` or later read before a START that is
+  not the run's first (``plugin_event_accumulator``; the Rust data server drops a tag's
+  points at or after each new point's step). ``tf.summary`` has no public call for a
+  ``SessionLog``, so the event goes through the ``ImportEvent`` op on the writer's resource
+  (clu keeps TF's writer as ``_summary_writer``, TF its resource as ``_resource``);
+  tests/test_metric_writers.py checks that TensorBoard reads it.
+  """
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  resource = getattr(getattr(writer, "_summary_writer", None), "_resource", None)
+  if resource is None:
+    errors.warn("this clu/TensorFlow version hides the TensorBoard writer's resource: no "
+                "restart marker written, so TensorBoard's Python reader may show a killed "
+                "run's points after its last checkpoint next to the resumed ones")
+    return
+  event = event_pb2.Event(wall_time=time.time(), step=int(step),
+                          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+  tf.raw_ops.ImportEvent(writer=resource, event=tf.constant(event.SerializeToString()))
+
+
+def write_parameter_overview(workdir: str, params: Any) -> str:
+  """Prints ``clu.parameter_overview``'s table of ``params`` to stderr and writes it to
+  ``workdir/parameter_overview.txt`` (whole or not at all, :func:`atomic_io.write_text_atomic`).
+
+  Args:
+    workdir: the run directory (exists).
+    params: the parameter tree (arrays on one device or on the host).
+
+  Returns:
+    The table: one row per parameter (path ``a/b/kernel``, shape, dtype, size, mean, std),
+    then ``Total: N -- B bytes`` (N with thousands separators).
+
+  Raises:
+    errors.WriteError: the file could not be written (named).
+  """
+  from clu import parameter_overview  # pylint: disable=import-outside-toplevel
+  text = parameter_overview.get_parameter_overview(params)
+  print(text, file=sys.stderr)
+  atomic_io.write_text_atomic(os.path.join(workdir, PARAMETER_OVERVIEW_FILE), text + "\n")
+  return text
+
+
 class MetricLogger:
-  """Writes ``{"step", "split", "time", **metrics}`` lines to ``workdir/metrics.jsonl``
-  and the same scalars to TensorBoard under ``workdir/tb`` as ``split/name``.
+  """Writes ``{"step", "split", "time", **metrics}`` lines to ``workdir/metrics.jsonl``, the
+  same scalars as ``split/name`` to TensorBoard under ``workdir/tb`` and, when
+  ``config.wandb.project`` is set, to Weights & Biases
+  (:class:`simpletron_jax.wandb_writer.WandbWriter`, files under ``workdir/wandb``); the two
+  writers are combined with ``clu.metric_writers.MultiWriter``.
 
   On a resumed run, records with ``step > resume_step`` (written after the
   checkpoint the run resumes from) and the ``info`` record at ``resume_step`` (the run
   writes it again) are dropped from the JSONL file first (written aside, then renamed over
   it), so a killed-and-resumed run leaves one record per step and split.
 
-  Each start writes a new TensorBoard event file,
-  ``tb/events.out.tfevents.<time>.<host>.<pid>.<random>``; a resumed run's file starts with
-  TensorBoard's purge marker (a ``SessionLog.START`` event at ``resume_step + 1``, as
-  ``SummaryWriter(purge_step=...)`` writes), which hides the killed run's events after its
-  checkpoint.
+  Each start writes a new TensorBoard event file, ``tb/events.out.tfevents.<time>.<host>.
+  <pid>.<n>.v2`` (``tf.summary``'s name), which starts with TensorBoard's restart marker (a
+  ``SessionLog.START`` event at ``resume_step + 1``): TensorBoard then hides a killed run's
+  events after its checkpoint, so a killed-and-resumed run shows one value per step, the
+  resumed run's. With ``config``, the flattened config (:func:`flat_config`) is written as
+  hyperparameters to both writers.
 
   Args:
     workdir: run directory; must exist.
     resume_step: the optimizer step the run restarts from (0 for a new run).
     enabled: False on non-zero hosts of a multi-host run; then nothing is
-      written.
+      written and nothing (TensorFlow, wandb) is imported.
+    config: the run config, for the hyperparameters and ``config.wandb``; None: neither.
+    run_id: the run's lineage id, the W&B run id (see :func:`wandb_run_id`).
+
+  Attributes:
+    path: the JSONL file. tb_path: this start's event file (None when disabled; the ``tb``
+      folder if the new file cannot be told apart from others created at the same time).
 
   Raises:
-    ValueError: ``metrics.jsonl`` holds a damaged record (see :func:`read_records`).
+    ValueError: ``metrics.jsonl`` holds a damaged record (see :func:`read_records`), or
+      ``config.wandb.mode`` is not online/offline (:func:`wandb_settings`).
+    errors.RunError: W&B is asked for but not installed, or its run cannot start.
     errors.WriteError: a file could not be written; here and in :meth:`write` and
       :meth:`close`, naming it.
   """
 
-  def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True):
+  def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True,
+               config: Any = None, run_id: str | None = None):
     self.enabled = enabled
+    self.workdir = workdir
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tb_path = None
-    self._file = self._tb = None
+    self._file, self._writers, self._writer, self._tf = None, [], None, None
     if not enabled:
       return
+    wandb_on = wandb_settings(config)   # checked before any file is touched
     if os.path.exists(self.path):
       kept = [json.dumps(_strict(r), allow_nan=False) + "\n"
               for r in read_records(self.path) if r["step"] < resume_step
               or (r["step"] == resume_step and r.get("split") != "info")]
       atomic_io.write_text_atomic(self.path, "".join(kept))
-    tb_dir = os.path.join(workdir, "tb")
-    self.tb_path = os.path.join(tb_dir, f"events.out.tfevents.{int(time.time())}."
-                                f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    tb_dir = self.tb_path = os.path.join(workdir, "tb")
     current = self.path
     try:
       self._file = open(self.path, "a", encoding="utf-8")
-      current = self.tb_path
+      current = tb_dir
       os.makedirs(tb_dir, exist_ok=True)
-      self._tb = RecordWriter(self.tb_path)
-      self._write_events([Event(wall_time=time.time(), file_version="brain.Event:2")])
-      if resume_step:
-        self._write_events([Event(wall_time=time.time(), step=resume_step + 1,
-                                  session_log=SessionLog(status=SessionLog.START))])
+      before = set(os.listdir(tb_dir))
     except OSError as e:
       self._close_quietly()
       raise atomic_io.write_error(current, e) from e
-
-  def _write_events(self, events) -> None:
-    """Appends TensorBoard events and flushes them (OSError on failure)."""
-    for event in events:
-      self._tb.write(event.SerializeToString())
-    self._tb.flush()
+    tf = self._tf = _tensorflow()
+    from clu import metric_writers  # pylint: disable=import-outside-toplevel
+    try:
+      tensorboard = metric_writers.SummaryWriter(tb_dir)
+      self._writers.append(tensorboard)
+      created = [n for n in os.listdir(tb_dir) if n not in before and "tfevents" in n]
+      if len(created) == 1:
+        self.tb_path = os.path.join(tb_dir, created[0])
+      _write_session_start(tf, tensorboard, resume_step + 1)
+      tensorboard.flush()
+    except tf.errors.OpError as e:
+      self._close_quietly()
+      raise _tf_write_error(self.tb_path, e) from e
+    except OSError as e:
+      self._close_quietly()
+      raise atomic_io.write_error(tb_dir, e) from e
+    if wandb_on is not None:
+      from simpletron_jax.wandb_writer import WandbWriter  # pylint: disable=C0415
+      try:
+        self._writers.append(WandbWriter(
+            project=wandb_on["project"], entity=wandb_on["entity"], mode=wandb_on["mode"],
+            run_id=wandb_run_id(workdir, run_id), directory=workdir,
+            name=os.path.basename(os.path.abspath(workdir))))
+      except BaseException:
+        self._close_quietly()
+        raise
+    self._writer = metric_writers.MultiWriter(self._writers)
+    if config is not None:
+      try:
+        self._writer.write_hparams(flat_config(config))
+        self._writer.flush()
+      except tf.errors.OpError as e:
+        self._close_quietly()
+        raise _tf_write_error(self.tb_path, e) from e
 
   def write(self, step: int, metrics: Mapping[str, float], split: str) -> None:
     """Logs scalar ``metrics`` of ``split`` ("train", "val", "test", "info") at ``step``.
 
-    A NaN or infinite value is written as JSON ``null`` (the file stays strict JSON) and
-    as the float itself to TensorBoard.
+    The JSONL line and the TensorBoard events are flushed before this returns (W&B's own
+    service process writes its files). A NaN or infinite value is written as JSON ``null``
+    (the file stays strict JSON) and as the float itself to TensorBoard and W&B.
+
+    Raises:
+      errors.WriteError: naming ``metrics.jsonl`` or the event file that could not be
+        written; what was written before is kept.
     """
     if not self.enabled:
       return
@@ -140,34 +356,46 @@ class MetricLogger:
     except OSError as e:
       raise atomic_io.write_error(self.path, e, "the records before this one are kept") from e
     try:
-      self._write_events([Event(wall_time=now, step=int(step),
-                                summary=scalar(f"{split}/{name}", float(value)))
-                          for name, value in metrics.items()])
-    except OSError as e:
-      raise atomic_io.write_error(self.tb_path, e, "the events before these are kept") from e
+      self._writer.write_scalars(int(step), {f"{split}/{name}": float(value)
+                                             for name, value in metrics.items()})
+      self._writer.flush()
+    except self._tf.errors.OpError as e:
+      raise _tf_write_error(self.tb_path, e, "the events before these are kept") from e
+
+  def write_parameter_overview(self, params: Any) -> str | None:
+    """:func:`write_parameter_overview` of ``params`` into this logger's workdir; nothing
+    (None) when the logger is disabled (a non-zero host)."""
+    return write_parameter_overview(self.workdir, params) if self.enabled else None
 
   def close(self) -> None:
-    """Flushes and closes both outputs; later calls do nothing.
+    """Flushes and closes every output (the W&B run is finished); later calls do nothing.
 
     Raises:
-      errors.WriteError: a final flush failed (both files are closed anyway).
+      errors.WriteError: a final flush failed (everything is closed anyway).
     """
-    file, tb, self._file, self._tb = self._file, self._tb, None, None
-    for path, handle in ((self.path, file), (self.tb_path, tb)):
-      if handle is not None:
-        try:
-          handle.close()
-        except OSError as e:
-          self._close_quietly(file, tb)
-          raise atomic_io.write_error(path, e) from e
+    file, writers, self._file, self._writers, self._writer = (self._file, self._writers,
+                                                              None, [], None)
+    failure = None
+    if file is not None:
+      try:
+        file.close()
+      except OSError as e:
+        failure = atomic_io.write_error(self.path, e)
+    for writer in writers:
+      try:
+        writer.close()
+      except self._tf.errors.OpError as e:
+        failure = failure or _tf_write_error(self.tb_path, e)
+    if failure is not None:
+      raise failure
 
-  def _close_quietly(self, *handles) -> None:
-    """Closes the given handles (default: this logger's), ignoring errors: after a failure."""
-    for handle in handles or (self._file, self._tb):
+  def _close_quietly(self) -> None:
+    """Closes every output, ignoring errors: after a failure."""
+    file, writers, self._file, self._writers, self._writer = (self._file, self._writers,
+                                                              None, [], None)
+    for handle in (file, *writers):
       try:
         if handle is not None:
           handle.close()
-      except OSError:
-        pass
-    if not handles:
-      self._file = self._tb = None
+      except Exception:  # pylint: disable=broad-except
+        pass   # the failure being reported is the one that matters

@@ -30,13 +30,14 @@ from simpletron_jax.data.common import Split
 
 
 class CompiledSteps:
-  """A pmapped step that runs a precompiled program for the batch shapes it has one for.
+  """A train or eval step that runs a precompiled program for the batch shapes it has one for.
 
-  Called like the step, ``(first, batch, *rest)`` with ``batch`` the sharded batch dict; a
-  shape without a program goes to the step itself, which compiles it as usual.
+  Called like the step, ``(first, batch, *rest)`` with ``batch`` the placed batch dict
+  (``parallel.put_batch``); a shape without a program goes to the step itself, which compiles
+  it as usual.
 
   Attributes:
-    step: the ``jax.pmap``ped step.
+    step: the ``jax.pmap``ped or ``jax.jit``ted step (:mod:`simpletron_jax.steps`).
     compiled: ``{steps.batch_shape_key(batch): compiled program}``.
   """
 
@@ -50,13 +51,12 @@ class CompiledSteps:
 
 def _one_batch_per_width(examples: Split, index_batches, config
                          ) -> dict[int, dict[str, np.ndarray]]:
-  """``{padded width: the first of index_batches' (indices, valid) with it, as a sharded
-  numpy batch [n_devices, rows / n_devices, ...]}``."""
+  """``{padded width: the first of index_batches' (indices, valid) with it, as this host's
+  numpy batch [rows, ...]}``."""
   found: dict[int, tuple] = {}
   for indices, valid in index_batches:
     found.setdefault(batches.batch_width(examples, indices, config), (indices, valid))
-  n_dev = jax.local_device_count()
-  return {w: steps.shard(batches.host_batch(examples, idx, config, valid), n_dev)
+  return {w: batches.host_batch(examples, idx, config, valid)
           for w, (idx, valid) in sorted(found.items())}
 
 
@@ -66,7 +66,7 @@ def train_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
   ``start_micro_step .. start_micro_step + count - 1`` (:func:`batches.train_batches`).
 
   Returns:
-    ``{width in tokens: [n_devices, rows / n_devices, ...] numpy batch}``.
+    ``{width in tokens: this host's [rows, width] numpy batch}``.
   """
   ds = batches.train_index_batches(examples, config)
   return _one_batch_per_width(
@@ -76,26 +76,29 @@ def train_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
 
 def eval_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
                           num_batches: int) -> dict[int, dict[str, np.ndarray]]:
-  """One sharded batch per padded width among the batches :func:`evaluation.evaluate` reads.
+  """One batch per padded width among the batches :func:`evaluation.evaluate` reads.
 
   Returns:
-    ``{width in tokens: [n_devices, rows / n_devices, ...] numpy batch}``.
+    ``{width in tokens: this host's [rows, width] numpy batch}``.
   """
   return _one_batch_per_width(examples, batches.eval_index_batches(
       examples, config, batches.eval_batch_size(config), num_batches), config)
 
 
-def _abstract(batch: dict[str, np.ndarray]) -> dict[str, jax.ShapeDtypeStruct]:
-  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
-
-
-def _eval_batches_by_key(splits, config) -> dict[tuple, dict[str, np.ndarray]]:
-  """One sharded batch per batch shape over ``splits``, ``[(Split, num_batches), ...]``."""
-  found: dict[tuple, dict[str, np.ndarray]] = {}
-  for split, limit in splits:
-    for batch in eval_batches_by_width(split, config, limit).values():
-      found.setdefault(steps.batch_shape_key(batch), batch)
+def _abstract_by_key(host_batches, parallel) -> dict[tuple, dict[str, jax.ShapeDtypeStruct]]:
+  """``{steps.batch_shape_key: abstract placed batch}`` of host batches, the first per key."""
+  found: dict[tuple, dict[str, jax.ShapeDtypeStruct]] = {}
+  for batch in host_batches:
+    abstract = parallel.abstract_batch(batch)
+    found.setdefault(steps.batch_shape_key(abstract), abstract)
   return found
+
+
+def _eval_batches_by_key(splits, config, parallel) -> dict[tuple, dict[str, jax.ShapeDtypeStruct]]:
+  """One abstract placed batch per batch shape over ``splits``, ``[(Split, num_batches), ...]``."""
+  return _abstract_by_key((batch for split, limit in splits
+                           for batch in eval_batches_by_width(split, config, limit).values()),
+                          parallel)
 
 
 def _in_threads(thunks: list[Callable[[], Any]], workers: int) -> list[Any]:
@@ -107,15 +110,17 @@ def _in_threads(thunks: list[Callable[[], Any]], workers: int) -> list[Any]:
 
 
 def precompile_eval_step(p_eval: Callable, params_repl, splits, config: ml_collections.ConfigDict,
-                         workers: int) -> CompiledSteps:
+                         workers: int, parallel=None) -> CompiledSteps:
   """Compiles the eval step for every batch shape that evaluating ``splits`` meets (eval.py).
 
   Args:
-    p_eval: the pmapped eval step of :func:`steps.pmap_steps`.
-    params_repl: the replicated parameters (only shapes and dtypes are read).
+    p_eval: the eval step of ``parallel.steps``.
+    params_repl: the parameters as ``p_eval`` takes them (only shapes, dtypes and
+      shardings are read).
     splits: ``[(Split, num_batches), ...]`` as :func:`evaluation.evaluate` reads them.
     config: the run config.
     workers: compiling threads, at least 1.
+    parallel: :func:`steps.make_parallel` of the run (default: pmap's).
 
   Returns:
     A :class:`CompiledSteps` for ``p_eval``.
@@ -123,24 +128,27 @@ def precompile_eval_step(p_eval: Callable, params_repl, splits, config: ml_colle
   Raises:
     ValueError: for ``workers < 1``.
   """
-  evals = _eval_batches_by_key(splits, config)
-  programs = _in_threads([lambda b=b: p_eval.lower(params_repl, _abstract(b)).compile()
+  evals = _eval_batches_by_key(splits, config, parallel or steps.PmapParallel())
+  programs = _in_threads([lambda b=b: p_eval.lower(params_repl, b).compile()
                           for b in evals.values()], workers)
   return CompiledSteps(p_eval, dict(zip(evals, programs)))
 
 
 def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
                      config: ml_collections.ConfigDict, start_micro_step: int,
-                     workers: int) -> tuple[CompiledSteps, CompiledSteps, dict[str, Any]]:
+                     workers: int, parallel=None
+                     ) -> tuple[CompiledSteps, CompiledSteps, dict[str, Any]]:
   """Compiles the train and eval steps for every batch shape the run will meet, in threads.
 
   Args:
-    p_train, p_eval: the pmapped steps of :func:`steps.pmap_steps`.
-    state_repl: the replicated train state (only its shapes and dtypes are read).
+    p_train, p_eval: the steps of ``parallel.steps``.
+    state_repl: the train state as ``p_train`` takes it (only its shapes, dtypes and
+      shardings are read).
     data: the run's :class:`simpletron_jax.tasks.TaskData`.
     config: the run config.
     start_micro_step: the first micro-step this run trains (the resume point).
     workers: compiling threads, at least 1.
+    parallel: :func:`steps.make_parallel` of the run (default: pmap's).
 
   Returns:
     ``(train_steps, eval_steps, info)``: :class:`CompiledSteps` for ``p_train`` and
@@ -155,15 +163,17 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
   micro = config.batch_size // accum
   remaining = max(config.num_train_steps * accum - start_micro_step, 0)
   count = min(remaining, max(len(data.train) // micro, 1))
-  train = {steps.batch_shape_key(b): b for b in train_batches_by_width(
-      data.train, config, start_micro_step, count).values()}
+  parallel = parallel or steps.PmapParallel()
+  train = _abstract_by_key(train_batches_by_width(
+      data.train, config, start_micro_step, count).values(), parallel)
   evals = _eval_batches_by_key([(data.val, config.get("num_eval_steps", -1)),
-                                (data.test, config.get("num_test_steps", -1))], config)
+                                (data.test, config.get("num_test_steps", -1))], config,
+                               parallel)
   rng = jax.random.PRNGKey(0)   # only its shape and dtype are read
   programs = _in_threads(
-      [lambda b=b: p_train.lower(state_repl, _abstract(b), rng).compile()
+      [lambda b=b: p_train.lower(state_repl, b, rng).compile()
        for b in train.values()]
-      + [lambda b=b: p_eval.lower(state_repl.params, _abstract(b)).compile()
+      + [lambda b=b: p_eval.lower(state_repl.params, b).compile()
          for b in evals.values()], workers)
   train_steps = CompiledSteps(p_train, dict(zip(train, programs[:len(train)])))
   eval_steps = CompiledSteps(p_eval, dict(zip(evals, programs[len(train):])))

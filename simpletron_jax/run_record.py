@@ -36,7 +36,8 @@ from simpletron_jax.errors import ConfigMismatchError
 # device and host counts are refused unless train.py gets --allow_resume_changes.
 RESUME_ALLOWED_FIELDS = ("eval_frequency", "num_train_steps", "max_train_minutes", "log_every",
                          "checkpoint_every", "max_to_keep", "data.data_dir", "data.cache_dir",
-                         "data.tfds_data_dir")
+                         "data.tfds_data_dir", "parallelism", "async_checkpoints",
+                         "wandb.project", "wandb.entity", "wandb.mode")
 # Learning-rate factors whose rate depends on num_train_steps (their period).
 SCHEDULE_LENGTH_FACTORS = ("cosine_decay",)
 # The checkpoint meta key holding :func:`run_record`, and config.json's list of changes.

@@ -1,11 +1,14 @@
-"""The device steps: loss, pmapped train and eval steps, replication, and calls in flight.
+"""The device steps: loss, data-parallel train and eval steps, placement, and calls in flight.
 
 The loss and metrics follow LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al.,
-2020), with metrics as sums over the real examples of a batch (filler rows weigh 0). The steps
-run under ``jax.pmap`` over the local devices (axis :data:`AXIS`): gradients are ``pmean``ed
-and metric sums ``psum``med, so every device holds the same state. :func:`replicate`,
-:func:`unreplicate` and :func:`shard` move a state and a batch to and from that layout, and
-:class:`InFlightLimit` bounds how far the host runs ahead of the devices.
+2020), with metrics as sums over the real examples of a batch (filler rows weigh 0). Each
+device runs :func:`train_step` on its rows (axis :data:`AXIS`): gradients are ``pmean``ed
+and metric sums ``psum``med, so every device holds the same state. ``config.parallelism``
+picks how (:func:`make_parallel`): under ``jax.pmap`` over the local devices
+(:class:`PmapParallel`, LRA's; :func:`replicate`, :func:`unreplicate` and :func:`shard` move
+a state and a batch to and from its layout), or under ``jax.jit`` of ``jax.shard_map`` over a
+``Mesh`` of all devices, with global arrays (:class:`JitParallel`). :class:`InFlightLimit`
+bounds how far the host runs ahead of the devices.
 
 Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
 ``config.grad_accum_steps = A`` it is made of A *micro-steps* of ``batch_size / A`` examples
@@ -111,6 +114,133 @@ def pmap_steps(apply_fn, devices=None):
                      donate_argnums=(0,), devices=devices)
   p_eval = jax.pmap(lambda p, b: eval_step(p, apply_fn, b), axis_name=AXIS, devices=devices)
   return p_train, p_eval
+
+
+def jit_steps(apply_fn, mesh: jax.sharding.Mesh):
+  """The train and eval steps of :func:`pmap_steps` under ``jax.jit`` over ``mesh``.
+
+  Each step is :func:`train_step` / :func:`eval_step` itself, run on every device of the
+  one-axis ``mesh`` (axis :data:`AXIS`) by ``jax.shard_map``: each device computes the loss
+  and gradients of its rows with its own dropout key, and the gradients are ``pmean``ed, so
+  the function computed is the one ``pmap`` computes (JAX's migration guide from ``pmap``:
+  https://docs.jax.dev/en/latest/migrate_pmap.html). Unlike ``pmap``'s, the inputs and
+  outputs are global ``jax.Array`` s: the state once, replicated (``NamedSharding(mesh, P())``),
+  and each batch ``[B, ...]`` split by rows over the devices (``P(AXIS)``), on one or several
+  processes.
+
+  Args:
+    apply_fn: ``model.apply``.
+    mesh: a one-axis mesh named :data:`AXIS` (:class:`JitParallel` builds it).
+
+  Returns:
+    ``(train(state, batch, rng) -> (state, metrics), eval(params, batch) -> sums)``; the
+    state argument of ``train`` is donated; ``metrics`` and ``sums`` are replicated scalars.
+  """
+  rep, rows = jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec(AXIS)
+  # check_vma=False: with JAX's varying-axes checks on, differentiating the replicated
+  # params inside shard_map already sums the gradients over the devices, and train_step's
+  # pmean would then return twice the mean on 2 devices (measured: grad_norm doubled).
+  train = jax.jit(jax.shard_map(train_step, mesh=mesh, in_specs=(rep, rows, rep),
+                                out_specs=(rep, rep), check_vma=False), donate_argnums=(0,))
+  evaluate = jax.jit(jax.shard_map(lambda p, b: eval_step(p, apply_fn, b), mesh=mesh,
+                                   in_specs=(rep, rows), out_specs=rep, check_vma=False))
+  return train, evaluate
+
+
+class PmapParallel:
+  """LRA's data parallelism (``config.parallelism = "pmap"``): :func:`pmap_steps` over the
+  local devices; states carry a leading ``[n_local_devices]`` copy axis and batches are
+  reshaped to ``[n_local_devices, rows / n_local_devices, ...]``.
+
+  The methods move trees between the host and the steps' layout, so the training loop is the
+  same for both parallelisms (:class:`JitParallel`).
+  """
+
+  name = "pmap"
+
+  def steps(self, apply_fn):
+    """``(train, eval)`` steps (:func:`pmap_steps`)."""
+    return pmap_steps(apply_fn)
+
+  def put_state(self, tree):
+    """A host pytree (a state or params) as the steps take it (:func:`replicate`)."""
+    return replicate(tree)
+
+  def put_batch(self, batch: Batch) -> Batch:
+    """This host's ``[rows, ...]`` numpy batch as the steps take it (:func:`shard`)."""
+    return shard(batch, jax.local_device_count())
+
+  def abstract_batch(self, batch: Batch) -> dict:
+    """``jax.ShapeDtypeStruct`` s of :meth:`put_batch`'s result, for ahead-of-time lowering."""
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype)
+            for k, v in self.put_batch(batch).items()}
+
+  def host(self, tree):
+    """One copy of a tree the steps returned (state, metrics) as numpy arrays: every leaf's
+    first device copy, copied to the host without running a computation on the devices
+    (indexing, as :func:`unreplicate` does, would launch one per leaf, and the CPU devices
+    of the tests accept only so many unfinished ones: :class:`InFlightLimit`)."""
+    return jax.tree_util.tree_map(
+        lambda x: np.asarray(x.addressable_data(0)).reshape(x.shape[1:]), tree)
+
+
+class JitParallel:
+  """Data parallelism under ``jax.jit`` (``config.parallelism = "jit"``): :func:`jit_steps`
+  over a mesh of every device of every process, in ``jax.devices()`` order (so each device's
+  rows and dropout key are those ``pmap`` gives it).
+
+  Same methods as :class:`PmapParallel`: states are global arrays replicated on the mesh,
+  and a batch is a global ``[B, ...]`` array whose rows are split over the devices, each
+  process supplying its own rows (``jax.make_array_from_process_local_data``).
+  """
+
+  name = "jit"
+
+  def __init__(self, devices=None):
+    self.mesh = jax.sharding.Mesh(np.asarray(devices or jax.devices()), (AXIS,))
+    self.replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    self.rows = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(AXIS))
+
+  def steps(self, apply_fn):
+    """``(train, eval)`` steps (:func:`jit_steps`)."""
+    return jit_steps(apply_fn, self.mesh)
+
+  def put_state(self, tree):
+    """A host pytree, the same on every process, as one replicated global array per leaf."""
+    def put(x):
+      x = np.asarray(x)
+      return jax.make_array_from_callback(x.shape, self.replicated, lambda index: x[index])
+    return jax.tree_util.tree_map(put, tree)
+
+  def put_batch(self, batch: Batch) -> Batch:
+    """This process's ``[rows, ...]`` numpy batch as its rows of a global
+    ``[rows * process_count, ...]`` array split over the mesh."""
+    return {k: jax.make_array_from_process_local_data(self.rows, v) for k, v in batch.items()}
+
+  def abstract_batch(self, batch: Batch) -> dict:
+    """``jax.ShapeDtypeStruct`` s (with sharding) of :meth:`put_batch`'s result."""
+    hosts = jax.process_count()
+    return {k: jax.ShapeDtypeStruct((v.shape[0] * hosts, *v.shape[1:]), v.dtype,
+                                    sharding=self.rows) for k, v in batch.items()}
+
+  def host(self, tree):
+    """This process's first copy of every leaf of a replicated global tree, as numpy
+    arrays (no device computation; works where the array spans other processes)."""
+    return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
+PARALLELISMS = {"pmap": PmapParallel, "jit": JitParallel}
+
+
+def make_parallel(name: str) -> PmapParallel | JitParallel:
+  """The data parallelism ``config.parallelism`` names.
+
+  Raises:
+    ValueError: ``name`` is not "pmap" or "jit", naming ``config.parallelism``.
+  """
+  if name not in PARALLELISMS:
+    raise ValueError(f"config.parallelism={name!r} is not one of {sorted(PARALLELISMS)}")
+  return PARALLELISMS[name]()
 
 
 def batch_shape_key(batch: Batch) -> tuple:

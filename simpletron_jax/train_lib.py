@@ -35,10 +35,11 @@ import optax
 import tqdm
 
 from simpletron_jax import (atomic_io, config_checks, distributed, errors, lora, models,
-                            precompile, preemption, run_guard, run_record, schedules, tasks,
-                            transfer)
+                            precompile, preemption, profiling, run_guard, run_record,
+                            schedules, tasks, transfer)
 from simpletron_jax.batches import train_batches
-from simpletron_jax.checkpoints import (checkpoint_manager, model_config_dict, prune_best,
+from simpletron_jax.checkpoints import (check_async_supported, checkpoint_manager,
+                                        finish_saves, model_config_dict, prune_best,
                                         reconcile_best, restore_checkpoint, save_checkpoint,
                                         step_dir)
 from simpletron_jax.config_checks import validate_config
@@ -46,14 +47,15 @@ from simpletron_jax.data.common import PairedExamples, report_split_truncation
 from simpletron_jax.evaluation import evaluate
 from simpletron_jax.metric_logging import MetricLogger
 from simpletron_jax.run_record import config_with_history, load_run_config, read_config_json
-from simpletron_jax.steps import (InFlightLimit, TrainState, batch_shape_key, pmap_steps,
-                                  replicate, shard, unreplicate)
+from simpletron_jax.steps import (InFlightLimit, JitParallel, PmapParallel, TrainState,
+                                  batch_shape_key, make_parallel)
 
 # Re-exported: scripts, benchmarks and tests use these as train_lib.<name>.
 from simpletron_jax.batches import (batch_width, eval_batch_size, eval_batches,  # noqa: F401
                                     eval_index_batches, host_batch, train_index_batches)
 from simpletron_jax.steps import (AXIS, CALLS_IN_FLIGHT, Batch, eval_step,  # noqa: F401
-                                  loss_fn, metric_sums, train_step)
+                                  loss_fn, metric_sums, pmap_steps, replicate, shard,
+                                  train_step, unreplicate)
 
 
 # ----------------------------------------------------------------------------
@@ -120,21 +122,25 @@ def create_train_state(config: ml_collections.ConfigDict, model: flax.linen.Modu
 # The loop.
 
 
-def check_finite(unchecked: list, state_repl: TrainState, last_good: str) -> None:
+def check_finite(unchecked: list, state_repl: TrainState, last_good: str,
+                 parallel: PmapParallel | JitParallel | None = None) -> None:
   """Stops a run whose training went non-finite, before anything is logged or saved.
 
   Args:
     unchecked: ``(optimizer step, metrics)`` of the micro-steps since the last check, as
       returned by the pmapped train step (``loss`` sums and ``grad_norm``).
-    state_repl: the replicated state after the last of them.
+    state_repl: the state after the last of them, as the steps return it.
     last_good: the newest checkpoint saved, for the message.
+    parallel: the run's :func:`steps.make_parallel` (default: pmap's).
 
   Raises:
     errors.NonFiniteError: naming the first step whose loss or gradient norm is NaN or
       inf (or the last step, when only the parameters are), and ``last_good``.
   """
-  bad = run_guard.first_nonfinite(jax.device_get(unchecked))
-  if bad is None and not run_guard.tree_is_finite(unreplicate(state_repl.params)):
+  parallel = parallel or PmapParallel()
+  bad = run_guard.first_nonfinite(
+      [(step, parallel.host(metrics)) for step, metrics in unchecked])
+  if bad is None and not run_guard.tree_is_finite(parallel.host(state_repl.params)):
     bad = (unchecked[-1][0] if unchecked else -1, {"params": float("nan")})
   if bad is not None:
     step, values = bad
@@ -198,13 +204,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        step_hook: Callable[[int], None] | None = None,
                        data: tasks.TaskData | None = None,
                        precompile_workers: int = 0,
-                       allow_resume_changes: bool = False) -> dict[str, Any]:
+                       allow_resume_changes: bool = False,
+                       profile_steps: tuple[int, int] | None = None) -> dict[str, Any]:
   """Trains, evaluates every ``eval_frequency`` steps, then tests the final and best parameters.
 
   Resumes from the newest checkpoint in ``workdir/checkpoints`` if there is
   one, and continues exactly as an uninterrupted run would (same data order,
   dropout keys and optimizer state). Writes ``workdir/metrics.jsonl``,
-  TensorBoard events in ``workdir/tb``, ``workdir/config.json`` and, at the
+  TensorBoard events in ``workdir/tb`` (and a W&B run under ``workdir/wandb`` when
+  ``config.wandb.project`` is set; :class:`MetricLogger`), ``workdir/config.json``,
+  ``workdir/parameter_overview.txt`` (also printed to stderr) and, at the
   end, ``workdir/results.json``.
 
   Before any work every field is validated (:func:`validate_config`,
@@ -229,6 +238,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     allow_resume_changes: resume even though settings that change what is computed differ
       from the checkpoint's (train.py ``--allow_resume_changes``); the changes are recorded
       in ``config.json``'s ``config_history``. ``model.*`` changes stay refused.
+    profile_steps: ``(A, B)``: a JAX profiler trace of optimizer steps A..B (both included,
+      ``1 <= A <= B <= num_train_steps``) is written to ``workdir/profile`` by process 0
+      (:class:`profiling.StepProfiler`; train.py ``--profile_steps=A:B``); a run resumed at
+      or past step A traces nothing. None: no trace.
 
   Returns:
     The contents of ``results.json``: test accuracy and loss under two protocols,
@@ -274,8 +287,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   wall_start = time.time()
-  n_dev = jax.local_device_count()
   validate_config(config, jax.device_count(), jax.process_count())
+  check_async_supported(config.get("async_checkpoints", False), jax.process_count())
   config_checks.check_settings(config)
   make_workdir(workdir)
   lock = run_guard.acquire_lock(workdir) if jax.process_index() == 0 else None
@@ -289,8 +302,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
   state = create_train_state(config, model, init_rng)
-  ckpts = checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep)
-  best_ckpts = checkpoint_manager(os.path.join(workdir, "best"), None)  # see prune_best
+  ckpts = checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
+                             async_save=config.get("async_checkpoints", False))
+  best_ckpts = checkpoint_manager(os.path.join(workdir, "best"), None,  # see prune_best
+                                  async_save=config.get("async_checkpoints", False))
   distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
   meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
   start_step = 0
@@ -332,12 +347,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     atomic_io.write_json_atomic(config_path, config_with_history(
         config, (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, []), changes,
         start_step))
-  logger = None
+  logger = profiler = None
   results_path = os.path.join(workdir, "results.json")
   guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save and stop after the step
   preempted = False
   try:
-    logger = MetricLogger(workdir, resume_step=start_step, enabled=jax.process_index() == 0)
+    logger = MetricLogger(workdir, resume_step=start_step, enabled=jax.process_index() == 0,
+                          config=config, run_id=meta["run_id"])
     if (jax.process_index() == 0 and start_step < config.num_train_steps
         and os.path.exists(results_path)):   # it would no longer describe the workdir
       try:
@@ -351,14 +367,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             "ends", file=sys.stderr)
     logger.write(start_step,
                  {"params": sum(x.size for x in jax.tree_util.tree_leaves(state.params))}, "info")
+    logger.write_parameter_overview(state.params)   # stderr and parameter_overview.txt
+    profiler = profiling.StepProfiler(
+        os.path.join(workdir, "profile"),
+        profiling.check_profile_steps(profile_steps, config.num_train_steps), start_step,
+        enabled=jax.process_index() == 0)
 
-    p_train, p_eval = pmap_steps(state.apply_fn)
-    state_repl = replicate(state)
+    parallel = make_parallel(config.get("parallelism", "pmap"))
+    p_train, p_eval = parallel.steps(state.apply_fn)
+    state_repl = parallel.put_state(state)
     schedule = make_schedule(config)
     train_programs, eval_fn, precompiled = {}, p_eval, {}   # {batch_shape_key: program}
     if precompile_workers:
       train_steps, eval_fn, precompiled = precompile.precompile_steps(
-          p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers)
+          p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers,
+          parallel)
       logger.write(start_step, precompiled, "info")
       print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
             f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
@@ -384,8 +407,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     last_step = config.num_train_steps
     guard.install()
     for step in range(start_step + 1, config.num_train_steps + 1):
+      profiler.step_started(step)   # --profile_steps: the trace starts before step A
       for a in range(accum):
-        batch = shard(next(batches), n_dev)
+        batch = parallel.put_batch(next(batches))
         rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
         shapes = batch_shape_key(batch)
         step_fn = train_programs.get(shapes, p_train)
@@ -404,6 +428,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         in_flight.add(sums)
       window_steps += 1
       bar.update(1)
+      profiler.step_finished(step, state_repl)   # after step B: wait for it, stop the trace
       out_of_time = bool(budget_s) and distributed.agree_on_flag(
           time.time() - wall_start > budget_s)
       final = step == config.num_train_steps or out_of_time
@@ -412,12 +437,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
       if stop or not (step % config.log_every and step % config.eval_frequency
                       and step % config.checkpoint_every):
-        check_finite(unchecked, state_repl, last_good)  # before anything is logged or saved
+        check_finite(unchecked, state_repl, last_good, parallel)  # before anything is logged or saved
         unchecked = []
       if step % config.log_every == 0 or stop:
-        for sums in jax.device_get(window_sums):
+        for sums in parallel.host(window_sums):
           for k in window:
-            window[k] += float(sums[k][0])
+            window[k] += float(sums[k])
         elapsed = max(time.time() - window_start - window_excluded, 1e-9)
         train_seconds += elapsed
         count = max(window["count"], 1.0)
@@ -439,7 +464,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       pause_start = time.time()
       if step % config.eval_frequency == 0 or final:
         val = evaluate(eval_fn, state_repl.params, data.val, config,
-                       config.get("num_eval_steps", -1))
+                       config.get("num_eval_steps", -1), parallel)
         logger.write(step, val, "val")
         if not math.isfinite(val["loss"]):
           raise errors.NonFiniteError(
@@ -449,16 +474,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
         if val["accuracy"] > meta["best_val_accuracy"]:
           meta.update(best_val_accuracy=val["accuracy"], best_step=step)
-          save_checkpoint(best_ckpts, step, unreplicate(state_repl), meta)
+          save_checkpoint(best_ckpts, step, parallel.host(state_repl), meta)
 
       if step % config.checkpoint_every == 0 or stop:
         meta["train_seconds"] = train_seconds
-        save_checkpoint(ckpts, step, unreplicate(state_repl), meta)
+        save_checkpoint(ckpts, step, parallel.host(state_repl), meta)
         last_good = step_dir(ckpts, step)
         prune_best(best_ckpts, meta["best_step"])
       if step_hook is not None:
-        ckpts.wait_until_finished()
-        best_ckpts.wait_until_finished()
+        finish_saves(ckpts, best_ckpts)   # a hook sees the step's checkpoints on disk
         step_hook(step)
       window_excluded += time.time() - pause_start
       if preempted:
@@ -471,8 +495,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         break
     guard.restore()   # from here on, a signal ends the process: the last step is saved
     bar.close()
-    ckpts.wait_until_finished()
-    best_ckpts.wait_until_finished()
+    finish_saves(ckpts, best_ckpts)   # the newest step is on disk, or CheckpointError
     if guard.requested_locally() and not preempted:   # it came after the last step's check
       preempted = True
     if preempted:   # no test: the scheduler's grace period is short
@@ -483,12 +506,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     # Two protocols: the final parameters (LRA's --test_only) and the best-validation
     # checkpoint (SimpleTRON's); the two coincide when the last validation was the best.
     test_limit = config.get("num_test_steps", -1)
-    final_test = evaluate(eval_fn, state_repl.params, data.test, config, test_limit)
+    final_test = evaluate(eval_fn, state_repl.params, data.test, config, test_limit, parallel)
     logger.write(last_step, final_test, "test_final")
     best_state, best_meta, best_step = restore_checkpoint(
         best_ckpts, state, step=meta["best_step"], model_config=config.model)
     test = final_test if best_step == last_step else evaluate(
-        eval_fn, replicate(best_state.params), data.test, config, test_limit)
+        eval_fn, parallel.put_state(best_state.params), data.test, config, test_limit, parallel)
     logger.write(best_step, test, "test")
     complete = last_step >= config.num_train_steps
     results = {
@@ -518,6 +541,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return results
   finally:   # also on errors and preemption: no handler, open file or lock is left behind
     guard.restore()
+    if profiler is not None:
+      profiler.close()   # a trace that an error or a preemption left running
     try:
       if logger is not None:
         logger.close()   # a no-op after a success; after an error, its own would hide the first
@@ -567,16 +592,17 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
   state, _, restored_step = restore_checkpoint(manager, state, step, model_config=config.model)
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
-  _, p_eval = pmap_steps(state.apply_fn)
+  parallel = make_parallel(config.get("parallelism", "pmap"))
+  _, p_eval = parallel.steps(state.apply_fn)
   limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
-  params_repl = replicate(state.params)
+  params_repl = parallel.put_state(state.params)
   if precompile_workers:
     start = time.time()
     p_eval = precompile.precompile_eval_step(p_eval, params_repl,
                                              [(getattr(data, split), limit)], config,
-                                             precompile_workers)
+                                             precompile_workers, parallel)
     print(f"precompiled {len(p_eval.compiled)} eval step shapes in "
           f"{time.time() - start:.1f} s ({precompile_workers} threads)", file=sys.stderr)
-  metrics = evaluate(p_eval, params_repl, getattr(data, split), config, limit)
+  metrics = evaluate(p_eval, params_repl, getattr(data, split), config, limit, parallel)
   return {**metrics, "step": restored_step, "split": split,
           "checkpoint": os.path.join(workdir, sub)}

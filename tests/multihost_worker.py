@@ -1,7 +1,7 @@
 """One process of the two-process runs in test_multihost.py (a helper, not a test).
 
     python tests/multihost_worker.py --process_id=I --port=P --workdir=W --out=OUT.json \
-        [--kill_at=STEP] [--seed=S]
+        [--kill_at=STEP] [--seed=S] [--parallelism=jit]
 
 Joins a two-process ``jax.distributed`` run on ``127.0.0.1:P`` with one CPU device,
 trains :func:`worker_config` on the presence task of ``tests/conftest.py`` (rebuilt from
@@ -10,7 +10,8 @@ checks: the example indices this process loaded for each batch, every evaluation
 computed, the files it opened for writing, and its ``train_and_evaluate`` results. With
 ``--kill_at``, the process ends with ``os._exit(KILLED_EXIT_CODE)`` right after that
 optimizer step and its checkpoint, without any clean-up, as a killed job would.
-``--seed`` changes this process's config (the start-up check must refuse it).
+``--seed`` changes this process's config (the start-up check must refuse it);
+``--parallelism`` sets ``config.parallelism`` (default "pmap").
 """
 
 import argparse
@@ -98,6 +99,7 @@ def parse_args(argv):
   parser.add_argument("--out", required=True)
   parser.add_argument("--kill_at", type=int, default=None)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--parallelism", default="pmap")
   return parser.parse_args(argv)
 
 
@@ -129,6 +131,7 @@ def main(argv):
 
   config = worker_config()
   config.seed = args.seed
+  config.parallelism = args.parallelism
   record["results"] = train_lib.train_and_evaluate(config, args.workdir, step_hook=hook,
                                                    data=data)
   dump()

@@ -25,7 +25,6 @@ import random
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ import chex
 import orbax.checkpoint as ocp
 import pytest
 
-from simpletron_jax import batches, metric_logging, run_guard, train_lib
+from simpletron_jax import batches, run_guard, train_lib
 from simpletron_jax.metric_logging import MetricLogger, read_records
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
@@ -419,57 +418,75 @@ def test_metric_logs_on_a_full_disk_raise_naming_the_file_instead_of_hanging(sma
 
 
 def _read_events(path):
-  """The events of a TensorBoard file (TFRecord framing, CRCs checked)."""
-  from tensorboardX.proto.event_pb2 import Event  # pylint: disable=import-outside-toplevel
-  from tensorboardX.record_writer import masked_crc32c  # pylint: disable=import-outside-toplevel
-  events, data = [], open(path, "rb").read()
-  while data:
-    header = data[:8]
-    (length,), (header_crc,) = struct.unpack("Q", header), struct.unpack("I", data[8:12])
-    body, (body_crc,) = data[12:12 + length], struct.unpack("I", data[12 + length:16 + length])
-    assert header_crc == masked_crc32c(header) and body_crc == masked_crc32c(body), path
-    events.append(Event.FromString(body))
-    data = data[16 + length:]
-  return events
+  """The events of a TensorBoard file, read with TensorBoard's own loader (record CRCs
+  checked)."""
+  from tensorboard.backend.event_processing import \
+      event_file_loader  # pylint: disable=import-outside-toplevel
+  return list(event_file_loader.EventFileLoader(str(path)).Load())
+
+
+def _scalars(events):
+  """``(step, tag, value)`` of the summary values of ``events``."""
+  from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
+  return [(e.step, v.tag, float(tensor_util.make_ndarray(v.tensor)))
+          for e in events if e.HasField("summary") for v in e.summary.value]
 
 
 def test_tensorboard_events_are_on_disk_after_each_write_and_resume_purges(tmp_path):
   logger = MetricLogger(str(tmp_path))
+  first = logger.tb_path
+  assert os.path.dirname(first) == str(tmp_path / "tb") and ".tfevents." in first
   for step in (1, 2, 3):
     logger.write(step, {"loss": 1.0 / step}, "train")
-  first = logger.tb_path
-  scalars = [(e.step, e.summary.value[0].tag, e.summary.value[0].simple_value)
-             for e in _read_events(first) if e.HasField("summary")]   # before close()
-  assert scalars == [(1, "train/loss", 1.0), (2, "train/loss", 0.5),
-                     (3, "train/loss", pytest.approx(1 / 3))]
+    assert _scalars(_read_events(first))[-1] == (step, "train/loss", pytest.approx(1 / step))
   logger.close()
   resumed = MetricLogger(str(tmp_path), resume_step=2)
   resumed.write(3, {"loss": 0.25}, "train")
   resumed.close()
   assert resumed.tb_path != first and os.path.exists(first)   # a new file; history kept
+  assert len(_scalars(_read_events(first))) == 3
   head = _read_events(resumed.tb_path)
   assert head[0].file_version == "brain.Event:2"
   assert head[1].step == 3 and head[1].session_log.status == head[1].session_log.START
+  assert _scalars(head) == [(3, "train/loss", 0.25)]
   assert [r["step"] for r in read_records(resumed.path)] == [1, 2, 3]
 
 
-def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, monkeypatch):
-  """The event file, not the JSONL file, fails: tensorboardX's writer thread used to die
-  there and leave add_scalar blocked on its queue."""
-  real_flush = metric_logging.RecordWriter.flush
+def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, small_disk, monkeypatch):
+  """The event file, not the JSONL file, fails (tensorboardX's writer thread used to die
+  there and leave add_scalar blocked on its queue): ``workdir/tb`` lies on a small tmpfs that
+  fills, so TF's own writer meets ENOSPC. Where no tmpfs can be mounted, TF's flush is made
+  to fail as it does then."""
+  workdir = tmp_path / "run"
+  os.makedirs(workdir)
+  os.makedirs(os.path.join(small_disk.path, "tb"))
+  os.symlink(os.path.join(small_disk.path, "tb"), workdir / "tb")
+  if small_disk.mode != "tmpfs":
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from clu import metric_writers  # pylint: disable=import-outside-toplevel
+    real_flush = metric_writers.SummaryWriter.flush
 
-  def flush(self):
-    if os.path.getsize(self.path) > 300:
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    return real_flush(self)
+    def flush(self):
+      if small_disk.full:
+        raise tf.errors.ResourceExhaustedError(
+            None, None, "{{function_node __wrapped__FlushSummaryWriter}} events; No space "
+            "left on device\n\tCould not flush events file. [Op:FlushSummaryWriter]")
+      return real_flush(self)
 
-  monkeypatch.setattr(metric_logging.RecordWriter, "flush", flush)
-  logger = MetricLogger(str(tmp_path))
-  with deadline(30), pytest.raises(run_guard.WriteError) as error:
-    for step in range(100):
+    monkeypatch.setattr(metric_writers.SummaryWriter, "flush", flush)
+  logger = MetricLogger(str(workdir))
+  logger.write(0, {"params": 10}, "info")
+  small_disk.fill()
+  with deadline(60), pytest.raises(run_guard.WriteError) as error:
+    for step in range(1, 5000):   # a tmpfs still holds the rest of the file's last page
       logger.write(step, {"loss": 0.5, "accuracy": 0.25}, "train")
   message = _one_line_naming(error.value, logger.tb_path)
-  assert message.startswith(f"could not write {logger.tb_path}")
+  assert message.startswith(f"could not write {logger.tb_path}: No space left on device "
+                            "(errno 28); the events before these are kept"), message
+  with contextlib.suppress(run_guard.WriteError):
+    logger.close()
+  steps = [r["step"] for r in read_records(logger.path)]
+  assert steps == list(range(len(steps))) and len(steps) >= 2   # the JSONL file is intact
 
 
 def test_atomic_json_on_a_full_disk_keeps_the_previous_file(small_disk):

@@ -127,6 +127,22 @@ def test_two_processes_train_like_one_process_with_two_devices(straight, single)
 
 @pytest.mark.multihost
 @pytest.mark.slow
+def test_two_processes_under_jit_train_like_pmap(single, tmp_path):
+  """config.parallelism="jit": global arrays over a mesh of both processes' devices, each
+  process supplying its rows, give pmap's parameters and evaluations."""
+  codes, (rec0, rec1), logs = _run_pair(tmp_path, tmp_path / "run", "jit", "--parallelism=jit")
+  _check_ok(codes, logs)
+  chex.assert_trees_all_close(_final_params(tmp_path / "run"), _final_params(single[0]),
+                              rtol=1e-5, atol=1e-6)
+  assert len(rec0["evals"]) == 3 and rec0["evals"] == rec1["evals"]
+  for multi, one in zip(rec0["evals"], single[1]["evals"], strict=True):
+    assert multi["count"] == one["count"] == 200
+    np.testing.assert_allclose([multi["accuracy"], multi["loss"]],
+                               [one["accuracy"], one["loss"]], rtol=1e-5)
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
 def test_each_process_loads_only_its_rows_of_each_global_batch(straight, single):
   (rec0, rec1), one = straight[1], single[1]
   for split, steps in ((TRAIN, STEPS), ("val", 1), ("test", 1)):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs.listops import simple as simple_config
-from simpletron_jax import evaluation, precompile, train_lib
+from simpletron_jax import evaluation, precompile, steps, train_lib
 from simpletron_jax.data.common import make_batch
 
 
@@ -206,7 +206,7 @@ def test_precompile_finds_the_widths_the_run_meets(presence_task):
   met = {next(batches)["inputs"].shape[1] for _ in range(20)}
   assert sorted(found) == sorted(met) and len(met) >= 2
   for width, batch in found.items():
-    chex.assert_shape(batch["inputs"], (2, 8, width))   # [devices, rows / devices, width]
+    chex.assert_shape(batch["inputs"], (16, width))   # this host's [rows, width]
 
 
 def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(presence_task,
@@ -217,7 +217,7 @@ def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(pres
                        **{"data.bucket": 8, "data.group_by_length": True,
                           "model.num_layers": 1})
   plain = train_lib.train_and_evaluate(config, str(tmp_path / "plain"), data=presence_task)
-  direct_calls, pmap_steps = [], train_lib.pmap_steps
+  direct_calls, pmap_steps = [], steps.pmap_steps
 
   class Counted:   # a pmapped step whose direct calls (which would compile) are counted
     def __init__(self, step, kind):
@@ -230,7 +230,7 @@ def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(pres
     def lower(self, *args):
       return self.step.lower(*args)
 
-  monkeypatch.setattr(train_lib, "pmap_steps", lambda apply_fn: tuple(
+  monkeypatch.setattr(steps, "pmap_steps", lambda apply_fn: tuple(
       Counted(step, kind) for step, kind in zip(pmap_steps(apply_fn), ("train", "eval"))))
   pre = train_lib.train_and_evaluate(config, str(tmp_path / "pre"), data=presence_task,
                                      precompile_workers=2)

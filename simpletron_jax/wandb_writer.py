@@ -1,0 +1,140 @@
+"""A ``clu.metric_writers.MetricWriter`` that logs to Weights & Biases (issue 29).
+
+:class:`simpletron_jax.metric_logging.MetricLogger` adds it to its ``MultiWriter`` when
+``config.wandb.project`` is set, on process 0 only. Scalars are logged with the optimizer step
+as their x-axis (``define_metric``: W&B's own ``_step`` only counts calls, and would drop a
+record whose step is lower than an earlier one, such as the ``test`` record at the
+best-validation step); hyperparameters go to the run's config. Its files go under
+``<directory>/wandb`` (``offline-run-<time>-<id>/`` in offline mode, uploaded later with
+``wandb sync``). A resumed run passes the same run id, so W&B continues the same run.
+
+Importing this module imports ``clu.metric_writers`` (and with it TensorFlow) and ``wandb``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional
+
+from absl import logging
+from clu.metric_writers import interface
+
+from simpletron_jax import errors
+
+STEP_KEY = "step"   # the x-axis of every logged metric
+
+
+class WandbWriter(interface.MetricWriter):
+  """Logs scalars, texts and hyperparameters to a W&B run; other kinds are skipped with a
+  warning (the project writes none).
+
+  Args:
+    project: the W&B project (``config.wandb.project``).
+    entity: the W&B user or team; "" for the account's default (``config.wandb.entity``).
+    mode: ``"online"`` or ``"offline"`` (``config.wandb.mode``).
+    run_id: the W&B run id: the same on every start of a run (see
+      :func:`simpletron_jax.metric_logging.wandb_run_id`), so a resumed run continues it.
+    directory: the run directory; W&B's files go under ``directory/wandb``.
+    name: the run's display name; None: W&B picks one.
+
+  Attributes:
+    run_dir: this start's W&B folder, ``directory/wandb/<offline-run|run>-<time>-<run_id>``.
+
+  Raises:
+    ValueError: ``mode`` is not online or offline (names ``config.wandb.mode``).
+    errors.RunError: wandb is not installed (says ``pip install -e ".[wandb]"``), or
+      ``wandb.init`` failed (not logged in, no network, ...): the message has W&B's cause.
+  """
+
+  def __init__(self, *, project: str, entity: str, mode: str, run_id: str, directory: str,
+               name: str | None = None):
+    if mode not in ("online", "offline"):
+      raise ValueError(f"config.wandb.mode={mode!r} is not one of online, offline")
+    try:
+      import wandb  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+      raise errors.RunError(
+          f"config.wandb.project={project!r} asks for Weights & Biases logging, but wandb "
+          "cannot be imported: run pip install -e \".[wandb]\", or set "
+          f"--config.wandb.project='' ({e})") from e
+    try:
+      self._run = wandb.init(
+          project=project, entity=entity or None, mode=mode, id=run_id, resume="allow",
+          dir=directory, name=name,
+          # Leave stdout and stderr alone: the run prints its own progress and errors.
+          settings=wandb.Settings(console="off"))
+    except Exception as e:  # pylint: disable=broad-except  # any failure of W&B's start
+      raise errors.RunError(
+          f"could not start the W&B run {run_id} (config.wandb.project={project!r}, "
+          f"mode={mode!r}): {e}. Log in (`wandb login`), or set --config.wandb.mode=offline "
+          "and upload later with `wandb sync`, or --config.wandb.project='' to log without "
+          "W&B") from e
+    self._run.define_metric(STEP_KEY)
+    self._run.define_metric("*", step_metric=STEP_KEY)
+    # <directory>/wandb/<offline-run or run>-<time>-<id>: the run's .wandb log, logs/, files/
+    self.run_dir = os.path.dirname(self._run.dir)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Logs ``scalars`` (name -> number) at optimizer step ``step``, as one W&B row."""
+    if self._run is None or not scalars:
+      return
+    row = {name: value.item() if hasattr(value, "item") else value
+           for name, value in scalars.items()}
+    self._run.log({**row, STEP_KEY: int(step)})
+
+  def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
+    """Logs ``texts`` (name -> string) at optimizer step ``step``."""
+    if self._run is not None and texts:
+      self._run.log({**{k: str(v) for k, v in texts.items()}, STEP_KEY: int(step)})
+
+  def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+    """Sets ``hparams`` (a flat mapping, e.g. :func:`metric_logging.flat_config`) in the
+    run's config; a resumed run may change them (``allow_val_change``)."""
+    if self._run is not None:
+      self._run.config.update(dict(hparams), allow_val_change=True)
+
+  def _skip(self, kind: str) -> None:
+    """Warns, once per kind, that W&B logging of ``kind`` is not implemented."""
+    logging.log_first_n(logging.WARNING, "WandbWriter does not log %s; skipped", 1, kind)
+
+  def write_summaries(self, step: int, values: Mapping[str, Any],
+                      metadata: Optional[Mapping[str, Any]] = None) -> None:
+    """Not logged (skipped with a warning)."""
+    del step, values, metadata
+    self._skip("tensor summaries")
+
+  def write_images(self, step: int, images: Mapping[str, Any]) -> None:
+    """Not logged (skipped with a warning)."""
+    del step, images
+    self._skip("images")
+
+  def write_videos(self, step: int, videos: Mapping[str, Any]) -> None:
+    """Not logged (skipped with a warning)."""
+    del step, videos
+    self._skip("videos")
+
+  def write_audios(self, step: int, audios: Mapping[str, Any], *, sample_rate: int) -> None:
+    """Not logged (skipped with a warning)."""
+    del step, audios, sample_rate
+    self._skip("audio")
+
+  def write_histograms(self, step: int, arrays: Mapping[str, Any],
+                       num_buckets: Optional[Mapping[str, int]] = None) -> None:
+    """Not logged (skipped with a warning)."""
+    del step, arrays, num_buckets
+    self._skip("histograms")
+
+  def flush(self) -> None:
+    """Nothing to do: ``run.log`` hands each row to W&B's service process, which writes it."""
+
+  def close(self) -> None:
+    """Finishes the W&B run (online: waits for the upload); later calls do nothing. A
+    failure of W&B's shutdown is a warning (:class:`errors.RunWarning`), not an error: the
+    run's own files are already written."""
+    run, self._run = self._run, None
+    if run is None:
+      return
+    try:
+      run.finish()
+    except Exception as e:  # pylint: disable=broad-except
+      errors.warn(f"W&B run {run.id} did not finish cleanly: {e}")
