@@ -38,6 +38,8 @@ VARIANTS.update({task: VARIANTS[task] + tuple(AUTHORS_VARIANTS) for task in AUTH
 # baselines (:data:`LRA_MODEL_TYPES`) on every task.
 LRA_CODE_VARIANTS = {"lra_code": None, "tiny_lra_code": "tiny"}  # -> the size variant used
 VARIANTS.update({task: VARIANTS[task] + tuple(LRA_CODE_VARIANTS) for task in TASKS})
+# AG News (SimpleTRON section 5.3; not an LRA task, so not in TASKS): configs/agnews/.
+VARIANTS["agnews"] = ("tiny", "from_bert", "tiny_from_bert")
 
 
 def variants(task: str, attention: str) -> tuple[str, ...]:
@@ -267,8 +269,91 @@ def _pathx(config):
   config.model.learn_pos_emb = True
 
 
+# --- AG News with BERT's encoder: SimpleTRON section 5.3, Table 2 (docs/bert.md) -------------
+AGNEWS_FROM_BERT = ("set --config.init_from to the folder written by python -m "
+                    "simpletron_jax.bert_import BERT_DIR OUT_DIR (docs/bert.md)")
+
+
+def _agnews(config):
+  """SimpleTRON section 5.3: AG News with a BERT-base-sized encoder, from scratch (Table 2)
+  or from BERT's weights (``:from_bert``).
+
+  From the paper: 12 blocks, width 768, 12 heads, MLP 3072, CLS pooling, learned positions,
+  GELU. Not in the paper, each value from the SimpleTRON authors' AG News code (``ag/``,
+  DESIGN.md section 7) where it has one, else BERT's (Devlin et al., 2019):
+
+  * BERT's encoder (the authors' too): post-LN blocks, BERT's embeddings with 512 positions,
+    the pooler (dense + tanh on ``[CLS]``), one Dense classifier without dropout before it,
+    biases on q/k/v/out, exact GELU, no dropout inside the MLP; LayerNorm epsilon 1e-12
+    (BERT's; the authors' code has 1e-6) and 2 token types (BERT's; the authors dropped them);
+  * the authors': dropout 0.2 (here on the attention weights of softmax too, a model they
+    logged no run of), AdamW lr 5e-5, betas (0.9, 0.999), eps 1e-8, weight decay 1e-3, batch
+    32 (theirs: 8 x 4 accumulated), about 10 epochs with a 10% warmup (here 35,625 steps =
+    10 epochs of the 114,000 training articles);
+  * this project's: ``max_length`` 128 WordPiece tokens (the authors padded to 512, with no
+    truncation), a seeded 5% of train for validation (the authors: the last 30%), cosine decay
+    after the warmup (the authors: linear to lr/32; the project's schedules have no linear
+    decay), no layer-wise lr decay (the authors: 0.9 per layer), validation every 1,000 steps.
+
+  ``data.vocab_path`` must name a BERT checkpoint folder (or its ``vocab.txt``): the paper
+  tokenized with ``bert-base-cased``'s.
+  """
+  config.num_train_steps = 35625
+  config.warmup = 3562
+  config.eval_frequency = 1000
+  config.checkpoint_every = 1000
+  config.learning_rate = 5e-5
+  config.factors = "constant * linear_warmup * cosine_decay"
+  config.weight_decay = 1e-3
+  config.adam_b2 = 0.999
+  config.adam_eps = 1e-8
+  data = config.data
+  data.tfds_data_dir = ml_collections.config_dict.placeholder(str)  # tfds ag_news_subset
+  data.vocab_path = ml_collections.config_dict.placeholder(str)     # BERT folder or vocab.txt
+  data.lowercase = ml_collections.config_dict.placeholder(bool)     # None: as the checkpoint
+  data.val_fraction = 0.05
+  data.bucket = 32
+  _model(config, 768, 12, 12, 768, 3072)
+  model = config.model
+  model.max_length = 128            # WordPiece tokens, [CLS] and [SEP] included
+  model.max_positions = 512         # BERT's position table
+  model.dropout_rate = 0.2
+  model.attention_dropout_rate = 0.2
+  model.learn_pos_emb = True
+  model.classifier_pool = "CLS"     # BERT's [CLS] token, position 0
+  model.head = "dense"
+  model.embedding_type = "bert"
+  model.type_vocab_size = 2
+  model.block_norm = "post"
+  model.pooler = True
+  model.final_layer_norm = False
+  model.layer_norm_epsilon = 1e-12
+  model.mlp_hidden_dropout = False
+  model.attention_bias = True
+  model.mlp_activation = "gelu_exact"
+
+
+def _agnews_variant(config, variant: str) -> ml_collections.ConfigDict:
+  """AG News variants: ``tiny`` (a CPU smoke test: 2 blocks, width 64, 2 heads, MLP 128,
+  64 tokens, batch 32, lr 1e-3, 500 steps with a 50-step warmup, validation every 250 steps
+  on 16 batches); ``from_bert`` and ``tiny_from_bert`` (the same, started from BERT's
+  weights: ``init_from`` must be set to a folder written by ``simpletron_jax.bert_import``,
+  and until it is the run stops, naming it)."""
+  if variant in ("tiny", "tiny_from_bert"):
+    _tiny_model(config)
+    config.model.max_length = 64
+    config.model.max_positions = 64
+    config.batch_size = 32
+    config.learning_rate = 1e-3
+    _tiny_schedule(config, 500, 50, 250, eval_batches=16, test_batches=-1)
+  if variant.endswith("from_bert"):
+    config.init_from = AGNEWS_FROM_BERT
+  return config
+
+
 _TASK_SETTINGS = {"listops": _listops, "text": _text, "retrieval": _retrieval,
-                  "image": _image, "pathfinder": _pathfinder, "pathx": _pathx}
+                  "image": _image, "pathfinder": _pathfinder, "pathx": _pathx,
+                  "agnews": _agnews}
 
 
 def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
@@ -555,6 +640,8 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     apply_variant(config, LRA_CODE_VARIANTS[variant])
     apply_lra_code(config)
     return config
+  if config.task == "agnews":
+    return _agnews_variant(config, variant)
   if config.task == "listops":
     _tiny_model(config)
     config.learning_rate = 0.05

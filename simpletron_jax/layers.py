@@ -223,6 +223,9 @@ class MlpBlock(nn.Module):
   Attributes:
     mlp_dim, out_dim: widths (``out_dim`` defaults to E).
     dropout_rate, dropout_mask_bits: see :func:`dropout`.
+    hidden_dropout: the Dropout after the GELU (LRA, default); False leaves it out, as BERT's
+      ``BertIntermediate`` (Devlin et al., 2019; Hugging Face ``modeling_bert.py``), whose only
+      MLP dropout follows the second Dense (``model.mlp_hidden_dropout``).
     activation: a key of :data:`MLP_ACTIVATIONS`: ``"gelu_tanh"`` (LRA, default) or
       ``"gelu_exact"`` (the SimpleTRON authors' ``nn.GELU()``; config ``model.mlp_activation``).
     dense_init: the Dense layers' init, a name in ``base.INITS``: ``"lra"`` (Xavier-uniform,
@@ -241,6 +244,7 @@ class MlpBlock(nn.Module):
   dropout_mask_bits: int = 32
   activation: str = "gelu_tanh"
   dense_init: str = "lra"
+  hidden_dropout: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -253,8 +257,9 @@ class MlpBlock(nn.Module):
     y_BxLxM = nn.Dense(self.mlp_dim, kernel_init=kernel_init, bias_init=bias_init,
                        dtype=self.dtype)(x_BxLxE)
     y_BxLxM = MLP_ACTIVATIONS[self.activation](y_BxLxM)
-    y_BxLxM = dropout(self.dropout_rate, self.dropout_mask_bits)(
-        y_BxLxM, deterministic=deterministic)
+    if self.hidden_dropout:
+      y_BxLxM = dropout(self.dropout_rate, self.dropout_mask_bits)(
+          y_BxLxM, deterministic=deterministic)
     kernel_init, bias_init = base.initializers(self.mlp_dim, self.dense_init)
     y_BxLxO = nn.Dense(out_dim, kernel_init=kernel_init, bias_init=bias_init,
                        dtype=self.dtype)(y_BxLxM)
@@ -262,11 +267,35 @@ class MlpBlock(nn.Module):
         y_BxLxO, deterministic=deterministic)
 
 
+def _block_mlp(block: "EncoderBlock") -> MlpBlock:
+  """The MLP of ``block`` (a submodule of it, ``MlpBlock_0``, when made inside its compact
+  call). A function, not a method: flax records what every module method returns, and a
+  module is not an array."""
+  return MlpBlock(block.mlp_dim, dropout_rate=block.dropout_rate,
+                  dropout_mask_bits=block.dropout_mask_bits, activation=block.mlp_activation,
+                  dense_init=block.dense_init, hidden_dropout=block.mlp_hidden_dropout,
+                  dtype=block.dtype)
+
+
+# Where an encoder block puts its LayerNorms (config field model.block_norm): "pre" (LRA's, on
+# each branch's input) or "post" (BERT's, after each residual sum).
+BLOCK_NORMS = ("pre", "post")
+
+
 class EncoderBlock(nn.Module):
-  """One pre-LN encoder block::
+  """One encoder block, pre-LN (LRA, default)::
 
       x1 = x0 + Dropout(Attn(LN(x0)))
       out = x1 + MLP(LN(x1))            (+ x0 for SimpleTRON's Simple-Res)
+
+  or post-LN (``block_norm="post"``: BERT, Devlin et al. 2019, Hugging Face ``BertLayer``;
+  the SimpleTRON authors' AG News blocks, ``ag/layers.py``)::
+
+      x1 = LN(x0 + Dropout(Attn(x0)))
+      out = LN(x1 + MLP(x1))            (LN(x1 + MLP(x1) + x0) for Simple-Res)
+
+  The parameter paths are the same in both: ``LayerNorm_0`` is the attention's LayerNorm
+  (BERT's ``attention.output.LayerNorm``), ``LayerNorm_1`` the MLP's (``output.LayerNorm``).
 
   Attributes:
     attention: registry name of the attention variant.
@@ -285,6 +314,10 @@ class EncoderBlock(nn.Module):
       the attention's projections made through ``base.head_projection`` /
       ``base.output_projection`` (set by ``base.projection_init`` around the attention
       call); other variant-specific weights keep their own init.
+    block_norm: ``"pre"`` (default) or ``"post"``, see above (``model.block_norm``).
+    layer_norm_epsilon: the LayerNorms' epsilon (``model.layer_norm_epsilon``; LRA's 1e-6,
+      BERT's 1e-12).
+    mlp_hidden_dropout: see :class:`MlpBlock` ``hidden_dropout`` (``model.mlp_hidden_dropout``).
     num_queries: 0 (default): every position. N > 0: only the first N positions are
       updated and returned, ``[B, N, E]``: attention still reads every position as keys
       and values, while the residuals, the second LayerNorm and the MLP run on N
@@ -295,6 +328,9 @@ class EncoderBlock(nn.Module):
 
   Call: ``(x_BxLxE, mask_BxL, deterministic) -> x_BxLxE`` (``[B, N, E]`` with
   ``num_queries``).
+
+  Raises:
+    ValueError: naming ``model.block_norm`` for a value outside :data:`BLOCK_NORMS`.
   """
 
   attention: str
@@ -310,16 +346,24 @@ class EncoderBlock(nn.Module):
   attention_bias: bool = False
   mlp_activation: str = "gelu_tanh"
   dense_init: str = "lra"
+  block_norm: str = "pre"
+  layer_norm_epsilon: float = LN_EPSILON
+  mlp_hidden_dropout: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x0_BxLxE, mask_BxL, *, deterministic: bool):
+    if self.block_norm not in BLOCK_NORMS:
+      raise ValueError(f"model.block_norm={self.block_norm!r}; expected one of "
+                       f"{list(BLOCK_NORMS)}")
+    if self.block_norm == "post":
+      return self._post_norm(x0_BxLxE, mask_BxL, deterministic)
     spec = attention.get(self.attention)
     emb_dim = x0_BxLxE.shape[-1]
     kwargs = dict(self.attention_kwargs or {})
     if self.num_queries and "num_queries" in spec.module_fields():
       kwargs["num_queries"] = self.num_queries
-    y = nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype)(x0_BxLxE)
+    y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x0_BxLxE)
     with base.projection_init(self.dense_init):
       y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=emb_dim,
                      dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
@@ -330,11 +374,34 @@ class EncoderBlock(nn.Module):
     if self.attention_branch_dropout:
       y = dropout(self.dropout_rate, self.dropout_mask_bits)(y, deterministic=deterministic)
     x1_BxLxE = x0_BxLxE + y
-    y = nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype)(x1_BxLxE)
-    y = MlpBlock(self.mlp_dim, dropout_rate=self.dropout_rate,
-                 dropout_mask_bits=self.dropout_mask_bits, activation=self.mlp_activation,
-                 dense_init=self.dense_init, dtype=self.dtype)(y, deterministic=deterministic)
+    y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x1_BxLxE)
+    y = _block_mlp(self)(y, deterministic=deterministic)
     out = x1_BxLxE + y
     if spec.double_skip:
       out = out + x0_BxLxE
     return out
+
+  def _post_norm(self, x0_BxLxE, mask_BxL, deterministic: bool):
+    """The post-LN block (``block_norm="post"``), BERT's ``BertLayer``: the attention
+    (with its output projection, BERT's ``attention.output.dense``), Dropout, the residual
+    sum and ``LayerNorm_0``; the MLP (its last Dropout is BERT's ``output.dropout``), the
+    residual sum (plus ``x0`` for SimpleTRON's double skip) and ``LayerNorm_1``. Called
+    from the compact ``__call__``, so its submodules are the block's."""
+    spec = attention.get(self.attention)
+    kwargs = dict(self.attention_kwargs or {})
+    if self.num_queries and "num_queries" in spec.module_fields():
+      kwargs["num_queries"] = self.num_queries
+    with base.projection_init(self.dense_init):
+      y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim,
+                     out_dim=x0_BxLxE.shape[-1], dropout_rate=self.attention_dropout_rate,
+                     dtype=self.dtype, use_bias=self.attention_bias, name="attention",
+                     **kwargs)(x0_BxLxE, mask_BxL, deterministic=deterministic)
+    if self.num_queries:
+      y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
+    if self.attention_branch_dropout:
+      y = dropout(self.dropout_rate, self.dropout_mask_bits)(y, deterministic=deterministic)
+    x1_BxLxE = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x0_BxLxE + y)
+    out = x1_BxLxE + _block_mlp(self)(x1_BxLxE, deterministic=deterministic)
+    if spec.double_skip:
+      out = out + x0_BxLxE
+    return nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(out)

@@ -3,7 +3,12 @@
 ``models/layers/common_layers.py`` (the classifier heads). LRA's design choices are the
 defaults (no attention biases, flax's default init in the heads); its bugs are options
 (``model.lra_mean_over_pads``, ``model.lra_dual_no_cls``), the defaults computing the correct
-function. ``docs/lra_parity.md`` lists each difference and the golden tests that check it."""
+function. ``docs/lra_parity.md`` lists each difference and the golden tests that check it.
+
+BERT's encoder is a configuration of the same :class:`Encoder`, not a second model: BERT's
+embeddings (``model.embedding_type="bert"``), post-LN blocks (``model.block_norm="post"``)
+and the pooler (``model.pooler``), with any registered attention in place of softmax
+(``docs/bert.md``; :mod:`simpletron_jax.bert_import` loads a Hugging Face checkpoint)."""
 
 from __future__ import annotations
 
@@ -27,10 +32,17 @@ HEADS = ("mlp", "dense")
 HEAD_ACTIVATIONS = {"relu": nn.relu, "gelu": lambda x: nn.gelu(x, approximate=False)}
 # Retrieval: how the two pooled documents u, v meet (LRA ``classifier_head_dual``).
 INTERACTIONS = ("concat", "nli")
+# The encoder's embeddings (config field model.embedding_type): LRA's, or BERT's
+# (``Encoder._bert_embeddings``).
+EMBEDDING_TYPES = ("lra", "bert")
+# BERT's ``initializer_range``: the std of its embedding tables' normal init.
+BERT_INIT_STDDEV = 0.02
 
 
 class Encoder(nn.Module):
-  """Token embedding, optional CLS, positions, pre-LN blocks, final LN, pooling.
+  """Token embedding, optional CLS, positions, pre-LN blocks, final LN, pooling (LRA's);
+  or BERT's embeddings, post-LN blocks and pooler (``embedding_type``, ``block_norm``,
+  ``pooler`` below).
 
   Attributes:
     vocab_size: number of token ids, 0 being padding.
@@ -98,11 +110,34 @@ class Encoder(nn.Module):
       attention's q/k/v/out projections, the block MLP and the classifier head; the
       SimpleTRON authors' code). The token embedding is N(0, 1) and the LayerNorm epsilon
       1e-6 under both, as in LRA and the authors' code.
-    dtype: activation dtype, e.g. ``jnp.float32`` or ``jnp.bfloat16``.
+    embedding_type: ``"lra"`` (default: the embeddings above) or ``"bert"``: BERT's
+      embeddings (Devlin et al., 2019; Hugging Face ``BertEmbeddings``): the token embedding
+      (initialised normal(0.02), BERT's ``initializer_range``), the positions ``0..L-1``
+      (learned or sinusoidal as ``learn_pos_emb`` says; the table has ``max_positions`` rows)
+      and token type 0's embedding are summed, then LayerNorm (``embed_norm``) and, with
+      ``embedding_dropout``, Dropout. No CLS vector is prepended: BERT's tokenizer puts its
+      ``[CLS]`` token first, and CLS pooling reads position 0. ``prepend_cls``,
+      ``cls_position`` and ``lra_cls_mask`` do not apply.
+    type_vocab_size: rows of BERT's token-type table (``token_type_embedding``; 2 in BERT;
+      0: none, as the SimpleTRON authors' AG News model). Every token has type 0. BERT
+      embeddings only.
+    max_positions: rows of BERT's position table (BERT-base's 512, so that its table loads
+      whole); 0: ``max_length``. BERT embeddings only.
+    block_norm: ``"pre"`` (LRA, default) or ``"post"`` (BERT); see
+      :class:`layers.EncoderBlock`.
+    layer_norm_epsilon: epsilon of every LayerNorm (LRA's and the authors' 1e-6, default;
+      BERT's 1e-12).
+    pooler: BERT's pooler on the pooled vector: ``tanh(Dense(E))`` (``pooler``), as Hugging
+      Face ``BertPooler`` does on position 0. False (default): none.
+    mlp_hidden_dropout: see :class:`layers.MlpBlock` ``hidden_dropout`` (False: BERT).
 
   Call: ``(tokens_BxL int, mask_BxL bool | None, deterministic) -> [B, E]``
   float32. ``mask_BxL`` defaults to ``tokens_BxL > 0``; image tasks pass an
   explicit all-True mask because pixel value 0 is real.
+
+  Raises:
+    ValueError: naming ``model.embedding_type`` for an unknown value, or
+      ``model.max_length`` when the input is longer than the position table.
   """
 
   vocab_size: int
@@ -134,6 +169,13 @@ class Encoder(nn.Module):
   mlp_activation: str = "gelu_tanh"
   cls_position: bool = True
   dense_init: str = "lra"
+  embedding_type: str = "lra"
+  type_vocab_size: int = 2
+  max_positions: int = 0
+  block_norm: str = "pre"
+  layer_norm_epsilon: float = layers.LN_EPSILON
+  pooler: bool = False
+  mlp_hidden_dropout: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -141,28 +183,35 @@ class Encoder(nn.Module):
     if mask_BxL is None:
       mask_BxL = tokens_BxL > 0
     mask_BxL = mask_BxL.astype(bool)
-    x_BxLxE = nn.Embed(self.vocab_size, self.emb_dim,
-                       embedding_init=nn.initializers.normal(stddev=1.0),
-                       name="embed")(tokens_BxL.astype(jnp.int32))
-    if self.zero_pad_embedding:
-      x_BxLxE = x_BxLxE * (tokens_BxL != 0)[..., None].astype(x_BxLxE.dtype)
-    with_cls = self.classifier_pool == "CLS" and self.prepend_cls
-    positions = layers.AddPositionEmbs(
-        self.max_length + int(with_cls and self.cls_position), learned=self.learn_pos_emb,
-        init=self.pos_emb_init, name="posembed")
-    if not (with_cls and self.cls_position):   # the authors' order: positions, then CLS
-      x_BxLxE = positions(x_BxLxE)
-    if with_cls:
-      cls_1x1xE = self.param("cls", nn.initializers.zeros, (1, 1, self.emb_dim))
-      cls_Bx1xE = jnp.broadcast_to(cls_1x1xE, (x_BxLxE.shape[0], 1, self.emb_dim))
-      x_BxLxE = jnp.concatenate([cls_Bx1xE, x_BxLxE], axis=1)
-      cls_mask_Bx1 = mask_BxL[:, :1] if self.lra_cls_mask else jnp.ones_like(mask_BxL[:, :1])
-      mask_BxL = jnp.concatenate([cls_mask_Bx1, mask_BxL], axis=1)
-      if self.cls_position:   # LRA's order: CLS at position 0
+    if self.embedding_type not in EMBEDDING_TYPES:
+      raise ValueError(f"model.embedding_type={self.embedding_type!r}; expected one of "
+                       f"{list(EMBEDDING_TYPES)}")
+    if self.embedding_type == "bert":
+      x_BxLxE = self._bert_embeddings(tokens_BxL, deterministic)
+    else:
+      x_BxLxE = nn.Embed(self.vocab_size, self.emb_dim,
+                         embedding_init=nn.initializers.normal(stddev=1.0),
+                         name="embed")(tokens_BxL.astype(jnp.int32))
+      if self.zero_pad_embedding:
+        x_BxLxE = x_BxLxE * (tokens_BxL != 0)[..., None].astype(x_BxLxE.dtype)
+      with_cls = self.classifier_pool == "CLS" and self.prepend_cls
+      positions = layers.AddPositionEmbs(
+          self.max_length + int(with_cls and self.cls_position), learned=self.learn_pos_emb,
+          init=self.pos_emb_init, name="posembed")
+      if not (with_cls and self.cls_position):   # the authors' order: positions, then CLS
         x_BxLxE = positions(x_BxLxE)
-    if self.embedding_dropout:
-      x_BxLxE = layers.dropout(self.dropout_rate, self.dropout_mask_bits)(
-          x_BxLxE, deterministic=deterministic)
+      if with_cls:
+        cls_1x1xE = self.param("cls", nn.initializers.zeros, (1, 1, self.emb_dim))
+        cls_Bx1xE = jnp.broadcast_to(cls_1x1xE, (x_BxLxE.shape[0], 1, self.emb_dim))
+        x_BxLxE = jnp.concatenate([cls_Bx1xE, x_BxLxE], axis=1)
+        cls_mask_Bx1 = (mask_BxL[:, :1] if self.lra_cls_mask
+                        else jnp.ones_like(mask_BxL[:, :1]))
+        mask_BxL = jnp.concatenate([cls_mask_Bx1, mask_BxL], axis=1)
+        if self.cls_position:   # LRA's order: CLS at position 0
+          x_BxLxE = positions(x_BxLxE)
+      if self.embedding_dropout:
+        x_BxLxE = layers.dropout(self.dropout_rate, self.dropout_mask_bits)(
+            x_BxLxE, deterministic=deterministic)
     x_BxLxE = x_BxLxE.astype(self.dtype)
     pad = -x_BxLxE.shape[1] % self.length_multiple
     if pad:   # masked positions at the end, which every allowed attention ignores
@@ -179,18 +228,49 @@ class Encoder(nn.Module):
           attention_branch_dropout=self.attention_branch_dropout,
           dropout_mask_bits=self.dropout_mask_bits, num_queries=self._block_queries(i),
           attention_bias=self.attention_bias, mlp_activation=self.mlp_activation,
-          dense_init=self.dense_init, name=f"encoderblock_{i}")(
+          dense_init=self.dense_init, block_norm=self.block_norm,
+          layer_norm_epsilon=self.layer_norm_epsilon,
+          mlp_hidden_dropout=self.mlp_hidden_dropout, name=f"encoderblock_{i}")(
               x_BxLxE, mask_BxL, deterministic=deterministic)
     if self.final_layer_norm:
-      x_BxLxE = nn.LayerNorm(epsilon=layers.LN_EPSILON, dtype=self.dtype,
+      x_BxLxE = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype,
                              name="encoder_norm")(x_BxLxE)
     x_BxLxE = x_BxLxE.astype(jnp.float32)
     if self.classifier_pool == "CLS":
-      return x_BxLxE[:, 0]
-    if self.lra_mean_over_pads:   # LRA's bug, an option: the input's pads count
-      return x_BxLxE[:, :x_BxLxE.shape[1] - pad].mean(1)
-    m_BxLx1 = mask_BxL[..., None].astype(jnp.float32)
-    return (x_BxLxE * m_BxLx1).sum(1) / jnp.maximum(m_BxLx1.sum(1), 1.0)
+      pooled_BxE = x_BxLxE[:, 0]
+    elif self.lra_mean_over_pads:   # LRA's bug, an option: the input's pads count
+      pooled_BxE = x_BxLxE[:, :x_BxLxE.shape[1] - pad].mean(1)
+    else:
+      m_BxLx1 = mask_BxL[..., None].astype(jnp.float32)
+      pooled_BxE = (x_BxLxE * m_BxLx1).sum(1) / jnp.maximum(m_BxLx1.sum(1), 1.0)
+    if self.pooler:   # BERT's BertPooler: tanh(Dense(E)) of the pooled state
+      kernel_init, bias_init = base.initializers(self.emb_dim, self.dense_init)
+      pooled_BxE = jnp.tanh(nn.Dense(self.emb_dim, kernel_init=kernel_init,
+                                     bias_init=bias_init, name="pooler")(pooled_BxE))
+    return pooled_BxE
+
+  def _bert_embeddings(self, tokens_BxL, deterministic: bool):
+    """BERT's embeddings (``embedding_type="bert"``, Hugging Face ``BertEmbeddings`` with
+    token type 0): ``Dropout(LN(embed[t] + pos[0..L-1] + token_type[0]))`` -> ``[B, L, E]``
+    float32. Called from the compact ``__call__``, so its parameters are the encoder's
+    (``embed``, ``posembed``, ``token_type_embedding``, ``embed_norm``)."""
+    init = nn.initializers.normal(stddev=BERT_INIT_STDDEV)
+    x_BxLxE = nn.Embed(self.vocab_size, self.emb_dim, embedding_init=init,
+                       name="embed")(tokens_BxL.astype(jnp.int32))
+    if self.zero_pad_embedding:
+      x_BxLxE = x_BxLxE * (tokens_BxL != 0)[..., None].astype(x_BxLxE.dtype)
+    x_BxLxE = layers.AddPositionEmbs(self.max_positions or self.max_length,
+                                     learned=self.learn_pos_emb, init=self.pos_emb_init,
+                                     name="posembed")(x_BxLxE)
+    if self.type_vocab_size:
+      types_TxE = self.param("token_type_embedding", init,
+                             (self.type_vocab_size, self.emb_dim))
+      x_BxLxE = x_BxLxE + types_TxE[0]
+    x_BxLxE = nn.LayerNorm(epsilon=self.layer_norm_epsilon, name="embed_norm")(x_BxLxE)
+    if self.embedding_dropout:
+      x_BxLxE = layers.dropout(self.dropout_rate, self.dropout_mask_bits)(
+          x_BxLxE, deterministic=deterministic)
+    return x_BxLxE
 
   def _block_queries(self, i: int) -> int:
     """Positions block ``i`` updates: 1 (CLS) for the last block with
@@ -331,8 +411,11 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
       output projection (``simple``, ``simple_res``), or a ``model.attention_per_layer``
       whose length is not ``num_layers`` or that holds an unknown name; an unknown
       ``model.head_activation``, ``model.interaction``, ``model.pos_emb_init``,
-      ``model.dropout_mask_bits``, ``model.mlp_activation``, ``model.cls_position`` or
-      ``model.dense_init``; a
+      ``model.dropout_mask_bits``, ``model.mlp_activation``, ``model.cls_position``,
+      ``model.dense_init``, ``model.embedding_type``, ``model.block_norm``, ``model.pooler``
+      or ``model.mlp_hidden_dropout``; a ``model.type_vocab_size``, ``model.max_positions``
+      or ``model.layer_norm_epsilon`` out of range, or BERT positions shorter than
+      ``model.max_length``; a
       ``model.length_multiple`` that is not a positive int or could change the function.
   """
   _validate_choices(model)
@@ -406,7 +489,10 @@ OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
                    "length_multiple": 1, "dropout_mask_bits": 32, "attention_bias": False,
                    "lra_mean_over_pads": False, "lra_dual_no_cls": False, "lra_cls_mask": False,
                    "head": "mlp", "mlp_activation": "gelu_tanh", "cls_position": True,
-                   "dense_init": "lra"}
+                   "dense_init": "lra", "embedding_type": "lra", "type_vocab_size": 2,
+                   "max_positions": 0, "block_norm": "pre",
+                   "layer_norm_epsilon": layers.LN_EPSILON, "pooler": False,
+                   "mlp_hidden_dropout": True}
 # What a model built before an option existed computed, where that is not the option's
 # default: before ``attention_bias`` every attention projection had a bias. A checkpoint
 # saved then resumes with ``--config.model.attention_bias=True`` and is refused, naming the
@@ -446,8 +532,10 @@ def _validate_choices(model: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming ``model.head_activation``, ``model.interaction``,
   ``model.head``, ``model.attention_bias``, ``model.lra_mean_over_pads``,
   ``model.lra_dual_no_cls``, ``model.lra_cls_mask``, ``model.pos_emb_init``,
-  ``model.dropout_mask_bits``, ``model.mlp_activation``, ``model.cls_position`` or
-  ``model.dense_init`` when it is not one of the known choices."""
+  ``model.dropout_mask_bits``, ``model.mlp_activation``, ``model.cls_position``,
+  ``model.dense_init``, ``model.embedding_type``, ``model.block_norm``, ``model.pooler`` or
+  ``model.mlp_hidden_dropout`` when it is not one of the known choices, and see
+  :func:`_validate_bert_sizes`."""
   for field, choices in (("head_activation", sorted(HEAD_ACTIVATIONS)),
                          ("interaction", list(INTERACTIONS)), ("head", list(HEADS)),
                          ("attention_bias", [False, True]),
@@ -458,9 +546,33 @@ def _validate_choices(model: ml_collections.ConfigDict) -> None:
                          ("dropout_mask_bits", list(layers.DROPOUT_MASK_BITS)),
                          ("mlp_activation", sorted(layers.MLP_ACTIVATIONS)),
                          ("cls_position", [False, True]),
-                         ("dense_init", list(base.INITS))):
+                         ("dense_init", list(base.INITS)),
+                         ("embedding_type", list(EMBEDDING_TYPES)),
+                         ("block_norm", list(layers.BLOCK_NORMS)),
+                         ("pooler", [False, True]),
+                         ("mlp_hidden_dropout", [False, True])):
     if _option(model, field) not in choices:
       raise ValueError(f"model.{field}={_option(model, field)!r}; expected one of {choices}")
+  _validate_bert_sizes(model)
+
+
+def _validate_bert_sizes(model: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming ``model.type_vocab_size`` or ``model.max_positions`` when it
+  is not an int >= 0, ``model.layer_norm_epsilon`` when it is not a positive number, or
+  ``model.max_positions`` when BERT's position table (``embedding_type="bert"``) would be
+  shorter than ``model.max_length``."""
+  for field in ("type_vocab_size", "max_positions"):
+    value = _option(model, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise ValueError(f"model.{field}={value!r} must be an int >= 0")
+  epsilon = _option(model, "layer_norm_epsilon")
+  if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+    raise ValueError(f"model.layer_norm_epsilon={epsilon!r} must be a positive number")
+  rows = _option(model, "max_positions")
+  if _option(model, "embedding_type") == "bert" and rows and rows < model.max_length:
+    raise ValueError(f"model.max_positions={rows} is shorter than model.max_length="
+                     f"{model.max_length}: BERT's position table needs a row per token "
+                     "([CLS] and [SEP] included); raise it or set 0 (max_length rows)")
 
 
 def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
@@ -497,7 +609,10 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
                                         "length_multiple", "dropout_mask_bits",
                                         "attention_bias", "lra_mean_over_pads",
                                         "lra_cls_mask", "mlp_activation", "cls_position",
-                                        "dense_init")})
+                                        "dense_init", "embedding_type", "type_vocab_size",
+                                        "max_positions", "block_norm",
+                                        "layer_norm_epsilon", "pooler",
+                                        "mlp_hidden_dropout")})
   head_activation = _option(model, "head_activation")
   if dual:
     return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,

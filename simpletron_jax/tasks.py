@@ -159,8 +159,22 @@ def _load_pathfinder(config: ml_collections.ConfigDict) -> TaskData:
                   num_classes=pathfinder.NUM_CLASSES, source=data_dir)
 
 
+def _load_agnews(config: ml_collections.ConfigDict) -> TaskData:
+  from simpletron_jax.data import agnews  # pylint: disable=import-outside-toplevel
+  data_dir, tfds_dir = _optional_dir(config, "data_dir"), _optional_dir(config, "tfds_data_dir")
+  kind, where = agnews.find_source(data_dir, tfds_dir)
+  splits, tokenizer, _ = agnews.load_agnews(
+      data_dir=data_dir, tfds_data_dir=tfds_dir, vocab_path=config.data.get("vocab_path"),
+      max_length=int(config.model.max_length), seed=int(config.data.seed),
+      val_fraction=float(config.data.get("val_fraction", 0.05)),
+      lowercase=config.data.get("lowercase"))
+  return TaskData(**splits, vocab_size=tokenizer.vocab_size, num_classes=agnews.NUM_CLASSES,
+                  source=f"{_describe(kind, where)}; vocabulary {tokenizer.path}")
+
+
 _LOADERS = {"listops": _load_listops, "text": _load_text, "retrieval": _load_retrieval,
-            "image": _load_image, "pathfinder": _load_pathfinder, "pathx": _load_pathfinder}
+            "image": _load_image, "pathfinder": _load_pathfinder, "pathx": _load_pathfinder,
+            "agnews": _load_agnews}
 
 
 def load_task(config: ml_collections.ConfigDict) -> TaskData:
@@ -171,7 +185,9 @@ def load_task(config: ml_collections.ConfigDict) -> TaskData:
   files in ``data.data_dir``, else ``../shared/data/imdb`` or ``~/data/imdb``),
   ``retrieval`` (LRA's AAN TSVs in ``data.data_dir``), ``image`` (tfds ``cifar10``, else the npz in ``data.data_dir`` or
   ``../shared/data/cifar10`` or ``~/data/cifar10``), ``pathfinder`` and ``pathx`` (LRA's layout in
-  ``data.data_dir``, else generated into the cache).
+  ``data.data_dir``, else generated into the cache), ``agnews`` (SimpleTRON section 5.3: tfds
+  ``ag_news_subset`` in ``data.tfds_data_dir``, else the CSV release in ``data.data_dir``,
+  tokenized with the BERT vocabulary of ``data.vocab_path``; :mod:`simpletron_jax.data.agnews`).
 
   LRA's data as options (defaults off): ``data.lra_split`` (image: LRA's
   ``train[:90%]``/``train[90%:]``, see :func:`simpletron_jax.data.image.load_image`) and

@@ -215,7 +215,7 @@ def test_config_fingerprint_ignores_reporting_fields_only():
     ("model.num_heads", 3, "model.qkv_dim=16 is not divisible by model.num_heads=3"),
     ("model.emb_dim", 0, "model.emb_dim=0 must be >= 1"),
     ("eval_batch_size", -4, "eval_batch_size=-4 must be >= 0"),
-    ("task", "listop", "task='listop' is not a task; known: image, listops, pathfinder"),
+    ("task", "listop", "task='listop' is not a task; known: agnews, image, listops, pathfinder"),
     ("model.attention", "nope", "unknown attention 'nope' (config field model.attention); "
                                 "known: aft_full"),
     ("model.classifier_pool", "MAX", "model.classifier_pool='MAX'; expected one of"),

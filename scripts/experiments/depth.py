@@ -16,6 +16,13 @@ Every seed changes the initialisation and the data order; the data itself is the
     python scripts/experiments/depth.py --quick                           # CPU: 1, 2, 4, 8 blocks
     python scripts/experiments/depth.py                                   # paper size: 1 to 12
 
+``--task agnews`` is the paper's Table 2 (section 5.3): AG News with BERT's encoder from
+scratch, ``softmax`` (BERT) against ``simple_resl`` (SimpleTRON) by default; it needs the data
+and a BERT vocabulary (``docs/bert.md``)::
+
+    python scripts/experiments/depth.py --task agnews --seeds 0 \
+        --override data.data_dir=~/data/ag_news_csv --override data.vocab_path=~/bert-base-cased
+
 Writes ``depth.{json,md,png}`` to ``--out``.
 """
 
@@ -34,6 +41,10 @@ from simpletron_jax import train_lib, transfer  # noqa: E402  pylint: disable=wr
 NAME = "depth"
 QUICK = {"steps": 300, "eval_every": 100, "depths": [1, 2, 4, 8]}
 PAPER = {"steps": None, "eval_every": None, "depths": list(range(1, 13))}
+# The attentions compared by task (None: any task without an entry): section 5.2's three, and
+# Table 2's BERT and SimpleTRON (Simple-ResL) on AG News.
+DEFAULT_ATTENTIONS = {None: ["softmax", "simple", "simple_res"],
+                      "agnews": ["softmax", "simple_resl"]}
 
 
 def kv_matrices(config, params, data) -> list[np.ndarray]:
@@ -47,7 +58,10 @@ def kv_matrices(config, params, data) -> list[np.ndarray]:
   _, state = model.apply({"params": params}, batch["inputs"], batch["mask"],
                          capture_intermediates=want, mutable=["intermediates"])
   mask = np.asarray(batch["mask"], np.float32)
-  if config.model.classifier_pool == "CLS":
+  # A CLS vector is prepended under CLS pooling, except with BERT's embeddings, whose [CLS]
+  # is the first token of the input.
+  if (config.model.classifier_pool == "CLS"
+      and config.model.get("embedding_type", "lra") != "bert"):
     mask = np.concatenate([np.ones_like(mask[:, :1]), mask], axis=1)
   out = []
   for i in range(config.model.num_layers):
@@ -86,7 +100,8 @@ def run(args, data_cache) -> dict:
   """
   mode = QUICK if args.quick else PAPER
   runs = []
-  for attention in args.attentions:
+  attentions = args.attentions or DEFAULT_ATTENTIONS.get(args.task, DEFAULT_ATTENTIONS[None])
+  for attention in attentions:
     for depth in args.depths or mode["depths"]:
       for seed in args.seeds:
         cfg = exp_common.make_config(args, args.task, attention, mode["steps"],
@@ -158,8 +173,11 @@ def plot(result: dict):
 def main(argv=None, data=None) -> dict:
   """Runs the experiment; ``data`` (tests) replaces the task's data."""
   parser = exp_common.make_parser(NAME, __doc__)
-  parser.add_argument("--task", default="listops")
-  parser.add_argument("--attentions", nargs="+", default=["softmax", "simple", "simple_res"])
+  parser.add_argument("--task", default="listops",
+                      help="listops (section 5.2) or agnews (Table 2); any task of configs/")
+  parser.add_argument("--attentions", nargs="+", default=None,
+                      help="default: softmax simple simple_res; with --task agnews: softmax "
+                           "simple_resl")
   parser.add_argument("--depths", nargs="+", type=int, default=None,
                       help="numbers of blocks (default: 1 2 4 8 quick, 1..12 paper)")
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
