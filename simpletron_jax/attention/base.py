@@ -339,3 +339,33 @@ def lra_mask(mask_BxL: jnp.ndarray, lra_masking: bool) -> jnp.ndarray:
     bool ``[B, L]``.
   """
   return jnp.ones_like(mask_BxL) if lra_masking else mask_BxL
+
+
+# The flax collection the attention maps are sown into (read by ``simpletron_jax.explain``).
+MAPS = "attention_maps"
+
+
+def sow_map(module: nn.Module, compute: Callable[[], jnp.ndarray]) -> bool:
+  """Sows ``compute()`` as ``module``'s ``"map"`` in the :data:`MAPS` collection, on request.
+
+  The map of a variant that has one is the ``[B, H, N, L]`` array ``A`` with which the
+  per-head output, before any output projection, is ``y_i^h = sum_j A^h_ij v_j^h`` (``v`` the
+  value projection's output, pads included): the softmax weights of ``softmax``, the implicit
+  map of Simple and of the kernel attentions (``simple.simple_map``,
+  ``linear.feature_attention_map``). ``compute`` runs only when the caller applies the model
+  with ``mutable=[MAPS]`` and not while initialising (flax's ``sow`` into a collection that is
+  not mutable is a no-op; here nothing is even traced), so a train or eval step, which does
+  not ask for the collection, compiles to the same program as without this call (tested by
+  ``tests/test_explain.py``). Issue 33.
+
+  Args:
+    module: the attention module, inside its compact ``__call__``.
+    compute: builds the map; called at most once.
+
+  Returns:
+    True when the map was sown.
+  """
+  if module.is_initializing() or not module.is_mutable_collection(MAPS):
+    return False
+  module.sow(MAPS, "map", compute())
+  return True

@@ -79,6 +79,38 @@ def normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK, mask_B
   return _safe_divide(num_BxLxHxK, den_BxLxH[..., None], eps)
 
 
+def feature_attention_map(phi_q_BxLxHxM, phi_k_BxLxHxM, mask_BxL, eps: float = 1e-6,
+                          small_den: float = 0.0, causal: bool = False):
+  """The exact token-to-token map of normalised kernel attention, formed explicitly.
+
+  :func:`normalized_feature_attention` (and its causal form) compute ``A V`` without forming
+  ``A``, where per head ``A_ij = phi_q_i . phi_k_j / (sum_j' phi_q_i . phi_k_j' + eps)``
+  over real keys ``j`` (``j <= i`` when ``causal``; Katharopoulos et al., 2020; the
+  Performer's FAVOR+ with ``small_den``). With the same arguments as those functions, their
+  output is ``einsum("bhij,bjhk->bihk", A, v)`` (pads get zero weight). Quadratic in L: the
+  modules compute it only when asked (:func:`base.sow_map`).
+
+  Args:
+    phi_q_BxLxHxM, phi_k_BxLxHxM: non-negative query and key features.
+    mask_BxL: bool, True for real tokens (the keys kept).
+    eps, small_den: as in :func:`normalized_feature_attention`.
+    causal: the causal form's map.
+
+  Returns:
+    ``[B, H, L, L]`` float32, non-negative; each row sums to at most 1 (exactly
+    ``den / (den + eps)``).
+  """
+  phi_k_BxLxHxM = jnp.where(mask_BxL[:, :, None, None], phi_k_BxLxHxM, 0.0)
+  s_BxHxLxL = jnp.einsum("bihm,bjhm->bhij", phi_q_BxLxHxM, phi_k_BxLxHxM)
+  if causal:
+    length = s_BxHxLxL.shape[-1]
+    s_BxHxLxL = s_BxHxLxL * jnp.tril(jnp.ones((length, length), s_BxHxLxL.dtype))
+  den_BxHxL = s_BxHxLxL.sum(axis=-1)
+  if small_den:
+    den_BxHxL = den_BxHxL + 2.0 * small_den * (jnp.abs(den_BxHxL) <= small_den)
+  return _safe_divide(s_BxHxLxL, den_BxHxL[..., None], eps)
+
+
 def causal_normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK, mask_BxL,
                                         chunk_size: int, eps: float = 1e-6):
   """Causal normalised kernel attention: sums over real ``j <= i`` only.
@@ -154,7 +186,9 @@ class LinearAttention(nn.Module):
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  Outputs at real positions do not depend on padding.
+  Outputs at real positions do not depend on padding. Applied with ``mutable=[base.MAPS]``,
+  it sows the exact map :func:`feature_attention_map` ``[B, H, L, L]`` as ``"map"``
+  (:func:`base.sow_map`; issue 33).
 
   Raises:
     ValueError: if ``qkv_dim`` is not a multiple of ``num_heads``.
@@ -180,6 +214,8 @@ class LinearAttention(nn.Module):
     phi_q_BxLxHxK = elu_feature_map(q.astype(jnp.float32))
     phi_k_BxLxHxK = elu_feature_map(k.astype(jnp.float32))
     v = v.astype(jnp.float32)
+    base.sow_map(self, lambda: feature_attention_map(phi_q_BxLxHxK, phi_k_BxLxHxK, mask_BxL,
+                                                     self.eps, causal=self.causal))
     if self.causal:
       y_BxLxHxK = causal_normalized_feature_attention(phi_q_BxLxHxK, phi_k_BxLxHxK, v,
                                                       mask_BxL, self.chunk_size, self.eps)

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from simpletron_jax.attention import base
-from simpletron_jax.attention.linear import normalized_feature_attention
+from simpletron_jax.attention.linear import feature_attention_map, normalized_feature_attention
 
 KERNELS = ("softmax", "relu", "relu_deterministic")
 
@@ -254,7 +254,9 @@ class PerformerAttention(nn.Module):
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   The projection used is sown into the ``"intermediates"`` collection as
-  ``projection_MxK`` (apply with ``mutable=["intermediates"]`` to read it).
+  ``projection_MxK`` (apply with ``mutable=["intermediates"]`` to read it). Applied with
+  ``mutable=[base.MAPS]``, it sows the exact map of its features,
+  ``linear.feature_attention_map`` ``[B, H, L, L]``, as ``"map"`` (issue 33).
 
   Raises:
     ValueError: for an unknown ``kernel`` (config field
@@ -312,6 +314,8 @@ class PerformerAttention(nn.Module):
       phi_k = relu_kernel_features(k, w_MxK, eps=self.relu_eps)
     # LRA's renormaliser: the softmax kernel's stabiliser also guards the denominator.
     small_den = self.softmax_eps if self.kernel == "softmax" else 0.0
+    base.sow_map(self, lambda: feature_attention_map(phi_q, phi_k, mask_BxL, eps=0.0,
+                                                     small_den=small_den))
     y_BxLxHxK = normalized_feature_attention(phi_q, phi_k, v, mask_BxL, eps=0.0,
                                              small_den=small_den)
     return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype,

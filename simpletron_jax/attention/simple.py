@@ -196,6 +196,50 @@ def causal_simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, chunk_siz
   return y / jnp.sqrt(count_BxL)[:, :, None, None]
 
 
+def simple_map(q_BxLxHxK, k_BxLxHxK, mask_BxL, *, normalizer: str = "real",
+               mask_pads: bool = True, causal: bool = False):
+  """The exact token-to-token map of SimpleAttention, formed explicitly (for one example).
+
+  SimpleAttention never forms it: ``Q (K^T V) / sqrt(L)`` equals ``A V`` with
+  ``A_ij = q_i . k_j / sqrt(L)`` per head (Yorsh et al.), which this returns, with the masking
+  and normalizer of :func:`simple_attention` (non-causal) or :func:`causal_simple_attention`
+  (``causal``: ``j <= i`` and ``sqrt(n_i)``). With it, the per-head output of those functions
+  is ``einsum("bhij,bjhk->bihk", A, v)`` for the unmasked ``v`` (pads get zero weight when
+  ``mask_pads``). Quadratic in L: the module computes it only when asked
+  (:func:`base.sow_map`); ``simpletron_jax.explain`` reads it.
+
+  Args:
+    q_BxLxHxK, k_BxLxHxK: per-head queries and keys as projected.
+    mask_BxL: bool, True for real tokens.
+    normalizer, mask_pads: as in :func:`simple_attention`.
+    causal: the causal form's map.
+
+  Returns:
+    ``[B, H, L, L]`` float, signed (no softmax: rows need not sum to 1).
+
+  Raises:
+    ValueError: for an unknown ``normalizer``.
+  """
+  _check_normalizer(normalizer)
+  length = q_BxLxHxK.shape[1]
+  m = mask_BxL.astype(q_BxLxHxK.dtype)
+  if causal:
+    counted = jnp.ones_like(m) if normalizer == "padded" else m
+    keep = counted if mask_pads else jnp.ones_like(m)   # causal_simple_attention's masking
+    norm_BxL = jnp.sqrt(jnp.maximum(jnp.cumsum(counted, axis=1), 1.0))
+  else:
+    keep = m if mask_pads else jnp.ones_like(m)
+    n = (jnp.full(m.shape[:1], length, m.dtype) if normalizer == "padded"
+         else jnp.maximum(mask_BxL.sum(axis=-1), 1).astype(m.dtype))
+    norm_BxL = jnp.broadcast_to(jnp.sqrt(n)[:, None], m.shape)
+  q = q_BxLxHxK * keep[:, :, None, None]
+  k = k_BxLxHxK * keep[:, :, None, None]
+  a_BxHxLxL = jnp.einsum("bihd,bjhd->bhij", q, k) / norm_BxL[:, None, :, None]
+  if causal:
+    a_BxHxLxL = a_BxHxLxL * jnp.tril(jnp.ones((length, length), a_BxHxLxL.dtype))
+  return a_BxHxLxL
+
+
 class SimpleAttention(nn.Module):
   """Multi-head SimpleAttention (SimpleTRON, Yorsh et al.).
 
@@ -229,7 +273,9 @@ class SimpleAttention(nn.Module):
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``. Applied with
+  ``mutable=[base.MAPS]``, it sows the exact map it never forms, :func:`simple_map`
+  ``[B, H, L, L]``, as ``"map"`` (:func:`base.sow_map`; issue 33).
 
   Raises:
     ValueError: if ``use_output_proj`` is False and ``qkv_dim != out_dim``
@@ -272,6 +318,8 @@ class SimpleAttention(nn.Module):
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
                                flat=self.block_diagonal, use_bias=self.use_bias)
+    base.sow_map(self, lambda: simple_map(q, k, mask_BxL, normalizer=self.normalizer,
+                                          mask_pads=self.mask_pads, causal=self.causal))
     if self.causal:
       y_BxLxHxK = causal_simple_attention(q, k, v, mask_BxL, self.chunk_size,
                                           normalizer=self.normalizer, mask_pads=self.mask_pads)

@@ -177,6 +177,30 @@ def is_right_padded(mask_BxL: jnp.ndarray) -> jnp.ndarray:
   return jnp.all(prefix_BxL == mask_BxL, axis=-1)
 
 
+def softmax_weights(q_BxNxHxK, k_BxLxHxK, keep_Bx1xNxL):
+  """The attention weights of :func:`einsum_attention`, before its dropout.
+
+  ``softmax(q k^T / sqrt(K))`` over the kept keys (a key that is not kept gets exactly 0), in
+  float32 and cast back to q's dtype (Vaswani et al., 2017; LRA's einsum attention). The
+  module sows them for ``simpletron_jax.explain`` (:func:`base.sow_map`), whatever its
+  implementation: ``xla`` and ``flash`` compute the same function without forming them.
+
+  Args:
+    q_BxNxHxK: queries; k_BxLxHxK: keys.
+    keep_Bx1xNxL: bool, True where query i may attend to key j.
+
+  Returns:
+    ``[B, H, N, L]`` in q's dtype; each row sums to 1 (a row with no kept key spreads its
+    weight evenly over all L keys).
+  """
+  q = q_BxNxHxK / jnp.sqrt(q_BxNxHxK.shape[-1]).astype(q_BxNxHxK.dtype)
+  logits_BxHxNxL = jnp.einsum("bqhd,bkhd->bhqk", q, k_BxLxHxK)
+  big_neg = jnp.finfo(logits_BxHxNxL.dtype).min
+  logits_BxHxNxL = jnp.where(keep_Bx1xNxL, logits_BxHxNxL, big_neg)
+  weights_BxHxNxL = jax.nn.softmax(logits_BxHxNxL.astype(jnp.float32), axis=-1)
+  return weights_BxHxNxL.astype(q_BxNxHxK.dtype)
+
+
 def einsum_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, keep_Bx1xNxL, dropout=None):
   """LRA's einsum softmax attention: explicit ``[B, H, N, L]`` weights.
 
@@ -190,12 +214,7 @@ def einsum_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, keep_Bx1xNxL, dropout=None
   Returns:
     ``[B, N, H, K]`` in q's dtype.
   """
-  q = q_BxNxHxK / jnp.sqrt(q_BxNxHxK.shape[-1]).astype(q_BxNxHxK.dtype)
-  logits_BxHxNxL = jnp.einsum("bqhd,bkhd->bhqk", q, k_BxLxHxK)
-  big_neg = jnp.finfo(logits_BxHxNxL.dtype).min
-  logits_BxHxNxL = jnp.where(keep_Bx1xNxL, logits_BxHxNxL, big_neg)
-  weights_BxHxNxL = jax.nn.softmax(logits_BxHxNxL.astype(jnp.float32), axis=-1)
-  weights_BxHxNxL = weights_BxHxNxL.astype(q_BxNxHxK.dtype)
+  weights_BxHxNxL = softmax_weights(q_BxNxHxK, k_BxLxHxK, keep_Bx1xNxL)
   if dropout is not None:
     weights_BxHxNxL = dropout(weights_BxHxNxL)
   return jnp.einsum("bhqk,bkhd->bqhd", weights_BxHxNxL, v_BxLxHxK)
@@ -353,7 +372,9 @@ class SoftmaxAttention(nn.Module):
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO`` (``y_BxNxO``
   with ``num_queries``). Keys at padded positions get zero weight, so outputs at real
-  positions do not depend on padding.
+  positions do not depend on padding. Applied with ``mutable=[base.MAPS]``, it sows its
+  weights ``[B, H, N, L]`` (:func:`softmax_weights`, whatever the implementation) as
+  ``"map"`` (:func:`base.sow_map`; issue 33).
 
   Raises:
     ValueError: for an unknown ``implementation``, or ``num_queries`` larger than L.
@@ -383,6 +404,7 @@ class SoftmaxAttention(nn.Module):
     k, v = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name,
                                  self.flat_projection,
                                  use_bias=self.use_bias) for name in ("key", "value"))
+    base.sow_map(self, lambda: softmax_weights(q, k, self._keep_mask(mask_BxL, n, length)))
     backend = base.target_platform()
     impl, reason = resolve_implementation(
         self.implementation, backend=backend, dtype=self.dtype,
