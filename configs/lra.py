@@ -238,6 +238,9 @@ def _pathfinder_data(config, resolution, num_images):
   data.resolution = resolution      # pixels per side
   data.level = "hard"               # easy | intermediate | hard (contour length 6 / 9 / 14)
   data.num_images = num_images      # images to generate when data_dir is unset
+  # dashed: LRA's images (the algorithm of drewlinsley/pathfinder, contours of separate
+  # paddles) | solid: connected paths, whose label a connected-component labelling reads off
+  data.generator = "dashed"
   data.split_fractions = (0.8, 0.1, 0.1)
   data.lra_pixel_mask = False       # True: LRA's mask token > 0 (black pixels are padding)
   data.split_hash = "blake2b"       # blake2b (seeded) | lra: LRA's tfds members (MD5 of keys)

@@ -148,7 +148,8 @@ def _load_pathfinder(config: ml_collections.ConfigDict) -> TaskData:
   if not data_dir:
     data_dir = pathfinder.ensure_generated(
         os.path.join(cache_dir(config), "pathfinder"), seed=int(data.seed),
-        resolution=int(data.resolution), level=data.level, num_images=int(data.num_images))
+        resolution=int(data.resolution), level=data.level, num_images=int(data.num_images),
+        generator=str(data.get("generator", "dashed")))
   data_dir = os.path.expanduser(data_dir)
   splits = pathfinder.load_pathfinder(data_dir, resolution=int(data.resolution),
                                       level=data.level, seed=int(data.seed),

@@ -1,4 +1,5 @@
-"""Tests for simpletron_jax.data.pathfinder (generator, LRA layout writer and loader).
+"""Tests for simpletron_jax.data.pathfinder: the ``solid`` generator, LRA layout writer and loader
+(the default ``dashed`` generator: tests/test_pathfinder_dashed.py).
 
 The labels are checked on the pixels alone, with a breadth-first connected-component labelling
 written here (independent of the generator's own scipy check).
@@ -228,9 +229,10 @@ def generated(tmp_path_factory):
   root = tmp_path_factory.mktemp("pf")
   one, two = str(root / "one"), str(root / "two")
   stats = pf.generate_dataset(one, seed=5, resolution=32, level="hard", num_images=40,
-                              num_workers=1, progress=False, images_per_shard=16)
+                              num_workers=1, progress=False, images_per_shard=16,
+                              generator="solid")
   pf.generate_dataset(two, seed=5, resolution=32, level="hard", num_images=40, num_workers=2,
-                      progress=False, images_per_shard=16)
+                      progress=False, images_per_shard=16, generator="solid")
   return one, two, stats
 
 
@@ -305,7 +307,7 @@ def test_split_is_seeded(generated):
 
 def test_ensure_generated_reuses_finished_data(tmp_path, monkeypatch):
   root = pf.ensure_generated(str(tmp_path), seed=2, resolution=32, level="easy", num_images=6,
-                             num_workers=1, progress=False)
+                             num_workers=1, progress=False, generator="solid")
   assert len(pf.load_pathfinder(root, resolution=32, level="easy", seed=0,
                                 progress=False)["train"]) == 5
 
@@ -314,9 +316,12 @@ def test_ensure_generated_reuses_finished_data(tmp_path, monkeypatch):
 
   monkeypatch.setattr(pf_generate, "generate_dataset", fail)
   assert pf.ensure_generated(str(tmp_path), seed=2, resolution=32, level="easy",
-                             num_images=6, progress=False) == root
+                             num_images=6, progress=False, generator="solid") == root
   with pytest.raises(AssertionError, match="regenerated"):
-    pf.ensure_generated(str(tmp_path), seed=3, resolution=32, level="easy", num_images=6)
+    pf.ensure_generated(str(tmp_path), seed=3, resolution=32, level="easy", num_images=6,
+                        generator="solid")
+  with pytest.raises(AssertionError, match="regenerated"):   # the other generator's data
+    pf.ensure_generated(str(tmp_path), seed=2, resolution=32, level="easy", num_images=6)
 
 
 # ----------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 """Drawing one Pathfinder image (Linsley et al., 2018), a pure function of a random state.
 
+This is the ``solid`` generator (``data.generator="solid"``): its paths are connected, so the
+label can be read off the pixels. The default, ``dashed``, draws LRA's images by the original's
+algorithm (:mod:`simpletron_jax.data.pathfinder.dashed`).
+
 A path is a chain of ``paddles``: straight strokes of ``paddle_length`` pixels and
 ``paddle_thickness`` pixels width. Each paddle turns from the previous one by a whole number
 of degrees drawn uniformly from ``[-max_turn_deg, max_turn_deg]``; path vertices lie on a

@@ -5,15 +5,21 @@ The files follow LRA's ``lra_release/pathfinder{res}/{level_dir}`` layout:
 its name, a text file with one line per image and space-separated columns. LRA's reader
 (``lra_benchmarks/data/pathfinder.py``) uses column 0 (image folder, relative to the level
 folder), column 1 (file name) and column 3 (label). The columns written here are:
-``imgs/{shard} sample_{j}.png j label contour_length distractor_length num_distractors
-paddle_length paddle_thickness paddle_margin contrast``.
 
-:func:`generate_dataset` draws image ``i`` with
+* ``generator="dashed"`` (the default): those of the original's ``accumulate_meta``
+  (``snakes2.py``): ``imgs/{shard} sample_{j}.png j label continuity contour_length
+  distractor_length paddle_length paddle_thickness paddle_margin 1``.
+* ``generator="solid"``: ``imgs/{shard} sample_{j}.png j label contour_length
+  distractor_length num_distractors paddle_length paddle_thickness paddle_margin contrast``.
+
+:func:`generate_dataset` draws image ``i`` with the chosen generator
+(:func:`simpletron_jax.data.pathfinder.dashed.render_dashed` from
+:func:`~simpletron_jax.data.pathfinder.dashed.dashed_example_rng` ``(seed, params, i)``, or
 :func:`simpletron_jax.data.pathfinder.draw.render_example` from
-:func:`~simpletron_jax.data.pathfinder.draw.example_rng` ``(seed, params, i)`` in a pool of
-spawned processes, so the files do not depend on the worker count; :func:`ensure_generated`
-generates only what is missing or stale. :mod:`simpletron_jax.data.pathfinder.read` reads
-the result, as it reads LRA's own release.
+:func:`~simpletron_jax.data.pathfinder.draw.example_rng`) in a pool of spawned processes, so
+the files do not depend on the worker count; :func:`ensure_generated` generates only what is
+missing or stale. :mod:`simpletron_jax.data.pathfinder.read` reads the result, as it reads
+LRA's own release.
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ import numpy as np
 import tqdm
 
 from simpletron_jax.data import workers as worker_pool
+from simpletron_jax.data.pathfinder.dashed import dashed_example_rng, render_dashed_info
 from simpletron_jax.data.pathfinder.draw import example_rng, render_example_info
-from simpletron_jax.data.pathfinder.params import (LEVELS, PathfinderParams, _level_name,
-                                                   params_for)
+from simpletron_jax.data.pathfinder.params import (LEVELS, DashedParams, PathfinderParams,
+                                                   _level_name, check_generator,
+                                                   dashed_params_for, params_for)
 
 
 IMAGES_PER_SHARD = 1000
@@ -71,21 +79,47 @@ def _png_bytes(image: np.ndarray) -> bytes:
   return buffer.getvalue()
 
 
+def level_params(generator: str, resolution: int,
+                 level: str) -> DashedParams | PathfinderParams:
+  """The settings of one generator (``dashed`` or ``solid``), resolution and level.
+
+  Raises:
+    ValueError: for a bad generator, resolution or level, naming ``data.generator``,
+      ``data.resolution`` or ``data.level``.
+  """
+  if check_generator(generator) == "dashed":
+    return dashed_params_for(resolution, level)
+  return params_for(resolution, level)
+
+
+def render_indexed(generator: str, seed: int, params: DashedParams | PathfinderParams,
+                   index: int) -> tuple[np.ndarray, int, dict[str, Any]]:
+  """Image ``index`` of a data set: ``(image, label, info)`` from the generator's
+  ``render_*_info`` with its per-index random source.
+
+  Raises:
+    ValueError: for a bad generator (naming ``data.generator``).
+    RuntimeError: when the image cannot be drawn (settings too crowded).
+  """
+  if check_generator(generator) == "dashed":
+    return render_dashed_info(dashed_example_rng(seed, params, index), params)
+  return render_example_info(example_rng(seed, params, index), params)
+
+
 def _render_chunk(task: tuple) -> tuple[int, int, list[int], list[int], list[int]]:
   """Worker: renders images ``start..stop-1`` of one shard and writes their PNGs.
 
   Args:
-    task: ``(seed, params, level_dir, shard, start, stop, images_per_shard)``.
+    task: ``(generator, seed, params, level_dir, shard, start, stop, images_per_shard)``.
 
   Returns:
     ``(shard, start, labels, margins, attempts)``.
   """
-  seed, params, level_dir, shard, start, stop, per_shard = task
+  generator, seed, params, level_dir, shard, start, stop, per_shard = task
   folder = os.path.join(level_dir, "imgs", str(shard))
   labels, margins, attempts = [], [], []
   for j in range(start, stop):
-    rng = example_rng(seed, params, shard * per_shard + j)
-    image, label, info = render_example_info(rng, params)
+    image, label, info = render_indexed(generator, seed, params, shard * per_shard + j)
     path = os.path.join(folder, f"sample_{j}.png")
     # One writer per file, so a fixed temporary name is safe; the rename makes it atomic.
     with open(path + ".tmp", "wb") as f:
@@ -104,12 +138,16 @@ def _default_workers() -> int:
     return os.cpu_count() or 1
 
 
-_META_FORMAT = "simpletron_jax.data.pathfinder/1"
+_META_FORMAT = "simpletron_jax.data.pathfinder/2"
 _DONE_FILE = "simpletron_generated.json"
 _CHUNK = 25  # images per worker task
 
 
-def _metadata_line(shard: int, j: int, label: int, margin: int, p: PathfinderParams) -> str:
+def _metadata_line(shard: int, j: int, label: int, margin: int,
+                   p: DashedParams | PathfinderParams) -> str:
+  if isinstance(p, DashedParams):   # snakes2.py's accumulate_meta
+    return (f"imgs/{shard} sample_{j}.png {j} {label} {p.continuity:g} {p.contour_length} "
+            f"{p.distractor_length} {p.paddle_length} {p.paddle_thickness:g} {margin} 1\n")
   return (f"imgs/{shard} sample_{j}.png {j} {label} {p.contour_length} {p.distractor_length} "
           f"{p.num_distractors} {p.paddle_length:g} {p.paddle_thickness:g} {margin} "
           f"{p.contrast:g}\n")
@@ -117,13 +155,14 @@ def _metadata_line(shard: int, j: int, label: int, margin: int, p: PathfinderPar
 
 def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: str = "hard",
                      num_images: int, num_workers: int | None = None, progress: bool = True,
-                     images_per_shard: int = IMAGES_PER_SHARD) -> dict[str, Any]:
+                     images_per_shard: int = IMAGES_PER_SHARD,
+                     generator: str = "dashed") -> dict[str, Any]:
   """Generates a Pathfinder level and writes it in LRA's layout.
 
   Writes ``{out_dir}/pathfinder{resolution}/{level_dir}/imgs/{shard}/sample_{j}.png`` and
   ``.../metadata/{shard}.npy`` (text, see the module docstring), where image ``i`` is
   ``j = i % images_per_shard`` of shard ``i // images_per_shard``. Image ``i`` is
-  ``render_example(example_rng(seed, params, i), params)``, so the files do not depend on
+  :func:`render_indexed` ``(generator, seed, params, i)``, so the files do not depend on
   ``num_workers``. Every file is written to a temporary name and renamed. A metadata file is
   written once its shard is complete, and ``simpletron_generated.json`` (the arguments, the
   time taken and the redraw statistics) last. Old ``metadata/*.npy`` files are removed first.
@@ -137,17 +176,21 @@ def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: st
     num_workers: processes; None means every CPU this process may use, 1 means this process.
     progress: show a tqdm bar and print the speed.
     images_per_shard: images per shard folder (layout only; the images do not change).
+    generator: ``dashed`` (LRA's images, :mod:`.dashed`) or ``solid`` (connected paths,
+      :mod:`.draw`); ``data.generator``.
 
   Returns:
     ``{"level_dir", "num_images", "seconds", "images_per_second", "positive_fraction",
-    "redrawn_fraction", "mean_attempts"}``. ``redrawn_fraction`` is the fraction of images
-    whose first drawing failed the pixel check.
+    "redrawn_fraction", "mean_attempts", "generator"}``. ``mean_attempts`` counts drawings
+    per image (``solid``: of the whole image, redrawn when the pixel check fails; ``dashed``:
+    of the two target contours, redrawn when they get stuck, as in the original);
+    ``redrawn_fraction`` is the fraction of images drawn more than once.
 
   Raises:
-    ValueError: for a bad resolution, level, count or worker number.
-    RuntimeError: if an image cannot be drawn (see :func:`render_example`).
+    ValueError: for a bad generator, resolution, level, count or worker number.
+    RuntimeError: if an image cannot be drawn (see :func:`render_indexed`).
   """
-  params = params_for(resolution, level)
+  params = level_params(generator, resolution, level)
   level_dir = os.path.join(os.path.expanduser(out_dir), f"pathfinder{resolution}",
                            LEVELS[_level_name(level)])
   if int(num_images) < 1 or int(images_per_shard) < 1:
@@ -168,8 +211,8 @@ def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: st
   for shard in range(num_shards):
     os.makedirs(os.path.join(level_dir, "imgs", str(shard)), exist_ok=True)
     size = min(per_shard, num_images - shard * per_shard)
-    tasks += [(int(seed), params, level_dir, shard, start, min(start + _CHUNK, size), per_shard)
-              for start in range(0, size, _CHUNK)]
+    tasks += [(generator, int(seed), params, level_dir, shard, start,
+               min(start + _CHUNK, size), per_shard) for start in range(0, size, _CHUNK)]
 
   labels = np.zeros(num_images, np.int64)
   margins = np.zeros(num_images, np.int64)
@@ -199,38 +242,42 @@ def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: st
            "images_per_second": round(num_images / max(seconds, 1e-9), 1),
            "positive_fraction": float(labels.mean()),
            "redrawn_fraction": float((attempts > 1).mean()),
-           "mean_attempts": float(attempts.mean())}
+           "mean_attempts": float(attempts.mean()), "generator": generator}
   _write_text(os.path.join(level_dir, _DONE_FILE), json.dumps(
       {"format": _META_FORMAT, "arguments": _generator_args(seed, resolution, level, num_images,
-                                                            per_shard),
+                                                            per_shard, generator),
        "params": dataclasses.asdict(params), "stats": stats}, indent=2, sort_keys=True) + "\n")
   if progress:
-    print(f"Pathfinder{resolution} {level}: {num_images} images in {seconds:.1f} s "
-          f"({stats['images_per_second']} images/s, {workers} worker(s)); "
-          f"{100 * stats['redrawn_fraction']:.2f}% redrawn")
+    print(f"Pathfinder{resolution} {level} ({generator}): {num_images} images in "
+          f"{seconds:.1f} s ({stats['images_per_second']} images/s, {workers} worker(s)); "
+          f"{100 * stats['redrawn_fraction']:.2f}% redrawn, {stats['mean_attempts']:.1f} "
+          f"drawings per image")
   return stats
 
 
 def _generator_args(seed: int, resolution: int, level: str, num_images: int,
-                    images_per_shard: int) -> dict[str, Any]:
+                    images_per_shard: int, generator: str) -> dict[str, Any]:
   return {"seed": int(seed), "resolution": int(resolution), "level": _level_name(level),
-          "num_images": int(num_images), "images_per_shard": int(images_per_shard)}
+          "num_images": int(num_images), "images_per_shard": int(images_per_shard),
+          "generator": generator}
 
 
 def ensure_generated(cache_dir: str, *, seed: int, resolution: int = 32, level: str = "hard",
                      num_images: int, num_workers: int | None = None, progress: bool = True,
-                     images_per_shard: int = IMAGES_PER_SHARD) -> str:
+                     images_per_shard: int = IMAGES_PER_SHARD,
+                     generator: str = "dashed") -> str:
   """Returns a root folder holding this generated Pathfinder level, generating it if needed.
 
-  The folder is ``{cache_dir}/seed{seed}_n{num_images}``. The level is generated with
-  :func:`generate_dataset` unless its ``simpletron_generated.json`` exists with the same
-  arguments, settings (:class:`PathfinderParams`) and format version, and every metadata file
-  is present.
+  The folder is ``{cache_dir}/{generator}_seed{seed}_n{num_images}``. The level is generated
+  with :func:`generate_dataset` unless its ``simpletron_generated.json`` exists with the same
+  arguments, settings (:class:`DashedParams` or :class:`PathfinderParams`) and format version,
+  and every metadata file is present.
 
   Args:
     cache_dir: parent folder, created if missing.
-    seed, resolution, level, num_images, num_workers, progress, images_per_shard: as for
-      :func:`generate_dataset` (``num_workers`` and ``progress`` are not part of the key).
+    seed, resolution, level, num_images, num_workers, progress, images_per_shard, generator:
+      as for :func:`generate_dataset` (``num_workers`` and ``progress`` are not part of the
+      key).
 
   Returns:
     The root folder; pass it to :func:`load_pathfinder` as ``data_dir``.
@@ -238,9 +285,10 @@ def ensure_generated(cache_dir: str, *, seed: int, resolution: int = 32, level: 
   Raises:
     ValueError, RuntimeError: as :func:`generate_dataset`.
   """
-  params = params_for(resolution, level)
-  args = _generator_args(seed, resolution, level, num_images, images_per_shard)
-  root = os.path.join(os.path.expanduser(cache_dir), f"seed{int(seed)}_n{int(num_images)}")
+  params = level_params(generator, resolution, level)
+  args = _generator_args(seed, resolution, level, num_images, images_per_shard, generator)
+  root = os.path.join(os.path.expanduser(cache_dir),
+                      f"{generator}_seed{int(seed)}_n{int(num_images)}")
   level_dir = os.path.join(root, f"pathfinder{resolution}", LEVELS[args["level"]])
   try:
     with open(os.path.join(level_dir, _DONE_FILE), encoding="utf-8") as f:
@@ -256,5 +304,5 @@ def ensure_generated(cache_dir: str, *, seed: int, resolution: int = 32, level: 
   if not up_to_date:
     generate_dataset(root, seed=seed, resolution=resolution, level=level,
                      num_images=num_images, num_workers=num_workers, progress=progress,
-                     images_per_shard=images_per_shard)
+                     images_per_shard=images_per_shard, generator=generator)
   return root
