@@ -38,6 +38,14 @@ VARIANTS.update({task: VARIANTS[task] + tuple(AUTHORS_VARIANTS) for task in AUTH
 # baselines (:data:`LRA_MODEL_TYPES`) on every task.
 LRA_CODE_VARIANTS = {"lra_code": None, "tiny_lra_code": "tiny"}  # -> the size variant used
 VARIANTS.update({task: VARIANTS[task] + tuple(LRA_CODE_VARIANTS) for task in TASKS})
+# Self-pretraining (Amos et al., 2024; simpletron_jax/pretraining.py): the pretraining stage
+# (masked-token denoising on the task's training split) and the fine-tuning stage (the
+# classifier with the [MASK] row reserved, run with --config.init_from=<pretraining run>),
+# at the published size or ``tiny``. Not for retrieval (two documents; not supported yet).
+SPT_VARIANTS = {"spt": (None, "mlm"), "tiny_spt": ("tiny", "mlm"),
+                "spt_ft": (None, "none"), "tiny_spt_ft": ("tiny", "none")}
+SPT_TASKS = ("listops", "text", "image", "pathfinder", "pathx")
+VARIANTS.update({task: VARIANTS[task] + tuple(SPT_VARIANTS) for task in SPT_TASKS})
 # AG News (SimpleTRON section 5.3; not an LRA task, so not in TASKS): configs/agnews/.
 VARIANTS["agnews"] = ("tiny", "from_bert", "tiny_from_bert")
 
@@ -614,6 +622,11 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     every 250 steps.
   * Path-X ``tiny``: LRA's Path-X model on 2,000 generated 128 x 128 images, batch 8,
     200 steps: a smoke test of 16,384-token training, not a result.
+  * ``spt`` and ``tiny_spt`` (every task but retrieval): self-pretraining (Amos et al.,
+    ICLR 2024), the paper size or ``tiny`` with ``config.pretrain`` (masked-token denoising
+    at rate 0.5 on the training split; :mod:`simpletron_jax.pretraining`); ``spt_ft`` and
+    ``tiny_spt_ft``: the classifier that fine-tunes from it (``--config.init_from=<spt
+    run>``), with the [MASK] embedding row reserved so the embedding transfers.
   * ``authors`` and ``tiny_authors`` (ListOps, text, retrieval; ``simple``, ``simple_res``,
     ``simple_resl`` only): the paper size or ``tiny``, computing the SimpleTRON authors'
     function (:func:`_authors`), to compare with the published numbers.
@@ -642,6 +655,12 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
                        f"{sorted(LRA_MODEL_TYPES)}, not {config.model.attention!r}")
     apply_variant(config, LRA_CODE_VARIANTS[variant])
     apply_lra_code(config)
+    return config
+  if variant in SPT_VARIANTS:
+    from simpletron_jax import pretraining  # pylint: disable=import-outside-toplevel
+    size, objective = SPT_VARIANTS[variant]
+    apply_variant(config, size)
+    config.pretrain = pretraining.default_config(objective)
     return config
   if config.task == "agnews":
     return _agnews_variant(config, variant)

@@ -130,10 +130,16 @@ class Encoder(nn.Module):
     pooler: BERT's pooler on the pooled vector: ``tanh(Dense(E))`` (``pooler``), as Hugging
       Face ``BertPooler`` does on position 0. False (default): none.
     mlp_hidden_dropout: see :class:`layers.MlpBlock` ``hidden_dropout`` (False: BERT).
+    return_states: False (default): the pooled ``[B, E]`` encoding. True: the per-token
+      states ``[B, L, E]`` float32 after the blocks (and ``encoder_norm``), one per input
+      token: the prepended CLS and the ``length_multiple`` padding are cut off, and the
+      pooling and ``pooler`` are not applied (their parameters are not created). For the
+      language-model heads of self-pretraining (:mod:`simpletron_jax.pretraining`).
 
   Call: ``(tokens_BxL int, mask_BxL bool | None, deterministic) -> [B, E]``
-  float32. ``mask_BxL`` defaults to ``tokens_BxL > 0``; image tasks pass an
-  explicit all-True mask because pixel value 0 is real.
+  float32 (``[B, L, E]`` with ``return_states``). ``mask_BxL`` defaults to
+  ``tokens_BxL > 0``; image tasks pass an explicit all-True mask because pixel value 0 is
+  real.
 
   Raises:
     ValueError: naming ``model.embedding_type`` for an unknown value, or
@@ -176,6 +182,7 @@ class Encoder(nn.Module):
   layer_norm_epsilon: float = layers.LN_EPSILON
   pooler: bool = False
   mlp_hidden_dropout: bool = True
+  return_states: bool = False
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -236,6 +243,10 @@ class Encoder(nn.Module):
       x_BxLxE = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype,
                              name="encoder_norm")(x_BxLxE)
     x_BxLxE = x_BxLxE.astype(jnp.float32)
+    if self.return_states:   # one state per input token: no CLS, no length padding
+      start = int(self.embedding_type != "bert" and self.classifier_pool == "CLS"
+                  and self.prepend_cls)
+      return x_BxLxE[:, start:start + tokens_BxL.shape[1]]
     if self.classifier_pool == "CLS":
       pooled_BxE = x_BxLxE[:, 0]
     elif self.lra_mean_over_pads:   # LRA's bug, an option: the input's pads count
@@ -593,7 +604,24 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
     ValueError: see :func:`validate_model_config`.
   """
   validate_model_config(model)
-  encoder = Encoder(
+  encoder = build_encoder(model, vocab_size=vocab_size, dual=dual)
+  head_activation = _option(model, "head_activation")
+  if dual:
+    return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,
+                                 interaction=_option(model, "interaction"),
+                                 head_activation=head_activation)
+  return ClassificationEncoder(encoder=encoder, num_classes=num_classes,
+                               head_activation=head_activation, head=_option(model, "head"))
+
+
+def build_encoder(model: ml_collections.ConfigDict, *, vocab_size: int, dual: bool = False,
+                  return_states: bool = False) -> Encoder:
+  """The unbound :class:`Encoder` of ``config.model`` (call :func:`validate_model_config`
+  first): the encoder of :func:`build_classifier`, or with ``return_states`` the same
+  encoder returning per-token states (``[B, L, E]``; self-pretraining's LM heads,
+  :mod:`simpletron_jax.pretraining`). ``vocab_size``: token ids in ``[0, vocab_size)``;
+  ``dual``: the retrieval encoder (``model.lra_dual_no_cls`` applies)."""
+  return Encoder(
       vocab_size=vocab_size, emb_dim=model.emb_dim, num_heads=model.num_heads,
       qkv_dim=model.qkv_dim, mlp_dim=model.mlp_dim, num_layers=model.num_layers,
       max_length=model.max_length, attention=model.attention,
@@ -612,11 +640,5 @@ def build_classifier(model: ml_collections.ConfigDict, *, vocab_size: int,
                                         "dense_init", "embedding_type", "type_vocab_size",
                                         "max_positions", "block_norm",
                                         "layer_norm_epsilon", "pooler",
-                                        "mlp_hidden_dropout")})
-  head_activation = _option(model, "head_activation")
-  if dual:
-    return DualEncoderClassifier(encoder=encoder, num_classes=num_classes,
-                                 interaction=_option(model, "interaction"),
-                                 head_activation=head_activation)
-  return ClassificationEncoder(encoder=encoder, num_classes=num_classes,
-                               head_activation=head_activation, head=_option(model, "head"))
+                                        "mlp_hidden_dropout")},
+      return_states=return_states)

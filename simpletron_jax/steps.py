@@ -68,13 +68,21 @@ def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
     deterministic: disables dropout.
 
   Returns:
-    ``(loss scalar, metric_sums dict)``.
+    ``(loss scalar, metric_sums dict)``. A self-pretraining model
+    (:class:`simpletron_jax.pretraining.MaskedLMEncoder`) returns a dict of per-token
+    ``logits`` ``[B, L, V]``, ``targets`` and ``weights`` ``[B, L]`` instead of ``[B, C]``
+    logits; the sums are then over its target tokens (masked or next tokens) of the real
+    rows, so ``count`` is the number of target tokens and the accuracy a per-token one.
   """
   second = (batch["inputs2"], batch["mask2"]) if "inputs2" in batch else ()
   logits = apply_fn({"params": params}, batch["inputs"], batch["mask"], *second,
                     deterministic=deterministic,
                     rngs={"dropout": dropout_rng,
                           "random_features": jax.random.fold_in(dropout_rng, 0x5EED)})
+  if isinstance(logits, dict):   # a pretraining objective: token-level targets
+    sums = metric_sums(logits["logits"], logits["targets"],
+                       logits["weights"] * batch["weights"][:, None])
+    return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
   sums = metric_sums(logits, batch["targets"], batch["weights"])
   return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 

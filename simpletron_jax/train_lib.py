@@ -152,7 +152,14 @@ def check_finite(unchecked: list, state_repl: TrainState, last_good: str,
 
 
 def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
-  """The classifier for ``config.model`` sized to ``data``."""
+  """The classifier for ``config.model`` sized to ``data``; with a ``config.pretrain``
+  section (the ``:spt`` / ``:spt_ft`` configs), the self-pretraining LM model or the
+  fine-tuning classifier with the [MASK] row reserved (:func:`pretraining.build_model`)."""
+  if config.get("pretrain") is not None:
+    from simpletron_jax import pretraining  # pylint: disable=import-outside-toplevel
+    return pretraining.build_model(config, vocab_size=data.vocab_size,
+                                   num_classes=data.num_classes,
+                                   dual=isinstance(data.train, PairedExamples))
   return models.build_classifier(config.model, vocab_size=data.vocab_size,
                                  num_classes=data.num_classes,
                                  dual=isinstance(data.train, PairedExamples))

@@ -1,0 +1,299 @@
+"""Self-pretraining (simpletron_jax/pretraining.py): masking, the token-level loss, the LM
+model, the ``:spt`` configs, and fine-tuning from a pretrained encoder."""
+
+import json
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from configs import lra
+from simpletron_jax import models, pretraining, steps, train_lib, transfer
+from simpletron_jax.data.common import make_batch
+from tests.test_train import Killed, _final_params, tiny_config
+
+
+def _spt_config(objective="mlm", attention="simple", **overrides):
+  config = tiny_config(attention, **overrides)
+  config.pretrain = pretraining.default_config(objective)
+  return config
+
+
+def _batch(rng, b=4, length=12):
+  tokens = rng.integers(1, 16, size=(b, length)).astype(np.int32)
+  lengths = rng.integers(3, length + 1, size=b)
+  mask = np.arange(length)[None] < lengths[:, None]
+  tokens = np.where(mask, tokens, 0)
+  return tokens, mask
+
+
+def test_mask_tokens_is_seeded_and_never_selects_pads():
+  tokens, mask = _batch(np.random.default_rng(0), b=64, length=40)
+  keys = jax.random.split(jax.random.PRNGKey(1), 64)
+  a_in, a_sel = pretraining.mask_tokens(keys, tokens, mask, 0.5, 16)
+  b_in, b_sel = pretraining.mask_tokens(keys, tokens, mask, 0.5, 16)
+  np.testing.assert_array_equal(a_sel, b_sel)
+  np.testing.assert_array_equal(a_in, b_in)
+  _, c_sel = pretraining.mask_tokens(jax.random.split(jax.random.PRNGKey(2), 64), tokens,
+                                     mask, 0.5, 16)
+  assert not np.array_equal(a_sel, c_sel), "another key must draw another mask"
+  a_sel, a_in = np.asarray(a_sel), np.asarray(a_in)
+  assert not a_sel[~mask].any(), "a pad was selected as a target"
+  np.testing.assert_array_equal(a_in[a_sel], 16)
+  np.testing.assert_array_equal(a_in[~a_sel], tokens[~a_sel])
+  rate = a_sel[mask].mean()
+  assert 0.45 < rate < 0.55, rate   # ~1,400 real tokens at rate 0.5
+
+
+def test_eval_keys_depend_on_the_row_only():
+  tokens, _ = _batch(np.random.default_rng(0), b=6)
+  keys = np.asarray(pretraining.eval_row_keys(tokens))
+  keys_reordered = np.asarray(pretraining.eval_row_keys(tokens[::-1]))
+  np.testing.assert_array_equal(keys[::-1], keys_reordered)
+  assert len({tuple(k) for k in keys}) == 6
+
+
+def _lm(config, vocab=16):
+  model = pretraining.build_model(config, vocab_size=vocab, num_classes=2)
+  tokens = jnp.ones((1, 8), jnp.int32)
+  params = model.init({"params": jax.random.PRNGKey(0)}, tokens, None,
+                      deterministic=True)["params"]
+  return model, params
+
+
+def test_loss_counts_only_masked_real_tokens_numpy_reference():
+  config = _spt_config()
+  model, params = _lm(config)
+  tokens, mask = _batch(np.random.default_rng(3), b=4)
+  batch = {"inputs": tokens, "mask": mask, "targets": np.zeros(4, np.int32),
+           "weights": np.array([1, 1, 1, 0], np.float32)}   # the last row is a filler
+  rng = jax.random.PRNGKey(5)
+  loss, sums = steps.loss_fn(params, model.apply, batch, rng, False)
+  out = model.apply({"params": params}, tokens, mask, deterministic=False,
+                    rngs={"dropout": rng, "random_features": jax.random.fold_in(rng, 0x5EED)})
+  logits = np.asarray(out["logits"], np.float64)
+  sel = np.asarray(out["weights"]) > 0
+  assert not sel[~mask].any() and sel.any()
+  sel[3] = False   # the filler row counts nothing
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+      - logits.max(-1, keepdims=True)
+  nll = -np.take_along_axis(logp, tokens[..., None], -1)[..., 0]
+  np.testing.assert_allclose(float(sums["count"]), sel.sum())
+  np.testing.assert_allclose(float(sums["loss"]), nll[sel].sum(), rtol=1e-5)
+  np.testing.assert_allclose(float(loss), nll[sel].mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(sums["correct"]), (logits.argmax(-1) == tokens)[sel].sum())
+  # the mask is a pure function of the step's key: the same key masks the same tokens
+  _, again = steps.loss_fn(params, model.apply, batch, rng, False)
+  chex.assert_trees_all_equal(sums, again)
+  _, other = steps.loss_fn(params, model.apply, batch, jax.random.PRNGKey(6), False)
+  assert float(other["count"]) != float(sums["count"]) or float(other["loss"]) != float(
+      sums["loss"])
+
+
+def test_pads_are_never_targets_in_the_model_and_eval_is_deterministic():
+  model, params = _lm(_spt_config())
+  tokens, mask = _batch(np.random.default_rng(4), b=8, length=20)
+  out = model.apply({"params": params}, tokens, mask, deterministic=True)
+  weights = np.asarray(out["weights"])
+  assert weights.shape == tokens.shape and out["logits"].shape == (8, 20, 17)
+  assert not weights[~mask].any() and weights[mask].any()
+  again = model.apply({"params": params}, tokens, mask, deterministic=True)
+  np.testing.assert_array_equal(weights, np.asarray(again["weights"]))
+
+
+def test_pretraining_lowers_the_masked_token_loss():
+  config = _spt_config(**{"model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0})
+  model, params = _lm(config)
+  rng = np.random.default_rng(0)
+  # a learnable language: every row repeats a 3-token motif
+  motifs = rng.integers(1, 16, size=(32, 3))
+  tokens = np.tile(motifs, (1, 5)).astype(np.int32)
+  batch = {"inputs": tokens, "mask": tokens > 0, "targets": np.zeros(32, np.int32),
+           "weights": np.ones(32, np.float32)}
+  tx = optax.adam(3e-3)
+  opt = tx.init(params)
+
+  @jax.jit
+  def step(params, opt, key):
+    (loss, _), grads = jax.value_and_grad(steps.loss_fn, has_aux=True)(
+        params, model.apply, batch, key, False)
+    updates, opt = tx.update(grads, opt)
+    return optax.apply_updates(params, updates), opt, loss
+
+  def eval_loss(params):
+    _, sums = steps.loss_fn(params, model.apply, batch, jax.random.PRNGKey(0), True)
+    return float(sums["loss"] / sums["count"])
+
+  before = eval_loss(params)
+  for i in range(60):
+    params, opt, _ = step(params, opt, jax.random.PRNGKey(i))
+  after = eval_loss(params)
+  assert after < 0.7 * before, (before, after)
+
+
+def test_fine_tuning_starts_from_the_pretrained_encoder_exactly():
+  spt = _spt_config()
+  model, params = _lm(spt)
+  ft = _spt_config("none")
+  clf = pretraining.build_model(ft, vocab_size=16, num_classes=2)
+  assert isinstance(clf, models.ClassificationEncoder)
+  target = clf.init({"params": jax.random.PRNGKey(1)}, jnp.ones((1, 8), jnp.int32), None,
+                    deterministic=True)["params"]
+  copied, report = transfer.transfer_params(params, target)
+  assert sorted(report.new) == ["head_hidden/bias", "head_hidden/kernel",
+                                "head_logits/bias", "head_logits/kernel"]
+  assert all(p.startswith("lm_") for p in report.dropped)
+  assert "encoder/embed/embedding" in report.copied   # the [MASK] row is reserved in both
+  src, out = transfer.flatten(params), transfer.flatten(copied)
+  for path in report.copied:
+    assert path.startswith("encoder/")
+    np.testing.assert_array_equal(np.asarray(out[path]), np.asarray(src[path]))
+  assert len(report.copied) == len([p for p in src if p.startswith("encoder/")])
+
+
+def test_tied_head_uses_the_embedding():
+  config = _spt_config()
+  config.pretrain.tie_head = True
+  model, params = _lm(config)
+  assert "lm_logits" not in params and params["lm_bias"].shape == (17,)
+  tokens, mask = _batch(np.random.default_rng(1))
+  out = model.apply({"params": params}, tokens, mask, deterministic=True)
+  assert out["logits"].shape == (4, 12, 17)
+
+
+def test_next_token_targets_and_causal_check():
+  tokens = np.array([[3, 4, 5, 0], [6, 7, 0, 0]], np.int32)
+  targets, weights = pretraining.next_token_targets(tokens, tokens > 0)
+  np.testing.assert_array_equal(targets, [[4, 5, 0, 0], [7, 0, 0, 0]])
+  np.testing.assert_array_equal(weights, [[1, 1, 0, 0], [1, 0, 0, 0]])
+  with pytest.raises(ValueError, match="pretrain.objective='causal'"):
+    pretraining.build_model(_spt_config("causal"), vocab_size=16, num_classes=2)
+  config = _spt_config("causal", attention="aft_simple")
+  config.model.attention_kwargs = ml_collections.ConfigDict({"causal": True})
+  model, params = _lm(config)
+  out = model.apply({"params": params}, tokens, tokens > 0, deterministic=True)
+  np.testing.assert_array_equal(out["targets"], targets)
+
+
+def test_bad_pretrain_fields_are_named():
+  for field, value, match in (("objective", "bert", "pretrain.objective"),
+                              ("mask_rate", 0.0, "pretrain.mask_rate"),
+                              ("mask_token", False, "pretrain.mask_token")):
+    config = _spt_config()
+    config.pretrain[field] = value
+    with pytest.raises(ValueError, match=match):
+      pretraining.build_model(config, vocab_size=16, num_classes=2)
+  with pytest.raises(ValueError, match="retrieval"):
+    pretraining.build_model(_spt_config(), vocab_size=16, num_classes=2, dual=True)
+
+
+def test_encoder_states_are_one_per_token():
+  config = tiny_config()
+  models.validate_model_config(config.model)
+  encoder = models.build_encoder(config.model, vocab_size=16, return_states=True)
+  tokens, mask = _batch(np.random.default_rng(2))
+  params = encoder.init(jax.random.PRNGKey(0), tokens, mask)
+  states = encoder.apply(params, tokens, mask)
+  assert states.shape == (4, 12, config.model.emb_dim)
+  pooled = models.build_encoder(config.model, vocab_size=16).apply(params, tokens, mask)
+  assert pooled.shape == (4, config.model.emb_dim)
+
+
+def test_spt_config_variants():
+  config = lra.make_config("listops", "linear", "tiny_spt")
+  assert config.pretrain.objective == "mlm" and config.pretrain.mask_rate == 0.5
+  tiny = lra.make_config("listops", "linear", "tiny")
+  assert config.model.to_dict() == tiny.model.to_dict()
+  assert config.num_train_steps == tiny.num_train_steps
+  assert lra.make_config("text", "simple", "tiny_spt_ft").pretrain.objective == "none"
+  assert "pretrain" not in tiny
+  with pytest.raises(ValueError, match="unknown config variant"):
+    lra.make_config("retrieval", "simple", "tiny_spt")
+
+
+@pytest.mark.slow
+def test_spt_run_resumes_exactly_and_fine_tunes(presence_task, tmp_path):
+  config = _spt_config(num_train_steps=6, checkpoint_every=3, eval_frequency=3, warmup=1,
+                       **{"data.bucket": 0, "model.max_length": 24, "model.num_layers": 1})
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  first = train_lib.train_and_evaluate(config, straight, data=presence_task)
+  assert 0 <= first["test_accuracy"] <= 1
+
+  def kill_at_4(step):
+    if step == 4:
+      raise Killed()
+
+  with pytest.raises(Killed):
+    train_lib.train_and_evaluate(config, resumed, step_hook=kill_at_4, data=presence_task)
+  train_lib.train_and_evaluate(config, resumed, data=presence_task)
+  chex.assert_trees_all_equal(_final_params(resumed, config, presence_task),
+                              _final_params(straight, config, presence_task))
+  ft = _spt_config("none", num_train_steps=2, checkpoint_every=2, eval_frequency=2, warmup=1,
+                   init_from=straight,
+                   **{"data.bucket": 0, "model.max_length": 24, "model.num_layers": 1})
+  train_lib.train_and_evaluate(ft, str(tmp_path / "ft"), data=presence_task)
+  with open(tmp_path / "ft" / "transfer.json") as f:
+    report = json.load(f)
+  assert sorted(report["new"]) == ["head_hidden/bias", "head_hidden/kernel",
+                                   "head_logits/bias", "head_logits/kernel"]
+  assert os.path.isdir(tmp_path / "ft" / "best")
+
+
+def test_reference_rows_match_their_papers_averages():
+  from simpletron_jax import published  # pylint: disable=import-outside-toplevel
+  # each paper's own "Avg" column: a check on every transcribed cell
+  averages = {"Transformer + masked SPT": 86.21, "S4": 86.09, "S5": 87.46, "Mega": 88.21,
+              "LRU": 86.3}
+  for ref in published.REFERENCES:
+    assert len(ref.accuracies) == len(published.TASKS)
+    assert round(ref.average, 2) == averages[ref.model], ref.model
+  assert published.references("pathx")[0][1] == 92.98
+  with pytest.raises(ValueError, match="task"):
+    published.references("cifar")
+
+
+@pytest.mark.parametrize("task", ["image", "pathfinder"])
+def test_pixel_tasks_predict_the_256_values_with_an_explicit_mask(task):
+  config = lra.make_config(task, "linear", "tiny_spt")
+  config.model.max_length = 16
+  model = pretraining.build_model(config, vocab_size=256, num_classes=2)
+  tokens = np.random.default_rng(0).integers(0, 256, (2, 16))
+  tokens[0] = 0   # an all-black row: every pixel is real
+  tokens = jnp.asarray(tokens, jnp.int32)
+  mask = jnp.ones((2, 16), bool)   # pixel value 0 is real
+  params = model.init({"params": jax.random.PRNGKey(0)}, tokens, mask,
+                      deterministic=True)["params"]
+  out = model.apply({"params": params}, tokens, mask, deterministic=True)
+  assert out["logits"].shape == (2, 16, 257)
+  # black pixels are targets too: the mask, not the id, decides
+  assert np.asarray(out["weights"])[0].sum() > 0
+  assert params["encoder"]["embed"]["embedding"].shape[0] == 257
+
+
+def test_spt_script_arms_share_the_fine_tuning_recipe():
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location(
+      "spt_script", os.path.join(os.path.dirname(__file__), "..", "scripts", "spt.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  assert script.parse_set(["learning_rate=0.001", "data.bucket=8", "x=abc"]) == {
+      "learning_rate": 0.001, "data.bucket": 8, "x": "abc"}
+  with pytest.raises(ValueError, match="--set"):
+    script.parse_set(["learning_rate"])
+  args = ("listops", "linear", "tiny")
+  spt = script.stage_config(*args, "spt", 1, 50, None, {"learning_rate": 1e-3})
+  ft = script.stage_config(*args, "ft", 1, 40, None, {}, init_from="/runs/spt")
+  scratch = script.stage_config(*args, "scratch", 1, 40, None, {})
+  assert spt.pretrain.objective == "mlm" and spt.learning_rate == 1e-3
+  assert ft.pretrain.objective == "none" and ft.init_from == "/runs/spt"
+  assert "pretrain" not in scratch and not scratch.init_from
+  for field in ("learning_rate", "num_train_steps", "warmup", "batch_size", "seed"):
+    assert ft[field] == scratch[field], field
+  assert ft.model.to_dict() == scratch.model.to_dict()
+  with pytest.raises(ValueError, match="no such field"):
+    script.stage_config(*args, "spt", 1, 50, None, {"learning_rat": 1e-3})
