@@ -14,7 +14,8 @@ reason (``run_guard.results_problem``); the script then exits with status 1.
 For each group the table gives the test accuracy under both protocols (best-validation
 checkpoint and final step: mean ± sample std / best seed), the published number for the
 same attention and task (``simpletron_jax/published.py``), our number under the protocol
-the publication used, and the gap in points. Writes ``comparison.md`` and
+the publication used, and the gap in points; under it, for context, the self-pretrained and
+state-of-the-art rows of ``published.REFERENCES`` for the same tasks. Writes ``comparison.md`` and
 ``comparison.png`` (a bar chart; needs matplotlib, ``pip install -e ".[bench]"``; skip it
 with ``--no-plot``) in ``--out`` (default: the folder itself) and prints the table.
 """
@@ -31,7 +32,7 @@ from typing import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import reporting, run_guard  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import published, reporting, run_guard  # noqa: E402  pylint: disable=wrong-import-position
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
 # Folders a run writes that hold no run of their own (not searched).
@@ -115,6 +116,23 @@ def write_chart(rows, path: str) -> str | None:
   return None
 
 
+def references_markdown(tasks: Sequence[str]) -> str:
+  """For context under the table: the self-pretrained and state-of-the-art rows of
+  :data:`simpletron_jax.published.REFERENCES` on each of ``tasks`` (LRA task names; others
+  are skipped), as a markdown list; "" when there are none. Not compared with our runs: they
+  were trained with another recipe (SPT) or are other architectures."""
+  lines = [f"- {task}: " + "; ".join(f"{model} {accuracy:.2f}"
+                                     for model, accuracy, _ in published.references(task))
+           for task in dict.fromkeys(tasks) if task in published.TASKS]
+  if not lines:
+    return ""
+  sources = "; ".join(f"{r.model}: {r.source}" for r in published.REFERENCES)
+  return ("\nFor context, not compared (self-pretrained or other architectures; test accuracy "
+          "in %, transcribed without re-reading the papers: check before quoting):\n\n"
+          + "\n".join(lines)
+          + f"\n\nSources: {sources}.\n")
+
+
 def main(argv: Sequence[str] | None = None) -> str:
   """Parses the flags, writes comparison.md and comparison.png, returns the markdown.
 
@@ -140,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   out = args.out or args.folder
   os.makedirs(out, exist_ok=True)
   text = reporting.comparison_markdown(rows) + "\n" + NOTE + "\n"
+  text += references_markdown([group.task for group in groups])
   if left_out:
     text += "\nLeft out of the table:\n\n" + "".join(f"- {line}\n" for line in left_out)
   with open(os.path.join(out, "comparison.md"), "w", encoding="utf-8") as f:

@@ -180,3 +180,12 @@ def test_published_table_names_registered_attentions_and_known_tasks():
     assert entry.task in published.TASKS and entry.source in published.PROTOCOLS
     assert entry.accuracy is None or 10 < entry.accuracy < 100
   assert {e.task for e in published.PUBLISHED if e.accuracy is None} == {"pathx"}
+
+
+def test_compare_lists_the_reference_rows_of_the_tasks_it_shows():
+  text = compare.references_markdown(["listops", "listops", "agnews"])
+  s4 = next(r for r in published.REFERENCES if r.model == "S4")
+  assert "- listops: " in text and f"S4 {s4.accuracies[0]:.2f}" in text
+  assert text.count("- listops") == 1 and "agnews" not in text
+  assert s4.source in text
+  assert compare.references_markdown(["agnews"]) == ""
