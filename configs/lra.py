@@ -626,7 +626,11 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     ICLR 2024), the paper size or ``tiny`` with ``config.pretrain`` (masked-token denoising
     at rate 0.5 on the training split; :mod:`simpletron_jax.pretraining`); ``spt_ft`` and
     ``tiny_spt_ft``: the classifier that fine-tunes from it (``--config.init_from=<spt
-    run>``), with the [MASK] embedding row reserved so the embedding transfers.
+    run>``), with the [MASK] embedding row reserved so the embedding transfers. ``spt`` and
+    ``spt_ft`` train with the SPT code's recipe for the task and stage
+    (:func:`simpletron_jax.pretraining.apply_paper_recipe`: lr, weight decay, warmup then
+    constant, batch, epochs, no dropout) on LRA's encoder; the ``tiny`` ones keep ``tiny``'s
+    schedule.
   * ``authors`` and ``tiny_authors`` (ListOps, text, retrieval; ``simple``, ``simple_res``,
     ``simple_resl`` only): the paper size or ``tiny``, computing the SimpleTRON authors'
     function (:func:`_authors`), to compare with the published numbers.
@@ -661,6 +665,8 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     size, objective = SPT_VARIANTS[variant]
     apply_variant(config, size)
     config.pretrain = pretraining.default_config(objective)
+    if size is None:   # the paper size: the SPT code's optimisation for the task and stage
+      pretraining.apply_paper_recipe(config, "ft" if objective == "none" else "spt")
     return config
   if config.task == "agnews":
     return _agnews_variant(config, variant)

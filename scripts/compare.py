@@ -121,14 +121,16 @@ def references_markdown(tasks: Sequence[str]) -> str:
   :data:`simpletron_jax.published.REFERENCES` on each of ``tasks`` (LRA task names; others
   are skipped), as a markdown list; "" when there are none. Not compared with our runs: they
   were trained with another recipe (SPT) or are other architectures."""
-  lines = [f"- {task}: " + "; ".join(f"{model} {accuracy:.2f}"
-                                     for model, accuracy, _ in published.references(task))
+  unchecked = {r.model for r in published.REFERENCES if r.checked.startswith("NOT")}
+  lines = [f"- {task}: " + "; ".join(
+      f"{model} {accuracy:.2f}" + (" (unchecked)" if model in unchecked else "")
+      for model, accuracy, _ in published.references(task))
            for task in dict.fromkeys(tasks) if task in published.TASKS]
   if not lines:
     return ""
-  sources = "; ".join(f"{r.model}: {r.source}" for r in published.REFERENCES)
+  sources = "; ".join(f"{r.model}: {r.source} ({r.checked})" for r in published.REFERENCES)
   return ("\nFor context, not compared (self-pretrained or other architectures; test accuracy "
-          "in %, transcribed without re-reading the papers: check before quoting):\n\n"
+          "in %; how each row was checked is in its source line):\n\n"
           + "\n".join(lines)
           + f"\n\nSources: {sources}.\n")
 

@@ -13,10 +13,16 @@ For each task, attention and seed, three runs in ``<root>/<task>_<attention>/see
   training split) for ``--spt-steps`` steps;
 * ``ft``: ``:<size>_spt_ft`` with ``init_from`` = the ``spt`` run (the encoder copied, the
   classifier head new) for ``--ft-steps`` steps;
-* ``scratch``: ``:<size>`` for the same ``--ft-steps`` steps and the same schedule.
+* ``scratch``: ``:<size>`` for the same ``--ft-steps`` steps and the same schedule; at the
+  paper size (``--size ''``) with the same recipe as ``ft`` too (the SPT code's fine-tuning
+  optimisation, :func:`simpletron_jax.pretraining.apply_paper_recipe`), so the two arms
+  differ only in their initialisation.
+
+``--spt-steps`` / ``--ft-steps`` (optimizer steps) default to the configs' own: at the paper
+size the SPT code's epochs and warmups, at ``tiny`` the ``tiny`` schedule.
 
 ``--table-only`` trains nothing and rewrites the tables from the runs found.
-``--warmup`` (default 10% of each run's steps) and ``--set FIELD=VALUE`` (a dotted config
+``--warmup`` (default 10% of each run's steps when its steps are given, else the config's) and ``--set FIELD=VALUE`` (a dotted config
 field, the value read as a Python literal, else a string; repeatable) apply to all three;
 ``--spt-set FIELD=VALUE`` to the pretraining runs only (e.g. their learning rate), so the two
 arms still fine-tune with the same recipe.
@@ -64,9 +70,13 @@ def parse_set(items) -> dict:
   return out
 
 
-def stage_config(task: str, attention: str, size: str, stage: str, seed: int, steps: int,
-                 warmup: int | None, overrides: dict, init_from: str = ""):
+def stage_config(task: str, attention: str, size: str, stage: str, seed: int,
+                 steps: int | None, warmup: int | None, overrides: dict, init_from: str = ""):
   """The config of one run (``stage`` in :data:`STAGES`) from ``configs/<task>/<attention>.py``.
+
+  ``steps`` (optimizer steps; None: the config's own) also sets the validation and
+  checkpoint interval to one per run, and the warmup to 10% of it unless ``warmup`` is
+  given.
 
   Raises:
     ValueError: an unknown task, attention or variant (from ``configs/lra.py``), or an
@@ -77,11 +87,17 @@ def stage_config(task: str, attention: str, size: str, stage: str, seed: int, st
   variant = {"spt": f"{size}_spt", "ft": f"{size}_spt_ft", "scratch": size}[stage]
   variant = variant.lstrip("_") or None
   config = module.get_config(variant)
+  if stage == "scratch" and not size:   # the paper size: the fine-tuning arm's recipe
+    from simpletron_jax import pretraining  # pylint: disable=import-outside-toplevel
+    pretraining.apply_paper_recipe(config, "ft")
   config.seed = seed
-  config.num_train_steps = steps
-  config.warmup = warmup if warmup is not None else max(1, steps // 10)
-  config.eval_frequency = steps
-  config.checkpoint_every = steps
+  if steps is not None:
+    config.num_train_steps = steps
+    config.warmup = max(1, steps // 10)
+    config.eval_frequency = steps
+    config.checkpoint_every = steps
+  if warmup is not None:
+    config.warmup = warmup
   for key, value in overrides.items():
     holder = config
     *path, last = key.split(".")
@@ -186,8 +202,10 @@ def main(argv=None) -> int:
   parser.add_argument("--attentions", nargs="+", default=["simple", "transformer", "linear"])
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
   parser.add_argument("--size", default="tiny", help="'tiny', or '' for the published size")
-  parser.add_argument("--spt-steps", type=int, required=True)
-  parser.add_argument("--ft-steps", type=int, required=True)
+  parser.add_argument("--spt-steps", type=int, default=None,
+                      help="pretraining steps (default: the :spt config's)")
+  parser.add_argument("--ft-steps", type=int, default=None,
+                      help="fine-tuning and scratch steps (default: the :spt_ft config's)")
   parser.add_argument("--warmup", type=int, default=None)
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
   parser.add_argument("--spt-set", action="append", default=[], metavar="FIELD=VALUE",
@@ -212,12 +230,12 @@ def main(argv=None) -> int:
         for stage in STAGES:
           steps = args.spt_steps if stage == "spt" else args.ft_steps
           workdir = os.path.join(base, stage)
-          if run_done(workdir, steps):
-            continue
           init_from = os.path.join(base, "spt") if stage == "ft" else ""
           stage_overrides = {**overrides, **(spt_overrides if stage == "spt" else {})}
           config = stage_config(task, attention, args.size, stage, seed, steps, args.warmup,
                                 stage_overrides, init_from)
+          if run_done(workdir, config.num_train_steps):
+            continue
           start = time.time()
           train_lib.train_and_evaluate(config, workdir)
           print(f"spt.py: {task} {attention} seed {seed} {stage}: {time.time() - start:.0f} s",

@@ -187,5 +187,6 @@ def test_compare_lists_the_reference_rows_of_the_tasks_it_shows():
   s4 = next(r for r in published.REFERENCES if r.model == "S4")
   assert "- listops: " in text and f"S4 {s4.accuracies[0]:.2f}" in text
   assert text.count("- listops") == 1 and "agnews" not in text
-  assert s4.source in text
+  assert s4.source in text and s4.checked in text
+  assert "Transformer + Rotary + masked SPT 61.49 (unchecked)" in text
   assert compare.references_markdown(["agnews"]) == ""
