@@ -107,3 +107,27 @@ def test_symmetry_measure():
   assert depth.symmetry(m + m.T) == pytest.approx(1.0)
   assert depth.symmetry(m - m.T) == pytest.approx(-1.0)
   assert depth.symmetry(np.array([[0.0, 1.0], [0.0, 0.0]])) == pytest.approx(0.0)
+
+
+def test_only_a_finished_results_json_counts_as_done(tmp_path, monkeypatch):
+  exp_common = _script("exp_common")
+  config = exp_common.ml_collections.ConfigDict({"num_train_steps": 10, "seed": 0})
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  assert not exp_common.finished(str(workdir))          # no results.json
+  stopped = {"complete": False, "stopped_by": "max_train_minutes", "final_step": 4,
+             "num_train_steps": 10, "test_accuracy": 0.3}
+  (workdir / "results.json").write_text(json.dumps(stopped))
+  assert not exp_common.finished(str(workdir))
+  trained = []
+  monkeypatch.setattr(exp_common.train_lib, "train_and_evaluate",
+                      lambda cfg, wd, data: trained.append(wd) or {**stopped, "complete": True,
+                                                                  "final_step": 10})
+  monkeypatch.setattr(exp_common, "read_records", lambda path: [])
+  result = exp_common.train(config, str(workdir), data=None)
+  assert trained == [str(workdir)] and result["complete"]   # resumed, not reused
+  done = {**stopped, "complete": True, "final_step": 10, "stopped_by": None}
+  (workdir / "results.json").write_text(json.dumps(done))
+  assert exp_common.finished(str(workdir), config)
+  exp_common.train(config, str(workdir), data=None)
+  assert trained == [str(workdir)]                      # a finished run is read, not rerun

@@ -109,7 +109,7 @@ def run(args, data_cache) -> dict:
         cfg = cfg.copy_and_resolve_references()  # data.seed stops following seed
         cfg.seed, cfg.data.seed = seed, 0
         workdir = os.path.join(args.runs, f"{attention}_L{depth}_seed{seed}")
-        if args.finished_only and not os.path.exists(os.path.join(workdir, "results.json")):
+        if args.finished_only and not exp_common.finished(workdir, cfg):
           continue
         data = data_cache(cfg)
         result = exp_common.train(cfg, workdir, data)

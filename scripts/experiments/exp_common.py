@@ -28,7 +28,7 @@ import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax import cli, run_guard  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax import tasks, train_lib  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import run_record, tasks, train_lib  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
 
 
@@ -169,8 +169,22 @@ class DataCache:
     return self._cache[key]
 
 
+def finished(workdir: str, config: ml_collections.ConfigDict | None = None) -> bool:
+  """Whether ``workdir/results.json`` is a finished run (of ``config`` when given):
+  complete, with finite test accuracies (:func:`simpletron_jax.run_record.results_problem`).
+  A missing or unreadable file is not finished."""
+  try:
+    with open(os.path.join(workdir, "results.json")) as f:
+      results = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return run_record.results_problem(results, config) is None
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData) -> dict:
-  """Trains with ``train_lib.train_and_evaluate``, or reads a finished run's results.
+  """Trains with ``train_lib.train_and_evaluate``, or reads a finished run's results (one
+  that :func:`simpletron_jax.run_record.results_problem` accepts for ``config``; any other
+  run resumes from its last checkpoint).
 
   Returns:
     ``results.json`` plus ``"val_curve"``: ``[[step, accuracy], ...]`` from
@@ -188,10 +202,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
     if tree != json.loads(config.to_json_best_effort()):
       raise ValueError(f"{workdir} holds a run with another config; pass another --runs "
                        "folder or delete it")
+  results = None
   if os.path.exists(path):
     with open(path) as f:
       results = json.load(f)
-  else:
+    if run_record.results_problem(results, config) is not None:
+      results = None   # e.g. stopped by max_train_minutes: resume from its checkpoint
+  if results is None:
     results = train_lib.train_and_evaluate(config, workdir, data=data)
   records = read_records(os.path.join(workdir, "metrics.jsonl"))
   curve = {r["step"]: r["accuracy"] for r in records if r.get("split") == "val"}
