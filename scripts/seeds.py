@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import reporting, run_guard  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import reporting, run_guard, run_record  # noqa: E402  pylint: disable=C0413
 
 RUN_FILES = ("config.json", "metrics.jsonl", "results.json")
 TrainFn = Callable[[int, str], None]
@@ -51,25 +51,8 @@ def seed_dir(root: str, seed: int) -> str:
   return os.path.join(root, f"seed{seed}")
 
 
-def results_status(workdir: str, config: Any = None) -> str | None:
-  """Why ``workdir/results.json`` does not count as a finished run of ``config`` (one line),
-  or None when it does; see :func:`simpletron_jax.run_guard.results_problem`.
-
-  Args:
-    workdir: a seed's folder.
-    config: the config the seed should have been trained with (None: only completeness and
-      finiteness are checked).
-  """
-  path = os.path.join(workdir, "results.json")
-  if not os.path.exists(path):
-    return "no results.json"
-  try:
-    with open(path, encoding="utf-8") as f:
-      results = json.load(f)
-  except (OSError, ValueError) as e:
-    return f"{path} is unreadable ({e})"
-  problem = run_guard.results_problem(results, config)
-  return None if problem is None else f"{path}: {problem}"
+# Why ``workdir/results.json`` does not count as a finished run of ``config`` (None: it does).
+results_status = run_record.workdir_results_problem
 
 
 def seed_state(workdir: str, config: Any = None) -> str:

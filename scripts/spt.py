@@ -22,8 +22,9 @@ For each task, attention and seed, three runs in ``<root>/<task>_<attention>/see
 size the SPT code's epochs and warmups, at ``tiny`` the ``tiny`` schedule.
 
 ``--table-only`` trains nothing and rewrites the tables from the runs found.
-``--warmup`` (default 10% of each run's steps when its steps are given, else the config's) and ``--set FIELD=VALUE`` (a dotted config
-field, the value read as a Python literal, else a string; repeatable) apply to all three;
+``--warmup`` (default 10% of each run's steps when its steps are given, else the config's)
+and ``--set FIELD=VALUE`` (a dotted config field, the value read as a Python literal, else a
+string; repeatable) apply to all three;
 ``--spt-set FIELD=VALUE`` to the pretraining runs only (e.g. their learning rate), so the two
 arms still fine-tune with the same recipe.
 A run whose ``results.json`` says ``"complete": true`` with its step count is not trained

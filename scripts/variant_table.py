@@ -7,8 +7,8 @@ Usage::
 
 Each run is ``python train.py --config configs/<task>/<model>.py:<variant>`` with
 ``--config.num_train_steps=<steps> --config.warmup=<warmup>`` in ``runs/<task>_<variant>_table/<model>``; a finished
-run (a complete ``results.json``) is not trained again; a killed or time-limited one resumes from its
-checkpoint. With ``--jobs 2`` two runs go side by side, each pinned to its own CPU core
+run (a complete ``results.json``) is not trained again; a killed or time-limited one resumes
+from its checkpoint. With ``--jobs 2`` two runs go side by side, each pinned to its own CPU core
 (``taskset``) so their timings do not disturb each other. The script copies each run's
 ``results.json``, ``config.json`` and ``metrics.jsonl`` to ``results/<task>_<variant>_table/``
 and writes ``table.md`` and ``table.json`` there.
@@ -34,16 +34,6 @@ def config_name(name: str) -> str:
   return "transformer" if name == "softmax" else name
 
 
-def _finished(path: str) -> bool:
-  """Whether ``path`` (a ``results.json``) records a finished run
-  (:func:`simpletron_jax.run_record.results_problem`)."""
-  try:
-    with open(path) as f:
-      return run_record.results_problem(json.load(f)) is None
-  except (OSError, ValueError):
-    return False
-
-
 def run_one(task: str, variant: str, name: str, steps: int, eval_every: int, warmup: int,
             core: int | None, run_root: str) -> dict:
   """Trains one variant (or finds it done) and returns its results.json contents.
@@ -53,7 +43,8 @@ def run_one(task: str, variant: str, name: str, steps: int, eval_every: int, war
   """
   workdir = os.path.join(run_root, config_name(name))
   results = os.path.join(workdir, "results.json")
-  if not _finished(results):   # missing, or e.g. stopped by max_train_minutes: (re)run
+  # missing, or e.g. stopped by max_train_minutes: (re)run, resuming from its checkpoint
+  if run_record.workdir_results_problem(workdir) is not None:
     os.makedirs(workdir, exist_ok=True)
     cmd = [sys.executable, "train.py", "--config",
            f"configs/{task}/{config_name(name)}.py:{variant}", "--workdir", workdir,

@@ -8,7 +8,8 @@
 * ``config.json``: :func:`read_config_json`, :func:`config_with_history` (the changes let
   through at each resume, under :data:`CONFIG_HISTORY_KEY`) and :func:`load_run_config`.
 * :func:`config_fingerprint`, which ``results.json`` carries, and :func:`results_problem`,
-  which says whether a ``results.json`` is a finished run of a config.
+  which says whether a ``results.json`` is a finished run of a config
+  (:func:`workdir_results_problem`: the same for a run folder's file).
 
 No JAX here.
 """
@@ -328,3 +329,20 @@ def results_problem(results: Any, config: Any = None) -> str | None:
       return (f"it was computed with another config (config_fingerprint {str(saved)[:12]}, "
               f"this config's {config_fingerprint(config)[:12]})")
   return None
+
+
+def workdir_results_problem(workdir: str, config: Any = None) -> str | None:
+  """Why ``workdir/results.json`` does not count as a finished run of ``config`` (one line
+  naming the file: missing, unreadable, or :func:`results_problem`'s reason), or None when
+  it does. ``config``: as :func:`results_problem` (None: only completeness and finiteness
+  are checked). Never raises for a missing or damaged file: the caller resumes or reruns."""
+  path = os.path.join(workdir, "results.json")
+  if not os.path.exists(path):
+    return "no results.json"
+  try:
+    with open(path, encoding="utf-8") as f:
+      results = json.load(f)
+  except (OSError, ValueError) as e:
+    return f"{path} is unreadable ({e})"
+  problem = results_problem(results, config)
+  return None if problem is None else f"{path}: {problem}"

@@ -171,14 +171,8 @@ class DataCache:
 
 def finished(workdir: str, config: ml_collections.ConfigDict | None = None) -> bool:
   """Whether ``workdir/results.json`` is a finished run (of ``config`` when given):
-  complete, with finite test accuracies (:func:`simpletron_jax.run_record.results_problem`).
-  A missing or unreadable file is not finished."""
-  try:
-    with open(os.path.join(workdir, "results.json")) as f:
-      results = json.load(f)
-  except (OSError, ValueError):
-    return False
-  return run_record.results_problem(results, config) is None
+  :func:`simpletron_jax.run_record.workdir_results_problem` finds nothing wrong with it."""
+  return run_record.workdir_results_problem(workdir, config) is None
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData) -> dict:
@@ -202,13 +196,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
     if tree != json.loads(config.to_json_best_effort()):
       raise ValueError(f"{workdir} holds a run with another config; pass another --runs "
                        "folder or delete it")
-  results = None
-  if os.path.exists(path):
+  if finished(workdir, config):
     with open(path) as f:
       results = json.load(f)
-    if run_record.results_problem(results, config) is not None:
-      results = None   # e.g. stopped by max_train_minutes: resume from its checkpoint
-  if results is None:
+  else:   # none yet, or e.g. stopped by max_train_minutes: resume from its checkpoint
     results = train_lib.train_and_evaluate(config, workdir, data=data)
   records = read_records(os.path.join(workdir, "metrics.jsonl"))
   curve = {r["step"]: r["accuracy"] for r in records if r.get("split") == "val"}
