@@ -36,7 +36,8 @@ call's ``memory_analysis()`` (arguments + outputs + temporaries - aliased); a ca
 estimate exceeds the device's ``bytes_limit`` is recorded as ``OOM`` without running.
 
 Writes ``attention_op.json`` and ``attention_op.md`` to ``--out`` (default
-``benchmarks/results/<device>/``). The three Simple forms compute the same function, and so
+``runs/benchmarks/<device>/``; the committed ones only when named: ``--out
+'benchmarks/results/{device}'``). The three Simple forms compute the same function, and so
 do the three softmax forms: ``tests/test_speed_memory.py`` checks that on CPU in float32.
 """
 
@@ -334,7 +335,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       "batch 2, 2 runs of 2 calls")
   parser.add_argument("--cache-dir", default="", help="persistent compilation cache folder")
   parser.add_argument("--out", default=None,
-                      help="output folder (default benchmarks/results/<device>/)")
+                      help="output folder, '{device}' replaced by the device (default "
+                      "runs/benchmarks/<device>/; the committed ones: --out "
+                      "benchmarks/results/{device})")
   args = parser.parse_args(argv)
   if args.quick:
     args.steps, args.rounds = min(args.steps, 2), min(args.rounds, 2)
@@ -342,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   payload = run(args.lengths or (QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS),
                 args.batch or (2 if args.quick else 32), args.heads, args.head_dim, args.dtype,
                 args.steps, args.rounds, args.ops, args.dropout, args.max_memory_gb)
-  out = args.out or os.path.join(HERE, "results", payload["machine"]["device_slug"])
+  out = (args.out or os.path.join(os.path.dirname(HERE), "runs", "benchmarks", "{device}")
+         ).replace("{device}", payload["machine"]["device_slug"])
   os.makedirs(out, exist_ok=True)
   command = "python benchmarks/attention_op.py " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])

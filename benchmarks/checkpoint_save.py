@@ -141,7 +141,9 @@ def main():
   parser.add_argument("--saves", type=int, default=10, help="timed saves per way")
   parser.add_argument("--dir", default=None, help="where the temporary folder goes "
                       "(default: the system's; the disk is part of what is measured)")
-  parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cpu"))
+  parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "cpu"),
+                      help="output folder (default runs/benchmarks/cpu; the committed tables: "
+                      "--out benchmarks/results/cpu)")
   args = parser.parse_args()
   if args.saves < 1:
     parser.error("--saves must be >= 1")

@@ -187,7 +187,9 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--original", required=True,
                       help="root with pathfinder{32,128}/<level>/ of the original's images")
-  parser.add_argument("--out", default="benchmarks/results/cpu/pathfinder_generators")
+  parser.add_argument("--out", default="runs/benchmarks/cpu/pathfinder_generators",
+                      help="output path without extension (the committed one: "
+                      "benchmarks/results/cpu/pathfinder_generators)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--speed-images", type=int, default=0,
                       help="time generate_dataset on this many Path-X hard images (0: skip)")

@@ -51,7 +51,8 @@ Every (variant, length) cell runs in this one process:
 
 Writes ``speed_memory.json`` (every raw number, machine, jax version, command line),
 ``speed_memory.md`` (Table 2 layout) and ``speed_memory.png`` (log-log speed and memory
-against length) to ``--out`` (default ``benchmarks/results/<device>/``).
+against length) to ``--out`` (default ``runs/benchmarks/<device>/``; the committed ones only
+when named: ``--out 'benchmarks/results/{device}'``).
 
 ``speed_memory.json`` (schema_version 2; version 1 files, one process per cell and XLA's
 FLOPs, still render with :func:`markdown_report`):
@@ -1131,7 +1132,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="CPU mode: batch 2, lengths 1K, 2K and 4K, 2 steps x 3 runs "
                       "(every variant: most of an hour on one core; a few: minutes)")
   parser.add_argument("--out", default=None,
-                      help="results folder (default benchmarks/results/<device>/)")
+                      help="results folder, '{device}' replaced by the device (default "
+                      "runs/benchmarks/<device>/; the committed ones: --out "
+                      "benchmarks/results/{device})")
   parser.add_argument("--max-memory-gb", type=float, default=None,
                       help="record OOM, without running it, for a config whose train state "
                       "or compiled memory estimate exceeds this (default: the device's "
@@ -1184,7 +1187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   """
   args = parse_args(argv)
   enable_compilation_cache(args.cache_dir)
-  out = args.out or os.path.join(ROOT, "benchmarks", "results", "{device}")
+  out = args.out or os.path.join(ROOT, "runs", "benchmarks", "{device}")
   partial = os.path.join(out, "speed_memory.partial.jsonl")
   payload = run_benchmark(
       labels=args.variants, lengths=args.lengths or (QUICK_LENGTHS if args.quick

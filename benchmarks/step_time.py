@@ -13,7 +13,8 @@ a batch of random tokens without padding (every row is exactly ``length``
 tokens). Configs are timed in interleaved rounds, so a slow spell of a shared
 machine hits all of them alike; the table reports the median seconds per step
 and each config's time relative to the first. Writes ``step_time.json`` and
-``step_time.md`` to ``--out``.
+``step_time.md`` to ``--out`` (default ``runs/benchmarks/cpu``; ``benchmarks/results/cpu`` only
+when named).
 """
 
 import argparse
@@ -84,7 +85,9 @@ def main():
   parser.add_argument("--batch", type=int, default=None, help="default: config.batch_size")
   parser.add_argument("--rounds", type=int, default=5, help="timed steps per config and length")
   parser.add_argument("--vocab", type=int, default=16)
-  parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cpu"))
+  parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "cpu"),
+                      help="output folder (default runs/benchmarks/cpu; the committed tables: "
+                      "--out benchmarks/results/cpu)")
   args = parser.parse_args()
 
   n_dev = jax.local_device_count()

@@ -1,6 +1,6 @@
 """The paper configs compiled for TPU slices without a TPU: fits or not, GiB per chip.
 
-    python benchmarks/tpu_aot_table.py                       # every row, resumes
+    python benchmarks/tpu_aot_table.py --out benchmarks/results/tpu-aot   # the committed table
     python benchmarks/tpu_aot_table.py --only listops        # rows whose name contains it
     python benchmarks/tpu_aot_table.py --list                # the rows, nothing compiled
 
@@ -8,7 +8,8 @@ Each row compiles ``train.py``'s pmapped train step (the widest batch, ``model.m
 tokens; state donated as in training) of a paper config for one slice with
 :func:`simpletron_jax.tpu_aot.compile_report`, and records XLA's per-chip memory and the
 verdict. A paper-size compile takes one to three minutes on a 2-core CPU, so results are
-appended to ``benchmarks/results/tpu-aot/table.json`` after every row and a rerun skips the
+appended to ``<out>/table.json`` (``--out``, default ``runs/benchmarks/tpu-aot``; the committed
+table: ``--out benchmarks/results/tpu-aot``) after every row and a rerun skips the
 rows already there; ``table.md`` is rewritten from the JSON each time.
 
 Rows (issue 37), the most asked-for first, since one row takes 2 to 6 minutes here:
@@ -33,7 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Only compiling happens here: keep JAX off any local accelerator (and libtpu's chip lock).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tpu-aot")
+OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs",
+                   "benchmarks", "tpu-aot")
+# The committed table, written only when named: --out benchmarks/results/tpu-aot.
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 MODELS = ("transformer", "simple", "linear", "performer")
 
@@ -160,7 +163,8 @@ def main() -> None:
   parser.add_argument("--only", default="", help="only rows whose name contains this")
   parser.add_argument("--skip", default="", help="leave out rows whose name contains this")
   parser.add_argument("--list", action="store_true", help="print the rows and stop")
-  parser.add_argument("--out", default=OUT, help="output folder")
+  parser.add_argument("--out", default=OUT, help="output folder (default runs/benchmarks/"
+                      "tpu-aot; the committed table: --out benchmarks/results/tpu-aot)")
   args = parser.parse_args()
   todo = [r for r in rows()
           if args.only in r["name"] and not (args.skip and args.skip in r["name"])]

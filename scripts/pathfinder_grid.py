@@ -4,6 +4,9 @@ Usage::
 
   python scripts/pathfinder_grid.py --out docs/pathfinder_samples.png --seed 0
 
+Without ``--out`` it writes ``runs/pathfinder_samples.png``; the committed picture changes only
+when named.
+
 The top rows show the first ``--rows x --cols`` images of Pathfinder-32 (``--level``, default
 ``hard``), the bottom row ``--cols_128`` images of Path-X (128x128, same level): the first ones
 of each label, half and half. Every image is scaled up
@@ -52,7 +55,9 @@ def _row(tiles: list[Image.Image]) -> Image.Image:
 def main(argv: list[str] | None = None) -> str:
   """Renders the grid and returns the path it wrote."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--out", default="docs/pathfinder_samples.png")
+  parser.add_argument("--out", default=os.path.join("runs", "pathfinder_samples.png"),
+                      help="the PNG (default runs/pathfinder_samples.png; the committed one: "
+                           "--out docs/pathfinder_samples.png)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--level", default="hard", choices=sorted(pathfinder.LEVELS))
   parser.add_argument("--rows", type=int, default=4)

@@ -23,65 +23,60 @@ size the SPT code's epochs and warmups, at ``tiny`` the ``tiny`` schedule.
 
 ``--table-only`` trains nothing and rewrites the tables from the runs found.
 ``--warmup`` (default 10% of each run's steps when its steps are given, else the config's)
-and ``--set FIELD=VALUE`` (a dotted config field, the value read as a Python literal, else a
-string; repeatable) apply to all three;
-``--spt-set FIELD=VALUE`` to the pretraining runs only (e.g. their learning rate), so the two
-arms still fine-tune with the same recipe.
-A run whose ``results.json`` says ``"complete": true`` with its step count is not trained
-again; any other resumes from its checkpoints. After each seed the script writes
-``table.md`` and ``table.json`` in the root (and, with ``--copy-to DIR``, copies them and
-every run's ``config.json`` and ``results.json``, never checkpoints, into ``DIR``). The
-table gives the mean ± sample std over the seeds done of the test accuracy at the final step
-(both arms have the same number of fine-tuning steps) and at the best-validation step, and
-the pretraining's masked-token accuracy on the validation split.
+and ``--config.<field>=<value>`` (the syntax of ``train.py``, parsed by
+:mod:`simpletron_jax.overrides`; repeatable) apply to all three;
+``--spt-config.<field>=<value>`` to the pretraining runs only (e.g. their learning rate), so
+the two arms still fine-tune with the same recipe.
+A run is not trained again when its ``results.json`` is a finished run of its very config:
+complete, at its step count, and with its ``config_fingerprint``
+(:func:`simpletron_jax.run_record.workdir_results_problem`, as ``scripts/seeds.py`` checks);
+any other resumes from its checkpoints (the reason is printed). The runs go to
+``--workdir-root`` (default ``runs/spt_<size>``). After each seed the script writes
+``table.md`` and ``table.json`` in the root; nothing under ``results/`` changes unless
+``--copy-to DIR`` is given, which copies them and every run's ``config.json`` and
+``results.json`` (never checkpoints) into ``DIR``. The table gives the mean ± sample std over
+the seeds done of the test accuracy at the final step (both arms have the same number of
+fine-tuning steps) and at the best-validation step, and the pretraining's masked-token accuracy
+on the validation split; only runs that count enter it (a fine-tuning run is compared with the
+``init_from`` its own ``config.json`` names, so a copied folder still tabulates), and the others
+are listed under ``left_out`` in ``table.json`` with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import shutil
 import statistics
 import sys
 import time
+from typing import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from simpletron_jax import cli, overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
+from simpletron_jax import run_record  # noqa: E402  pylint: disable=C0413
+
 STAGES = ("spt", "ft", "scratch")
-
-
-def parse_set(items) -> dict:
-  """``["a.b=1", ...]`` -> ``{"a.b": 1}``; values are Python literals where they parse.
-
-  Raises:
-    ValueError: an item without ``=``, naming it (flag ``--set``).
-  """
-  out = {}
-  for item in items or ():
-    if "=" not in item:
-      raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
-    key, value = item.split("=", 1)
-    try:
-      out[key] = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      out[key] = value
-  return out
+SPT_PREFIX = "--spt-config."
+"""The prefix of the pretraining-only overrides (``--spt-config.<field>=<value>``)."""
 
 
 def stage_config(task: str, attention: str, size: str, stage: str, seed: int,
-                 steps: int | None, warmup: int | None, overrides: dict, init_from: str = ""):
+                 steps: int | None, warmup: int | None, overrides: Sequence[str] = (),
+                 init_from: str = ""):
   """The config of one run (``stage`` in :data:`STAGES`) from ``configs/<task>/<attention>.py``.
 
   ``steps`` (optimizer steps; None: the config's own) also sets the validation and
   checkpoint interval to one per run, and the warmup to 10% of it unless ``warmup`` is
-  given.
+  given. ``overrides`` (``--config.<field>=<value>`` strings) are applied after those, as
+  ``train.py`` applies them (:func:`simpletron_jax.overrides.apply_overrides`).
 
   Raises:
-    ValueError: an unknown task, attention or variant (from ``configs/lra.py``), or an
-      override naming a field the config lacks.
+    ValueError: an unknown task, attention or variant (from ``configs/lra.py``), or (one
+      line) an override naming a field the config lacks or a value its type refuses.
   """
   import importlib  # pylint: disable=import-outside-toplevel
   module = importlib.import_module(f"configs.{task}.{attention}")
@@ -99,27 +94,37 @@ def stage_config(task: str, attention: str, size: str, stage: str, seed: int,
     config.checkpoint_every = steps
   if warmup is not None:
     config.warmup = warmup
-  for key, value in overrides.items():
-    holder = config
-    *path, last = key.split(".")
-    for part in path:
-      holder = holder[part]
-    if last not in holder:
-      raise ValueError(f"--set {key}: the config has no such field")
-    holder[last] = value
+  overrides_lib.apply_overrides(config, overrides)
   if init_from:
     config.init_from = init_from
   return config
 
 
-def run_done(workdir: str, steps: int) -> bool:
-  """Whether ``workdir/results.json`` is a finished run of ``steps`` steps."""
-  path = os.path.join(workdir, "results.json")
-  if not os.path.exists(path):
-    return False
-  with open(path) as f:
-    results = json.load(f)
-  return bool(results.get("complete")) and results.get("final_step") == steps
+def run_problem(workdir: str, config) -> str | None:
+  """Why ``workdir/results.json`` is not a finished run of ``config`` (missing, incomplete,
+  another step count or config fingerprint), or None when it is
+  (:func:`simpletron_jax.run_record.workdir_results_problem`)."""
+  return run_record.workdir_results_problem(workdir, config)
+
+
+def _saved_init_from(workdir: str) -> str | None:
+  """The ``init_from`` of the run's own ``config.json``, or None."""
+  saved = run_record.read_config_json(os.path.join(workdir, "config.json"))
+  return saved.get("init_from") if saved else None
+
+
+def _stage_overrides(args, stage: str) -> list[str]:
+  """The ``--config.*`` overrides of one stage: every run's, then (``spt``) the pretraining's."""
+  return list(args.config_overrides) + (list(args.spt_overrides) if stage == "spt" else [])
+
+
+def run_config(args, task: str, attention: str, seed: int, stage: str, root: str):
+  """The config of one run of the grid under ``root`` (``ft`` starts from the ``spt`` run)."""
+  base = os.path.join(root, f"{task}_{attention}", f"seed{seed}")
+  steps = args.spt_steps if stage == "spt" else args.ft_steps
+  init_from = os.path.join(base, "spt") if stage == "ft" else ""
+  return stage_config(task, attention, args.size, stage, seed, steps, args.warmup,
+                      _stage_overrides(args, stage), init_from)
 
 
 def _mean_std(values) -> str:
@@ -131,9 +136,12 @@ def _mean_std(values) -> str:
 
 
 def write_table(root: str, args) -> dict:
-  """Collects every finished seed under ``root`` into ``table.json`` and ``table.md``;
-  returns the JSON dict."""
+  """Collects every finished seed under ``root`` into ``table.json`` and ``table.md`` (a run
+  counts when :func:`run_problem` finds nothing wrong with it for its config; a fine-tuning
+  run is compared with the ``init_from`` of its own ``config.json``); returns the JSON dict,
+  whose ``left_out`` lists the runs found that do not count, with the reason."""
   rows = []
+  left_out = []
   for task in args.tasks:
     for attention in args.attentions:
       group = os.path.join(root, f"{task}_{attention}")
@@ -142,11 +150,19 @@ def write_table(root: str, args) -> dict:
       for seed in args.seeds:
         results = {}
         for stage in STAGES:
-          path = os.path.join(group, f"seed{seed}", stage, "results.json")
-          if os.path.exists(path):
-            with open(path) as f:
-              results[stage] = json.load(f)
-        if all(s in results and results[s].get("complete") for s in STAGES):
+          workdir = os.path.join(group, f"seed{seed}", stage)
+          if not os.path.exists(os.path.join(workdir, "results.json")):
+            continue
+          config = run_config(args, task, attention, seed, stage, root)
+          if stage == "ft" and _saved_init_from(workdir):
+            config.init_from = _saved_init_from(workdir)
+          problem = run_problem(workdir, config)
+          if problem is not None:
+            left_out.append(problem)
+            continue
+          with open(os.path.join(workdir, "results.json")) as f:
+            results[stage] = json.load(f)
+        if all(s in results for s in STAGES):
           seeds.append(seed)
           for stage in STAGES:
             per[stage].append(results[stage])
@@ -165,7 +181,7 @@ def write_table(root: str, args) -> dict:
       command = json.load(f)["command"] + "; tables rewritten by: " + command
   table = {"command": command,
            "size": args.size, "spt_steps": args.spt_steps, "ft_steps": args.ft_steps,
-           "rows": rows}
+           "rows": rows, "left_out": left_out}
   lines = ["| task | attention | seeds | scratch test acc (final) | SPT+FT test acc (final) "
            "| scratch (best val) | SPT+FT (best val) | SPT masked-token acc (test) |",
            "|---|---|---|---|---|---|---|---|"]
@@ -196,9 +212,18 @@ def copy_out(root: str, dest: str) -> None:
         shutil.copy2(os.path.join(dirpath, name), os.path.join(dest, rel, name))
 
 
-def main(argv=None) -> int:
-  """Runs the grid (see the module docstring); returns 0."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """The flags; ``config_overrides`` and ``spt_overrides`` hold the ``--config.*`` and
+  ``--spt-config.*`` arguments (the latter as ``--config.*``).
+
+  Raises:
+    SystemExit: argparse's usage error.
+  """
+  parser = argparse.ArgumentParser(
+      description=__doc__.split("\n")[0],
+      epilog="--config.<field>=<value> (repeatable) sets a config field of every run, as for "
+             "train.py; --spt-config.<field>=<value> of the pretraining runs only (after "
+             "--config.*)")
   parser.add_argument("--tasks", nargs="+", default=["listops", "text"])
   parser.add_argument("--attentions", nargs="+", default=["simple", "transformer", "linear"])
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -208,20 +233,44 @@ def main(argv=None) -> int:
   parser.add_argument("--ft-steps", type=int, default=None,
                       help="fine-tuning and scratch steps (default: the :spt_ft config's)")
   parser.add_argument("--warmup", type=int, default=None)
-  parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-  parser.add_argument("--spt-set", action="append", default=[], metavar="FIELD=VALUE",
-                      help="like --set, for the pretraining runs only (after --set)")
-  parser.add_argument("--workdir-root", required=True)
-  parser.add_argument("--copy-to", default="")
+  parser.add_argument("--workdir-root", default=None,
+                      help="folder of the runs and tables (default runs/spt_<size>)")
+  parser.add_argument("--copy-to", default="", metavar="DIR",
+                      help="also copy the tables and run files here, e.g. results/spt_tiny")
   parser.add_argument("--table-only", action="store_true",
                       help="train nothing: only (re)write the tables from the runs there are")
-  args = parser.parse_args(argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  hint = overrides_lib.old_syntax(argv, ("--set", "--spt-set"))
+  if hint:
+    parser.error(hint)
+  try:
+    rest, spt_overrides = overrides_lib.split_overrides(argv, SPT_PREFIX)
+    rest, config_overrides = overrides_lib.split_overrides(rest)
+  except ValueError as e:
+    parser.error(str(e))
+  args = parser.parse_args(rest)
+  args.config_overrides, args.spt_overrides = config_overrides, spt_overrides
+  if args.workdir_root is None:
+    args.workdir_root = os.path.join(ROOT, "runs", f"spt_{args.size or 'paper'}")
+  return args
+
+
+def main(argv=None) -> int:
+  """Runs the grid (see the module docstring); returns 0.
+
+  Raises:
+    ValueError: (one line) an override the configs refuse, before anything trains.
+  """
+  args = parse_args(argv)
+  for stage in STAGES:   # a bad override stops here, before anything trains
+    for task in args.tasks:
+      for attention in args.attentions:
+        run_config(args, task, attention, args.seeds[0], stage, args.workdir_root)
   if args.table_only:
     write_table(args.workdir_root, args)
     if args.copy_to:
       copy_out(args.workdir_root, args.copy_to)
     return 0
-  overrides, spt_overrides = parse_set(args.set), parse_set(args.spt_set)
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
   os.makedirs(args.workdir_root, exist_ok=True)
   for seed in args.seeds:   # seed-major: a cut-short grid still has every cell's first seeds
@@ -229,14 +278,13 @@ def main(argv=None) -> int:
       for attention in args.attentions:
         base = os.path.join(args.workdir_root, f"{task}_{attention}", f"seed{seed}")
         for stage in STAGES:
-          steps = args.spt_steps if stage == "spt" else args.ft_steps
           workdir = os.path.join(base, stage)
-          init_from = os.path.join(base, "spt") if stage == "ft" else ""
-          stage_overrides = {**overrides, **(spt_overrides if stage == "spt" else {})}
-          config = stage_config(task, attention, args.size, stage, seed, steps, args.warmup,
-                                stage_overrides, init_from)
-          if run_done(workdir, config.num_train_steps):
+          config = run_config(args, task, attention, seed, stage, args.workdir_root)
+          problem = run_problem(workdir, config)
+          if problem is None:
             continue
+          if problem != "no results.json":
+            print(f"spt.py: {workdir} not reused: {problem}", file=sys.stderr, flush=True)
           start = time.time()
           train_lib.train_and_evaluate(config, workdir)
           print(f"spt.py: {task} {attention} seed {seed} {stage}: {time.time() - start:.0f} s",
@@ -248,4 +296,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  with cli.user_errors_exit("spt.py", dirs=(ROOT,)):
+    sys.exit(main())

@@ -11,7 +11,14 @@ import numpy as np
 from simpletron_jax.data.common import PairedExamples, RaggedExamples
 
 DEFAULT_CACHE = os.path.join("~", ".cache", "simpletron_jax")
-# The offline copies of IMDB and CIFAR-10 next to the project (``../shared/data``).
+DEFAULT_TFDS_DATA_DIR = os.path.join("~", "tensorflow_datasets")
+"""tfds's own default data dir, used when ``$TFDS_DATA_DIR`` is unset."""
+DEFAULT_DATA_ROOT = os.path.join("~", "data")
+"""Where ``python -m simpletron_jax.data prepare`` writes by default (``--dest``): the loaders
+search ``~/data/imdb``, ``~/data/cifar10``, ``~/data/lra_release`` (AAN) and
+``~/data/ag_news_csv`` when ``data.data_dir`` is unset."""
+DEFAULT_LRA_DIR = os.path.join(DEFAULT_DATA_ROOT, "lra_release")
+DEFAULT_AGNEWS_DIR = os.path.join(DEFAULT_DATA_ROOT, "ag_news_csv")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,16 +48,92 @@ def cache_dir(config: ml_collections.ConfigDict) -> str:
   return os.path.expanduser(path)
 
 
+def default_tfds_data_dir() -> str:
+  """tfds's default data dir: ``$TFDS_DATA_DIR``, else ``~/tensorflow_datasets`` (expanded)."""
+  return os.path.expanduser(os.environ.get("TFDS_DATA_DIR") or DEFAULT_TFDS_DATA_DIR)
+
+
+def source_dirs(config: ml_collections.ConfigDict, tfds_name: str
+                ) -> tuple[str | None, str | None]:
+  """The ``(data_dir, tfds_data_dir)`` the text, image and agnews loaders search, in order.
+
+  ``data.tfds_data_dir`` when set (then ``data.data_dir``); else ``data.data_dir`` when set
+  (no tfds); else tfds's default data dir (:func:`default_tfds_data_dir`) when it holds a
+  prepared ``tfds_name``, then the loader's own default folders. So a user's tfds copy in
+  the place tfds puts it is found without a flag, and an explicit ``data.data_dir`` always
+  wins over it.
+
+  Args:
+    config: the run config (``data.data_dir``, ``data.tfds_data_dir``).
+    tfds_name: the tfds data set (``imdb_reviews/plain_text``, ``cifar10``,
+      ``ag_news_subset``).
+
+  Returns:
+    Both folders expanded, or None.
+  """
+  from simpletron_jax.data import tfds_io  # pylint: disable=import-outside-toplevel
+  data_dir, tfds_dir = _optional_dir(config, "data_dir"), _optional_dir(config, "tfds_data_dir")
+  if tfds_dir is None and data_dir is None:
+    default = default_tfds_data_dir()
+    if tfds_io.find_prepared_tfds(default, tfds_name) is not None:
+      tfds_dir = default
+  return data_dir, tfds_dir
+
+
+def listops_generator_args(config: ml_collections.ConfigDict) -> dict:
+  """The :func:`simpletron_jax.data.listops.ensure_generated` arguments of ``config.data``
+  (``cache_dir`` included): the data the listops task generates when ``data.data_dir`` is
+  unset."""
+  data = config.data
+  return dict(cache_dir=os.path.join(cache_dir(config), "listops"), seed=int(data.seed),
+              num_train=data.num_train, num_val=data.num_val, num_test=data.num_test,
+              min_length=data.min_tokens, max_length=data.max_tokens,
+              max_depth=data.max_depth, max_args=data.max_args)
+
+
+def pathfinder_generator_args(config: ml_collections.ConfigDict) -> dict:
+  """The :func:`simpletron_jax.data.pathfinder.ensure_generated` arguments of ``config.data``
+  (``cache_dir`` included): the level the pathfinder and pathx tasks generate when
+  ``data.data_dir`` is unset."""
+  data = config.data
+  return dict(cache_dir=os.path.join(cache_dir(config), "pathfinder"), seed=int(data.seed),
+              resolution=int(data.resolution), level=data.level,
+              num_images=int(data.num_images), generator=str(data.get("generator", "dashed")))
+
+
+def retrieval_data_dir(config: ml_collections.ConfigDict) -> str | None:
+  """The folder the retrieval task searches for the AAN TSVs: ``data.data_dir``, else
+  :data:`DEFAULT_LRA_DIR` when it holds them (``python -m simpletron_jax.data prepare --task
+  retrieval`` puts them there), else None."""
+  from simpletron_jax.data import retrieval  # pylint: disable=import-outside-toplevel
+  data_dir = _optional_dir(config, "data_dir")
+  if data_dir:
+    return data_dir
+  try:
+    retrieval.find_data_dir(DEFAULT_LRA_DIR)
+  except FileNotFoundError:
+    return None
+  return os.path.expanduser(DEFAULT_LRA_DIR)
+
+
+def agnews_source_dirs(config: ml_collections.ConfigDict) -> tuple[str | None, str | None]:
+  """As :func:`source_dirs` for ``ag_news_subset``, with :data:`DEFAULT_AGNEWS_DIR` as the
+  default CSV folder when it holds ``train.csv`` and ``test.csv``."""
+  from simpletron_jax.data import agnews  # pylint: disable=import-outside-toplevel
+  data_dir, tfds_dir = source_dirs(config, agnews.TFDS_NAME)
+  default = os.path.expanduser(DEFAULT_AGNEWS_DIR)
+  if data_dir is None and tfds_dir is None and all(
+      os.path.isfile(os.path.join(default, name)) for name in agnews.CSV_FILES.values()):
+    data_dir = default
+  return data_dir, tfds_dir
+
+
 def _load_listops(config: ml_collections.ConfigDict) -> TaskData:
   from simpletron_jax.data import listops  # pylint: disable=import-outside-toplevel
   data = config.data
   data_dir = data.get("data_dir")
   if not data_dir:
-    data_dir = listops.ensure_generated(
-        os.path.join(cache_dir(config), "listops"), seed=int(data.seed),
-        num_train=data.num_train, num_val=data.num_val, num_test=data.num_test,
-        min_length=data.min_tokens, max_length=data.max_tokens,
-        max_depth=data.max_depth, max_args=data.max_args)
+    data_dir = listops.ensure_generated(**listops_generator_args(config))
   data_dir = os.path.expanduser(data_dir)
   splits = {s: listops.load_split(data_dir, s, task=data.get("task_name", "basic"))
             for s in ("train", "val", "test")}
@@ -70,7 +153,7 @@ def _describe(kind: str, where) -> str:
 
 def _load_text(config: ml_collections.ConfigDict) -> TaskData:
   from simpletron_jax.data import text  # pylint: disable=import-outside-toplevel
-  data_dir, tfds_dir = _optional_dir(config, "data_dir"), _optional_dir(config, "tfds_data_dir")
+  data_dir, tfds_dir = source_dirs(config, text.TFDS_NAME)
   kind, where = text.find_source(data_dir, tfds_dir)
   splits = text.load_text(data_dir=data_dir, tfds_data_dir=tfds_dir,
                           max_length=int(config.model.max_length), seed=int(config.data.seed),
@@ -114,7 +197,7 @@ def _flag(config: ml_collections.ConfigDict, field: str) -> bool:
 
 def _load_image(config: ml_collections.ConfigDict) -> TaskData:
   from simpletron_jax.data import image  # pylint: disable=import-outside-toplevel
-  data_dir, tfds_dir = _optional_dir(config, "data_dir"), _optional_dir(config, "tfds_data_dir")
+  data_dir, tfds_dir = source_dirs(config, image.TFDS_NAME)
   kind, where = image.find_source(data_dir, tfds_dir)
   splits = image.load_image(data_dir=data_dir, tfds_data_dir=tfds_dir,
                             seed=int(config.data.seed),
@@ -127,13 +210,14 @@ def _load_image(config: ml_collections.ConfigDict) -> TaskData:
 
 def _load_retrieval(config: ml_collections.ConfigDict) -> TaskData:
   from simpletron_jax.data import retrieval  # pylint: disable=import-outside-toplevel
-  data_dir = config.data.get("data_dir")
+  data_dir = retrieval_data_dir(config)
   if not data_dir:
     raise FileNotFoundError(
-        "config field data.data_dir is unset: the retrieval task needs LRA's AAN files "
-        "new_aan_pairs.{train,eval,test}.tsv (from lra_release.gz, 'Dataset setup' in "
-        "google-research/long-range-arena); pass --config.data.data_dir=/path/to/tsv_data")
-  data_dir = os.path.expanduser(data_dir)
+        "config field data.data_dir is unset and ~/data/lra_release holds no AAN files: the "
+        "retrieval task needs LRA's new_aan_pairs.{train,eval,test}.tsv (inside lra_release.gz, "
+        "https://storage.googleapis.com/long-range-arena/lra_release.gz); run python -m "
+        "simpletron_jax.data prepare --task retrieval --from lra_release.gz, or pass "
+        "--config.data.data_dir=/path/to/tsv_data")
   pairs = retrieval.load_retrieval(data_dir=data_dir, max_length=int(config.model.max_length),
                                    unescape=bool(config.data.get("unescape", False)))
   splits = {name: PairedExamples(*pairs[name]) for name in ("train", "val", "test")}
@@ -146,10 +230,7 @@ def _load_pathfinder(config: ml_collections.ConfigDict) -> TaskData:
   data = config.data
   data_dir = data.get("data_dir")
   if not data_dir:
-    data_dir = pathfinder.ensure_generated(
-        os.path.join(cache_dir(config), "pathfinder"), seed=int(data.seed),
-        resolution=int(data.resolution), level=data.level, num_images=int(data.num_images),
-        generator=str(data.get("generator", "dashed")))
+    data_dir = pathfinder.ensure_generated(**pathfinder_generator_args(config))
   data_dir = os.path.expanduser(data_dir)
   splits = pathfinder.load_pathfinder(data_dir, resolution=int(data.resolution),
                                       level=data.level, seed=int(data.seed),
@@ -162,7 +243,7 @@ def _load_pathfinder(config: ml_collections.ConfigDict) -> TaskData:
 
 def _load_agnews(config: ml_collections.ConfigDict) -> TaskData:
   from simpletron_jax.data import agnews  # pylint: disable=import-outside-toplevel
-  data_dir, tfds_dir = _optional_dir(config, "data_dir"), _optional_dir(config, "tfds_data_dir")
+  data_dir, tfds_dir = agnews_source_dirs(config)
   kind, where = agnews.find_source(data_dir, tfds_dir)
   splits, tokenizer, _ = agnews.load_agnews(
       data_dir=data_dir, tfds_data_dir=tfds_dir, vocab_path=config.data.get("vocab_path"),
@@ -183,12 +264,16 @@ def load_task(config: ml_collections.ConfigDict) -> TaskData:
 
   Tasks (``config.task``): ``listops`` (generated when ``data.data_dir`` is unset),
   ``text`` (tfds ``imdb_reviews`` in ``data.tfds_data_dir``, else the JSONL or ``aclImdb``
-  files in ``data.data_dir``, else ``../shared/data/imdb`` or ``~/data/imdb``),
-  ``retrieval`` (LRA's AAN TSVs in ``data.data_dir``), ``image`` (tfds ``cifar10``, else the npz in ``data.data_dir`` or
-  ``../shared/data/cifar10`` or ``~/data/cifar10``), ``pathfinder`` and ``pathx`` (LRA's layout in
-  ``data.data_dir``, else generated into the cache), ``agnews`` (SimpleTRON section 5.3: tfds
-  ``ag_news_subset`` in ``data.tfds_data_dir``, else the CSV release in ``data.data_dir``,
-  tokenized with the BERT vocabulary of ``data.vocab_path``; :mod:`simpletron_jax.data.agnews`).
+  files in ``data.data_dir``, else a prepared copy in tfds's default data dir, else
+  ``../shared/data/imdb`` or ``~/data/imdb``; :func:`source_dirs`), ``retrieval`` (LRA's AAN
+  TSVs in ``data.data_dir``, else in ``~/data/lra_release``), ``image`` (tfds ``cifar10``,
+  else the npz in ``data.data_dir``, else tfds's default data dir, else
+  ``../shared/data/cifar10`` or ``~/data/cifar10``), ``pathfinder`` and ``pathx`` (LRA's
+  layout in ``data.data_dir``, else generated into the cache), ``agnews`` (SimpleTRON section
+  5.3: tfds ``ag_news_subset`` in ``data.tfds_data_dir``, else the CSV release in
+  ``data.data_dir``, else tfds's default data dir, else ``~/data/ag_news_csv``, tokenized with
+  the BERT vocabulary of ``data.vocab_path``; :mod:`simpletron_jax.data.agnews`).
+  ``python -m simpletron_jax.data where`` prints where each task reads from.
 
   LRA's data as options (defaults off): ``data.lra_split`` (image: LRA's
   ``train[:90%]``/``train[90%:]``, see :func:`simpletron_jax.data.image.load_image`) and

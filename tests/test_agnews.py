@@ -206,8 +206,8 @@ def test_depth_grid_runs_on_the_fixtures(tmp_path):
   payload = depth.main(["--task", "agnews", "--quick", "--steps", "2", "--eval-every", "1",
                         "--depths", "1", "--seeds", "0", "--out", str(tmp_path / "out"),
                         "--runs", str(tmp_path / "runs"),
-                        "--override", f"data.data_dir={FIXTURES}",
-                        "--override", f"data.vocab_path={FIXTURES}"])
+                        f"--config.data.data_dir={FIXTURES}",
+                        f"--config.data.vocab_path={FIXTURES}"])
   assert [(r["attention"], r["num_layers"]) for r in payload["runs"]] == [
       ("softmax", 1), ("simple_resl", 1)]
   for run in payload["runs"]:

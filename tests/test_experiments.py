@@ -1,5 +1,6 @@
 """The papers' experiment scripts (scripts/experiments/) end to end on a few steps of the
-synthetic presence task (issue 12)."""
+synthetic presence task (issue 12), run from a scratch working directory with their default
+output folders (under ``runs/``; nothing under ``results/`` changes, issue 47)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax import transfer
+from tests.test_no_overwrite import committed_unchanged  # noqa: F401  pylint: disable=W0611
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "scripts", "experiments")
@@ -23,15 +25,27 @@ def _script(name):
   return module
 
 
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+  """Runs the test in ``tmp_path``, where the scripts' relative default folders land."""
+  monkeypatch.chdir(tmp_path)
+  return tmp_path
+
+
 def _argv(tmp_path, *extra):
-  return ["--quick", "--steps", "2", "--eval-every", "1", "--out", str(tmp_path / "out"),
-          "--runs", str(tmp_path / "runs"), *extra]
+  del tmp_path   # the defaults: runs/experiments/<name>/ under the working directory
+  return ["--quick", "--steps", "2", "--eval-every", "1", *extra]
+
+
+def _runs(tmp_path, name):
+  return tmp_path / "runs" / "experiments" / name
 
 
 def _outputs(tmp_path, name):
   for ext in ("json", "md", "png"):
-    assert os.path.getsize(tmp_path / "out" / f"{name}.{ext}") > 0
-  with open(tmp_path / "out" / f"{name}.json") as f:
+    assert os.path.getsize(_runs(tmp_path, name) / f"{name}.{ext}") > 0
+  assert not (tmp_path / "results").exists()
+  with open(_runs(tmp_path, name) / f"{name}.json") as f:
     return json.load(f)
 
 
@@ -41,7 +55,8 @@ def _qkv(params):
 
 
 @pytest.mark.slow
-def test_attention_transfer_quick(tmp_path, presence_task):
+def test_attention_transfer_quick(in_tmp, presence_task, committed_unchanged):  # noqa: F811
+  tmp_path = in_tmp
   payload = _script("attention_transfer").main(_argv(tmp_path, "--tasks", "listops"),
                                                data=presence_task)
   runs = payload["results"]["listops"]
@@ -60,7 +75,8 @@ def test_attention_transfer_quick(tmp_path, presence_task):
 
 
 @pytest.mark.slow
-def test_attention_swap_quick(tmp_path, presence_task):
+def test_attention_swap_quick(in_tmp, presence_task, committed_unchanged):  # noqa: F811
+  tmp_path = in_tmp
   payload = _script("attention_swap").main(
       _argv(tmp_path, "--targets", "simple", "--finetune-steps", "2", "--lora-rank", "4"),
       data=presence_task)
@@ -79,7 +95,8 @@ def test_attention_swap_quick(tmp_path, presence_task):
 
 
 @pytest.mark.slow
-def test_depth_quick(tmp_path, presence_task):
+def test_depth_quick(in_tmp, presence_task, committed_unchanged):  # noqa: F811
+  tmp_path = in_tmp
   payload = _script("depth").main(
       _argv(tmp_path, "--attentions", "simple_res", "--depths", "1", "2", "--seeds", "0", "1"),
       data=presence_task)
@@ -87,7 +104,7 @@ def test_depth_quick(tmp_path, presence_task):
   for run in payload["runs"]:
     assert len(run["blocks"]) == run["num_layers"]
     assert all(-1.0 <= b["symmetry"] <= 1.0 and b["spread"] > 0 for b in run["blocks"])
-  with open(tmp_path / "runs" / "simple_res_L2_seed1" / "config.json") as f:
+  with open(_runs(tmp_path, "depth") / "simple_res_L2_seed1" / "config.json") as f:
     config = json.load(f)
   assert (config["seed"], config["data"]["seed"], config["model"]["num_layers"]) == (1, 0, 2)
   accs = [r["test_accuracy"] for r in payload["runs"] if r["num_layers"] == 1]
@@ -98,7 +115,7 @@ def test_depth_quick(tmp_path, presence_task):
       _argv(tmp_path, "--attentions", "simple_res", "softmax", "--depths", "1", "2", "--seeds",
             "0", "1", "2", "--finished-only"), data=presence_task)
   assert report["runs"] == payload["runs"]
-  assert not os.path.exists(tmp_path / "runs" / "simple_res_L1_seed2")
+  assert not os.path.exists(_runs(tmp_path, "depth") / "simple_res_L1_seed2")
 
 
 def test_symmetry_measure():
@@ -131,3 +148,32 @@ def test_only_a_finished_results_json_counts_as_done(tmp_path, monkeypatch):
   assert exp_common.finished(str(workdir), config)
   exp_common.train(config, str(workdir), data=None)
   assert trained == [str(workdir)]                      # a finished run is read, not rerun
+
+
+def test_overrides_take_train_pys_syntax_and_outputs_stay_under_runs(tmp_path, capsys):
+  exp_common = _script("exp_common")
+  parser = exp_common.make_parser("depth", "doc")
+  args = parser.parse_args(["--quick", "--config.model.max_length", "64", "--steps", "7",
+                            "--config.data.seed=3", "--config.model.attention_kwargs.causal=True"])
+  assert args.config_overrides == ["--config.model.max_length=64", "--config.data.seed=3",
+                                   "--config.model.attention_kwargs.causal=True"]
+  config = exp_common.make_config(args, "listops", "simple", model__num_layers=1)
+  assert (config.model.max_length, config.data.seed, config.num_train_steps) == (64, 3, 7)
+  assert config.model.attention_kwargs.causal is True and config.model.num_layers == 1
+  assert exp_common.out_dir(args) == os.path.join("runs", "experiments", "depth")
+  with pytest.raises(SystemExit):   # the old syntax is gone, and the error says the new one
+    parser.parse_args(["--override", "model.max_length=64"])
+  assert "--override model.max_length=64 is written --config.model.max_length=64 now" in (
+      capsys.readouterr().err)
+  bad = parser.parse_args(["--quick", "--config.model.max_lenght=64"])
+  with pytest.raises(ValueError, match=r"^the config has no field 'model.max_lenght' \(did "
+                     r"you mean 'model.max_length'\?\)"):
+    exp_common.make_config(bad, "listops", "simple")
+  # --copy-to is the only way into a committed folder: the outputs, and only those, go there.
+  args = parser.parse_args(["--runs", str(tmp_path / "runs"), "--copy-to",
+                            str(tmp_path / "results" / "depth")])
+  payload = exp_common.finish(args, "depth", {"rows": [1]}, "| a |\n", lambda fig: None)
+  assert payload == {"experiment": "depth", "quick": False, "rows": [1]}
+  assert sorted(os.listdir(tmp_path / "results" / "depth")) == ["depth.json", "depth.md",
+                                                                 "depth.png"]
+  assert sorted(os.listdir(tmp_path / "runs")) == ["depth.json", "depth.md", "depth.png"]

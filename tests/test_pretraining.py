@@ -325,25 +325,35 @@ def test_spt_script_arms_share_the_fine_tuning_recipe():
       "spt_script", os.path.join(os.path.dirname(__file__), "..", "scripts", "spt.py"))
   script = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(script)
-  assert script.parse_set(["learning_rate=0.001", "data.bucket=8", "x=abc"]) == {
-      "learning_rate": 0.001, "data.bucket": 8, "x": "abc"}
-  with pytest.raises(ValueError, match="--set"):
-    script.parse_set(["learning_rate"])
+  # One override syntax, train.py's: --config.* for every run, --spt-config.* for pretraining.
+  parsed = script.parse_args(["--tasks", "listops", "--config.data.bucket=8",
+                              "--spt-config.learning_rate", "0.001", "--seeds", "1",
+                              "--workdir-root", "/tmp/unused"])
+  assert parsed.config_overrides == ["--config.data.bucket=8"]
+  assert parsed.spt_overrides == ["--config.learning_rate=0.001"]
+  assert (parsed.tasks, parsed.seeds) == (["listops"], [1])
+  assert script.parse_args(["--size", "tiny"]).workdir_root == os.path.join(
+      script.ROOT, "runs", "spt_tiny")   # under runs/ by default, never results/
+  with pytest.raises(SystemExit):   # the retired --set / --spt-set say what to write instead
+    script.parse_args(["--spt-set", "learning_rate=0.001"])
   args = ("listops", "linear", "tiny")
-  spt = script.stage_config(*args, "spt", 1, 50, None, {"learning_rate": 1e-3})
-  ft = script.stage_config(*args, "ft", 1, 40, None, {}, init_from="/runs/spt")
-  scratch = script.stage_config(*args, "scratch", 1, 40, None, {})
+  spt = script.stage_config(*args, "spt", 1, 50, None, ["--config.learning_rate=1e-3",
+                                                         "--config.data.bucket=8"])
+  assert spt.data.bucket == 8 and isinstance(spt.learning_rate, float)
+  ft = script.stage_config(*args, "ft", 1, 40, None, [], init_from="/runs/spt")
+  scratch = script.stage_config(*args, "scratch", 1, 40, None, [])
   assert spt.pretrain.objective == "mlm" and spt.learning_rate == 1e-3
   assert ft.pretrain.objective == "none" and ft.init_from == "/runs/spt"
   assert "pretrain" not in scratch and not scratch.init_from
   for field in ("learning_rate", "num_train_steps", "warmup", "batch_size", "seed"):
     assert ft[field] == scratch[field], field
   assert ft.model.to_dict() == scratch.model.to_dict()
-  with pytest.raises(ValueError, match="no such field"):
-    script.stage_config(*args, "spt", 1, 50, None, {"learning_rat": 1e-3})
+  with pytest.raises(ValueError, match="no field 'learning_rat' \\(did you mean "
+                     "'learning_rate'\\?\\)"):
+    script.stage_config(*args, "spt", 1, 50, None, ["--config.learning_rat=1e-3"])
   # the paper size: both arms take the SPT code's fine-tuning recipe and its step count
-  ft = script.stage_config("text", "linear", "", "ft", 0, None, None, {}, init_from="/r")
-  scratch = script.stage_config("text", "linear", "", "scratch", 0, None, None, {})
+  ft = script.stage_config("text", "linear", "", "ft", 0, None, None, [], init_from="/r")
+  scratch = script.stage_config("text", "linear", "", "scratch", 0, None, None, [])
   for field in ("learning_rate", "num_train_steps", "warmup", "batch_size", "weight_decay",
                 "factors", "eval_frequency"):
     assert ft[field] == scratch[field], field

@@ -392,3 +392,32 @@ def test_image_npz_errors_and_val_fraction(tmp_path):
     image.load_image(data_dir=str(broken), tfds_data_dir=None, seed=0)
   with pytest.raises(FileNotFoundError, match="data.data_dir"):
     image.load_image(data_dir=str(tmp_path / "none"), tfds_data_dir=str(tmp_path), seed=0)
+
+
+def test_tfds_order_is_tfds_storage_order_and_an_npz_in_it_gives_lras_split(tmp_path, caplog):
+  hashing = pytest.importorskip("tensorflow_datasets.core.hashing")
+  for split, n in (("train", 3000), ("test", 500)):
+    hasher = hashing.Hasher(split)   # tfds's writer sorts a split by this hash of the key
+    assert image.tfds_order(n, split).tolist() == sorted(range(n), key=hasher.hash_key)
+  # An npz whose index_train is that order: lra_split is exact, so no warning.
+  n = 20
+  x = np.arange(n * 1024, dtype=np.int64).reshape(n, 32, 32).astype(np.uint8)
+  y = (np.arange(n) % 10).astype(np.uint8)
+  ordered = tmp_path / "ordered"
+  ordered.mkdir()
+  np.savez(ordered / image.NPZ_NAME, x_train=x, y_train=y, x_test=x[:4], y_test=y[:4],
+           index_train=image.tfds_order(n, "train"), index_test=image.tfds_order(4, "test"))
+  assert image.npz_in_tfds_order(str(ordered / image.NPZ_NAME))
+  with caplog.at_level("WARNING"):
+    out = image.load_image(data_dir=str(ordered), tfds_data_dir=None, seed=0, lra_split=True)
+  assert "LRA's split sizes, not its members" not in caplog.text
+  np.testing.assert_array_equal(out["val"].labels, y[18:])
+  # Without the index (another order): the warning says the members are not LRA's.
+  plain = tmp_path / "plain"
+  plain.mkdir()
+  np.savez(plain / image.NPZ_NAME, x_train=x, y_train=y, x_test=x[:4], y_test=y[:4])
+  assert not image.npz_in_tfds_order(str(plain / image.NPZ_NAME))
+  with caplog.at_level("WARNING"):
+    image.load_image(data_dir=str(plain), tfds_data_dir=None, seed=0, lra_split=True)
+  assert "LRA's split sizes, not its members" in caplog.text
+

@@ -16,7 +16,9 @@ Re-alignment runs train ``--finetune-steps`` steps from the softmax run (``init_
     python scripts/experiments/attention_swap.py --quick                  # CPU, :tiny config
     python scripts/experiments/attention_swap.py                          # paper size
 
-Writes ``attention_swap.{json,md,png}`` to ``--out``.
+Writes ``attention_swap.{json,md,png}`` to ``--out`` (default: the ``--runs`` folder,
+``runs/experiments/attention_swap/``); ``--copy-to DIR`` also copies them into ``DIR``
+(``results/experiments/...`` to refresh the committed ones).
 """
 
 from __future__ import annotations

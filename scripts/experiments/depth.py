@@ -21,9 +21,11 @@ scratch, ``softmax`` (BERT) against ``simple_resl`` (SimpleTRON) by default; it 
 and a BERT vocabulary (``docs/bert.md``)::
 
     python scripts/experiments/depth.py --task agnews --seeds 0 \
-        --override data.data_dir=~/data/ag_news_csv --override data.vocab_path=~/bert-base-cased
+        --config.data.data_dir=~/data/ag_news_csv --config.data.vocab_path=~/bert-base-cased
 
-Writes ``depth.{json,md,png}`` to ``--out``.
+Writes ``depth.{json,md,png}`` to ``--out`` (default: the ``--runs`` folder,
+``runs/experiments/depth/``); ``--copy-to DIR`` also copies them into ``DIR``
+(``results/experiments/...`` to refresh the committed ones).
 """
 
 from __future__ import annotations

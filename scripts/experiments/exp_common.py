@@ -4,19 +4,25 @@ JSON / markdown / PNG outputs.
 
 Every script has a CPU ``--quick`` mode on the ``:tiny`` configs and a paper-size mode (the
 configs without a suffix); ``--steps`` and ``--eval-every`` override the step counts, and
-``--override model.max_length=256`` any config field of every run.
+``--config.model.max_length=256`` any config field of every run (the syntax of ``train.py``,
+parsed by :mod:`simpletron_jax.overrides`).
 
-A user error (an unknown ``--override`` field, a bad config value, missing data, a runs
-folder holding another config) ends with one line, ``<script>: <cause>``, and exit status 1
-(:func:`run_cli`); ``--verbose`` shows the traceback instead.
+Outputs go under ``runs/`` unless asked otherwise: the runs in ``--runs`` (default
+``runs/experiments/<name>/``), the JSON, markdown table and PNG in ``--out`` (default: the
+``--runs`` folder). ``--copy-to DIR`` copies those three files into ``DIR`` too (e.g.
+``results/experiments/<name>/``, to refresh the committed ones); nothing else writes there.
+
+A user error (an override of a field the config lacks, a bad config value, missing data, a
+runs folder holding another config) ends with one line, ``<script>: <cause>``, and exit
+status 1 (:func:`run_cli`); ``--verbose`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
+import shutil
 import sys
 from typing import Any, Callable
 
@@ -27,24 +33,53 @@ if ROOT not in sys.path:
 import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax import cli, run_guard  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import cli, overrides, run_guard  # noqa: E402  pylint: disable=C0413
 from simpletron_jax import run_record, tasks, train_lib  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
 
 
+OUTPUT_EXTENSIONS = ("json", "md", "png")
+
+
+class OverrideParser(argparse.ArgumentParser):
+  """An ``ArgumentParser`` that first takes the ``--config.<field>=<value>`` overrides out of
+  the command line (:func:`simpletron_jax.overrides.split_overrides`) and stores them, in
+  order, as ``args.config_overrides``."""
+
+  def parse_known_args(self, args=None, namespace=None):  # pylint: disable=signature-differs
+    """As argparse's, with ``config_overrides`` set on the namespace.
+
+    Raises:
+      SystemExit: argparse's usage error, also for an override without a field name.
+    """
+    args = sys.argv[1:] if args is None else list(args)
+    hint = overrides.old_syntax(args, ("--override",))
+    if hint:
+      self.error(hint)
+    try:
+      rest, found = overrides.split_overrides(args)
+    except ValueError as e:
+      self.error(str(e))
+    namespace, extra = super().parse_known_args(rest, namespace)
+    namespace.config_overrides = found
+    return namespace, extra
+
+
 def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
-  """Adds ``--quick``, ``--steps``, ``--eval-every``, ``--override``, ``--out``, ``--runs``,
-  ``--verbose``."""
+  """Adds ``--quick``, ``--steps``, ``--eval-every``, ``--out``, ``--copy-to``, ``--runs``,
+  ``--verbose`` (the ``--config.<field>=<value>`` overrides are taken by
+  :class:`OverrideParser`)."""
   parser.add_argument("--quick", action="store_true",
                       help="CPU mode: the :tiny configs and few steps")
   parser.add_argument("--steps", type=int, default=None,
                       help="training steps of every run (default: the mode's)")
   parser.add_argument("--eval-every", type=int, default=None,
                       help="steps between validations (default: the mode's)")
-  parser.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE",
-                      help="set a config field of every run, e.g. model.max_length=256")
-  parser.add_argument("--out", default=os.path.join("results", "experiments", name),
-                      help="folder for the JSON, markdown table and PNG")
+  parser.add_argument("--out", default=None,
+                      help="folder for the JSON, markdown table and PNG (default: --runs)")
+  parser.add_argument("--copy-to", default=None, metavar="DIR",
+                      help="also copy the JSON, markdown table and PNG here, e.g. "
+                           f"results/experiments/{name} to refresh the committed ones")
   parser.add_argument("--runs", default=os.path.join("runs", "experiments", name),
                       help="folder for the training runs (checkpoints); a finished run "
                            "(with results.json) is reused")
@@ -72,51 +107,60 @@ def run_cli(main: Callable[..., Any], argv: list[str] | None = None) -> Any:
 
 
 def make_parser(name: str, doc: str) -> argparse.ArgumentParser:
-  """The parser of script ``name``: its docstring's first paragraph and the common options."""
-  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  """The parser of script ``name`` (an :class:`OverrideParser`): its docstring's first
+  paragraph and the common options."""
+  parser = OverrideParser(description=doc.split("\n\n")[0],
+                          epilog="--config.<field>=<value> (repeatable) sets a config field of "
+                                 "every run, as for train.py, e.g. --config.model.max_length=256")
   add_common_args(parser, name)
   return parser
 
 
+def out_dir(args) -> str:
+  """Where a script writes its JSON, markdown and PNG: ``--out``, else the ``--runs`` folder."""
+  return args.out or args.runs
+
+
 def finish(args, name: str, result: dict, table_md: str, plot: Callable[[Any], None],
            **fields) -> dict:
-  """Writes a script's outputs (:func:`write_outputs`) and prints its table.
+  """Writes a script's outputs (:func:`write_outputs`) to :func:`out_dir`, copies them to
+  ``--copy-to`` when given, and prints its table.
 
   Returns:
-    The JSON payload: ``experiment``, ``quick``, ``fields`` and ``result``.
+    The JSON payload: ``experiment``, ``quick``, ``config_overrides`` (when any), ``fields``
+    and ``result``.
   """
   payload = {"experiment": name, "quick": args.quick, **fields, **result}
-  write_outputs(args.out, name, payload, table_md, plot)
+  if getattr(args, "config_overrides", None):
+    payload["config_overrides"] = list(args.config_overrides)
+  paths = write_outputs(out_dir(args), name, payload, table_md, plot)
+  if getattr(args, "copy_to", None):
+    os.makedirs(args.copy_to, exist_ok=True)
+    for path in paths.values():
+      shutil.copy(path, args.copy_to)
   print(table_md)
   return payload
 
 
-def _set_field(config: ml_collections.ConfigDict, assignment: str) -> None:
-  """Applies one ``--override FIELD=VALUE``; VALUE is a Python literal or a string.
+def _set_field(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+  """Sets the existing field ``key`` (dotted) of ``config`` to the Python value ``value``.
 
   Raises:
-    ValueError: if the text has no ``=`` or the field (or a section on its path) does not
-      exist.
+    ValueError: if the field (or a section on its path) does not exist, or ml_collections
+      refuses a value of another type.
   """
-  if "=" not in assignment:
-    raise ValueError(f"--override {assignment!r}: expected FIELD=VALUE")
-  key, text = assignment.split("=", 1)
-  try:
-    value = ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    value = text
   *path, leaf = key.split(".")
   target = config
   for part in path:
     if not isinstance(target, ml_collections.ConfigDict) or part not in target:
-      raise ValueError(f"--override {assignment!r}: config has no field {key!r}")
+      raise ValueError(f"config has no field {key!r}")
     target = target[part]
   if not isinstance(target, ml_collections.ConfigDict) or leaf not in target:
-    raise ValueError(f"--override {assignment!r}: config has no field {key!r}")
+    raise ValueError(f"config has no field {key!r}")
   try:
     target[leaf] = value
   except TypeError as e:   # ml_collections refuses a value of another type
-    raise ValueError(f"--override {assignment!r}: {e}") from None
+    raise ValueError(f"config field {key!r}: {e}") from None
 
 
 def make_config(args, task: str, attention: str, steps: int | None = None,
@@ -124,23 +168,26 @@ def make_config(args, task: str, attention: str, steps: int | None = None,
   """``configs/lra.make_config(task, attention, 'tiny' if --quick)`` with the run length.
 
   Args:
-    args: the parsed options (``quick``, ``steps``, ``eval_every``, ``override``).
+    args: the parsed options (``quick``, ``steps``, ``eval_every``, ``config_overrides``).
     task, attention: as in ``configs/``.
     steps, eval_every: the mode's defaults (None: the config's own), replaced by
       ``--steps`` / ``--eval-every``.
     **fields: further settings, dotted names written with ``__`` (``model__num_layers=2``).
 
   Returns:
-    The config; warmup is at most a fifth of the steps, and checkpoints follow validation.
+    The config; warmup is at most a fifth of the steps, and checkpoints follow validation;
+    the ``--config.<field>=<value>`` overrides are applied last.
+
+  Raises:
+    ValueError: one line, for an override of a field the config lacks or a value its type
+      refuses (:func:`simpletron_jax.overrides.apply_overrides`).
   """
   config = lra.make_config(task, attention, "tiny" if args.quick else None)
   steps = args.steps or steps or config.num_train_steps
   set_length(config, steps, args.eval_every or eval_every or config.eval_frequency)
   for key, value in fields.items():
-    _set_field(config, f"{key.replace('__', '.')}={value!r}")
-  for assignment in args.override:
-    _set_field(config, assignment)
-  return config
+    _set_field(config, key.replace("__", "."), value)
+  return overrides.apply_overrides(config, getattr(args, "config_overrides", ()))
 
 
 def set_length(config: ml_collections.ConfigDict, steps: int, eval_every: int) -> None:
@@ -185,15 +232,17 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
     ``metrics.jsonl`` and ``"workdir"``.
 
   Raises:
-    ValueError: if ``workdir`` holds a run of another config (choose another ``--runs``).
+    ValueError: if ``workdir`` holds a run of another config: its ``config.json`` has another
+      :func:`simpletron_jax.run_record.config_fingerprint` (choose another ``--runs``).
   """
   path = os.path.join(workdir, "results.json")
   saved = os.path.join(workdir, "config.json")
   if os.path.exists(saved):
     with open(saved) as f:
       tree = json.load(f)
-    tree.pop(run_guard.CONFIG_HISTORY_KEY, None)
-    if tree != json.loads(config.to_json_best_effort()):
+    # Only the config's own fields: config.json also records what ran it (the software).
+    tree = {k: v for k, v in tree.items() if k in config and k != run_guard.CONFIG_HISTORY_KEY}
+    if run_record.config_fingerprint(tree) != run_record.config_fingerprint(config):
       raise ValueError(f"{workdir} holds a run with another config; pass another --runs "
                        "folder or delete it")
   if finished(workdir, config):

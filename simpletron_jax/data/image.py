@@ -19,21 +19,30 @@ split exactly when the source is tfds ``cifar10``: tfds stores the training
 images sorted by the MD5 of ``"train"`` and the image's index in
 ``data_batch_1..5`` (``tensorflow_datasets/image_classification/cifar.py``
 keys, ``core/hashing.py``), and ``train[:90%]`` is the first 45,000 stored
-(``core/splits.py``). The npz copy is in another fixed random order and holds
-no batch index, so there ``lra_split=True`` gives LRA's sizes, not its
-members (a warning says so).
+(``core/splits.py``). :func:`tfds_order` is that order. An npz made by
+``python -m simpletron_jax.data prepare --task image`` from CIFAR-10's python
+tarball stores the images in it, with each image's index in the release
+(``index_train``, ``index_test``), so ``lra_split=True`` is LRA's split there
+too (:func:`npz_in_tfds_order`); this assumes the binary release tfds reads
+lists the images in the order of the python release's batches, which is how
+the two are published. Another npz (the project's offline copy is in a fixed
+random order, without indices) gives LRA's sizes, not its members, and a
+warning says so.
 
 Sources, tried in this order:
 
 1. tfds ``cifar10`` (RGB), when ``tfds_data_dir`` holds a prepared copy; the
    images go through :func:`rgb_to_grayscale`. Nothing is downloaded.
-2. ``cifar10_gray_uint8.npz`` (the project's offline copy, already
-   grayscale): arrays ``x_train`` ``[50000, 32, 32]`` uint8, ``y_train``,
-   ``x_test`` ``[10000, 32, 32]``, ``y_test``, optional ``classes``.
+2. ``cifar10_gray_uint8.npz`` (already grayscale): arrays ``x_train``
+   ``[50000, 32, 32]`` uint8, ``y_train``, ``x_test`` ``[10000, 32, 32]``,
+   ``y_test``; optional ``classes`` (the names), ``names_train`` /
+   ``names_test`` (the release's file names) and ``index_train`` /
+   ``index_test`` (each image's index in the release).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import zipfile
@@ -92,6 +101,44 @@ def rgb_to_grayscale(rgb: np.ndarray) -> np.ndarray:
   x = rgb.astype(np.float32) * np.float32(1.0 / 255.0)
   gray = x[..., 0] * _RGB_WEIGHTS[0] + x[..., 1] * _RGB_WEIGHTS[1] + x[..., 2] * _RGB_WEIGHTS[2]
   return (gray * np.float32(255.5)).astype(np.uint8)
+
+
+def tfds_order(n: int, split: str) -> np.ndarray:
+  """The order in which tfds stores ``cifar10``'s split ``split`` of ``n`` images.
+
+  tfds's builder (``image_classification/cifar.py``) keys image ``i`` of the release (its
+  index over ``data_batch_1..5``, or in ``test_batch``) by the int ``i``, and its writer stores
+  a split sorted by ``md5(split name + str(key))`` (``core/hashing.py``: the split name is the
+  salt, an int key is hashed as its decimal text).
+
+  Args:
+    n: number of images (50,000 train, 10,000 test).
+    split: ``"train"`` or ``"test"``.
+
+  Returns:
+    ``[n]`` int64: the release indices in stored order.
+  """
+  salt = hashlib.md5(split.encode("utf-8"))
+
+  def key(i: int) -> bytes:
+    md5 = salt.copy()
+    md5.update(str(i).encode("utf-8"))
+    return md5.digest()
+  return np.asarray(sorted(range(int(n)), key=key), dtype=np.int64)
+
+
+def npz_in_tfds_order(path: str) -> bool:
+  """Whether the npz at ``path`` stores its training images in tfds's order
+  (:func:`tfds_order`): its ``index_train`` (the release index of each image) is that order.
+  False for an npz without ``index_train`` or an unreadable one."""
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      if "index_train" not in z.files:
+        return False
+      index = np.asarray(z["index_train"], dtype=np.int64)
+  except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error):
+    return False
+  return bool(np.array_equal(index, tfds_order(len(index), "train")))
 
 
 def images_to_examples(images: np.ndarray, labels: np.ndarray) -> RaggedExamples:
@@ -235,9 +282,10 @@ def load_image(*, data_dir: str | None, tfds_data_dir: str | None, seed: int,
     val_fraction: ``data.val_fraction``: share of the 50,000 training images
       held out for validation.
     lra_split: ``data.lra_split``: LRA's ``train[:90%]`` / ``train[90%:]``
-      (``lra_benchmarks/image/input_pipeline.py``, ``get_cifar10_datasets``),
-      see :func:`~simpletron_jax.data.common.split_train_val`. Exact with a tfds source; with the npz the
-      sizes only (the module docstring says why).
+      (``lra_benchmarks/image/input_pipeline.py``, ``get_cifar10_datasets``), see
+      :func:`~simpletron_jax.data.common.split_train_val`. Exact with a tfds source and with
+      an npz in tfds's order (:func:`npz_in_tfds_order`); with another npz the sizes only
+      (the module docstring says why).
 
   Returns:
     ``{"train", "val", "test"}`` RaggedExamples (45,000 / 5,000 / 10,000 for
@@ -251,9 +299,10 @@ def load_image(*, data_dir: str | None, tfds_data_dir: str | None, seed: int,
   """
   kind, where = find_source(data_dir, tfds_data_dir)
   logging.info("CIFAR-10 source: %s %s", kind, where)
-  if lra_split and kind != "tfds":
+  if lra_split and kind != "tfds" and not npz_in_tfds_order(where):
     logging.warning("data.lra_split=True with the npz source %s: LRA's split sizes, not its "
-                    "members (those need tfds cifar10 in data.tfds_data_dir)", where)
+                    "members (those need tfds cifar10 in data.tfds_data_dir, or an npz made "
+                    "by python -m simpletron_jax.data prepare --task image)", where)
   data: dict[str, Any] = read_tfds(where) if kind == "tfds" else read_npz(where)
   images, labels = data["train"]
   train_idx, val_idx = split_train_val(len(labels), val_fraction, seed, lra_split)

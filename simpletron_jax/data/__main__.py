@@ -1,0 +1,108 @@
+"""``python -m simpletron_jax.data where|prepare|verify``: each task's data, in one command.
+
+    python -m simpletron_jax.data where                                   # every task
+    python -m simpletron_jax.data prepare --task image --from ~/data/cifar-10-python.tar.gz
+    python -m simpletron_jax.data prepare --task retrieval --from ~/data/lra_release.gz
+    python -m simpletron_jax.data prepare --task listops --config configs/listops/simple.py:tiny
+    python -m simpletron_jax.data verify --task text
+
+``--config`` (default ``configs/<task>/transformer.py``) and ``--config.<field>=<value>``
+overrides, as for ``train.py``, give the task's data settings: ``data.data_dir``,
+``data.tfds_data_dir``, the generator arguments and seed. ``--from`` is a downloaded file (or
+the folder it was unpacked to), ``--dest`` the folder to write into (default ``~/data``, where
+the loaders look). What each command does: :mod:`simpletron_jax.data.prepare`; docs/data.md
+gives the commands task by task. Nothing is downloaded. A missing source, a damaged file or a
+bad flag ends with one line and exit status 1; ``verify`` also exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from simpletron_jax import cli, overrides
+from simpletron_jax.data import prepare as prep
+
+PROGRAM = "python -m simpletron_jax.data"
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+  """The command and its flags; ``config_overrides`` holds the ``--config.*`` arguments.
+
+  Raises:
+    SystemExit: argparse's usage error.
+  """
+  parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
+                                   epilog="--config.<field>=<value> (repeatable) overrides a "
+                                          "config field, as for train.py")
+  parser.add_argument("command", choices=("where", "prepare", "verify"))
+  parser.add_argument("--task", default=None,
+                      help=f"one of {', '.join(prep.TASKS)} (where: default every task)")
+  parser.add_argument("--config", default=None,
+                      help="the config whose data settings to use (default "
+                           "configs/<task>/transformer.py)")
+  parser.add_argument("--from", dest="source", default=None, metavar="PATH",
+                      help="prepare: the downloaded file or unpacked folder; verify: a "
+                           "downloaded file to check against its published MD5")
+  parser.add_argument("--dest", default=None,
+                      help="prepare: the folder to write into (default ~/data)")
+  parser.add_argument("--workers", type=int, default=None,
+                      help="prepare: generator processes for ListOps and Pathfinder "
+                           "(default: every CPU)")
+  argv = list(argv)
+  try:
+    rest, found = overrides.split_overrides(argv)
+  except ValueError as e:
+    parser.error(str(e))
+  args = parser.parse_args(rest)
+  args.config_overrides = found
+  if args.command != "where" and args.task is None:
+    parser.error(f"{args.command} needs --task (one of {', '.join(prep.TASKS)})")
+  if args.task is not None and args.task not in prep.TASKS:
+    parser.error(f"--task {args.task!r}: not a task; the tasks: {', '.join(prep.TASKS)}")
+  if args.config and args.task is None:
+    parser.error("--config needs --task")
+  return args
+
+
+def run(args: argparse.Namespace) -> int:
+  """Runs the parsed command, printing its lines.
+
+  Returns:
+    The exit status: 1 when ``verify`` finds a failed check, else 0.
+
+  Raises:
+    ValueError, OSError: user errors (one line, see :mod:`simpletron_jax.data.prepare`).
+  """
+  if args.command == "where":
+    for task in ([args.task] if args.task else prep.TASKS):
+      config = prep.task_config(task, args.config, args.config_overrides)
+      print(prep.where(task, config).line(), flush=True)
+    return 0
+  config = prep.task_config(args.task, args.config, args.config_overrides)
+  if args.command == "prepare":
+    found = prep.prepare(args.task, config, args.source, args.dest, args.workers,
+                         log=lambda line: print(line, flush=True))
+    print(found.line())
+    return 0
+  failed = False
+  for status, line in prep.verify(args.task, config, args.source):
+    print(f"{status}: {line}", flush=True)
+    failed |= status == "FAIL"
+  return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """The command line; a user error ends as one line ``python -m simpletron_jax.data: ...``.
+
+  Returns:
+    The exit status (see :func:`run`).
+  """
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  with cli.user_errors_exit(PROGRAM):
+    return run(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
