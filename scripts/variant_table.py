@@ -156,7 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   Raises:
     SystemExit: argparse's usage error.
   """
-  parser = argparse.ArgumentParser(
+  parser = overrides.OverrideParser(
       description=__doc__.split("\n\n")[0],
       epilog="--config.<field>=<value> (repeatable) sets a config field of every run, as for "
              "train.py")
@@ -173,14 +173,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--copy-to", default=None, metavar="DIR",
                       help="also copy the run files and tables here, e.g. "
                            "results/<task>_<variant>_table to refresh the committed ones")
-  argv = sys.argv[1:] if argv is None else list(argv)
-  try:
-    rest, found = overrides.split_overrides(argv)
-  except ValueError as e:
-    parser.error(str(e))
-  args = parser.parse_args(rest)
-  args.config_overrides = found
-  return args
+  return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None, train_for: Callable[[int | None], TrainFn] =

@@ -6,6 +6,8 @@ the same arguments: ``scripts/seeds.py`` passes them on to ``train.py``, and
 ``scripts/variant_table.py``, ``scripts/spt.py``, ``scripts/experiments/*`` and
 ``python -m simpletron_jax.data`` parse them here, with the same config flags:
 
+* :class:`OverrideParser` is an ``argparse.ArgumentParser`` that does that first and keeps
+  the overrides as ``args.config_overrides``;
 * :func:`split_overrides` takes the ``--config.<field>=<value>`` (or ``--config.<field>
   <value>``) arguments out of a command line, so that argparse sees the rest;
 * :func:`apply_overrides` applies them to a ConfigDict through
@@ -26,6 +28,7 @@ No JAX here.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 import sys
@@ -88,6 +91,41 @@ def old_syntax(argv: Sequence[str], flags: Sequence[str]) -> str | None:
       return (f"{name} {value} is written {new}{value} now (the syntax of train.py: "
               f"{PREFIX}<field>=<value>)")
   return None
+
+
+class OverrideParser(argparse.ArgumentParser):
+  """An ``ArgumentParser`` that first takes the ``--config.<field>=<value>`` overrides out of
+  the command line (:func:`split_overrides`) and stores them, in order, as
+  ``args.config_overrides``.
+
+  Args:
+    old_flags: retired override flags (``--override``, ``--set``) answered with the same
+      override in today's syntax (:func:`old_syntax`).
+    **kwargs: ``argparse.ArgumentParser``'s.
+  """
+
+  def __init__(self, *args, old_flags: Sequence[str] = (), **kwargs):
+    super().__init__(*args, **kwargs)
+    self.old_flags = tuple(old_flags)
+
+  def parse_known_args(self, args=None, namespace=None):  # pylint: disable=signature-differs
+    """As argparse's, with ``config_overrides`` set on the namespace.
+
+    Raises:
+      SystemExit: argparse's usage error, also for an override without a field name or a
+        retired flag (one line).
+    """
+    args = sys.argv[1:] if args is None else list(args)
+    hint = old_syntax(args, self.old_flags)
+    if hint:
+      self.error(hint)
+    try:
+      rest, found = split_overrides(args)
+    except ValueError as e:
+      self.error(str(e))
+    namespace, extra = super().parse_known_args(rest, namespace)
+    namespace.config_overrides = found
+    return namespace, extra
 
 
 def _parse(flag_values, argv: list[str]) -> None:

@@ -41,34 +41,10 @@ from simpletron_jax.metric_logging import read_records  # noqa: E402  pylint: di
 OUTPUT_EXTENSIONS = ("json", "md", "png")
 
 
-class OverrideParser(argparse.ArgumentParser):
-  """An ``ArgumentParser`` that first takes the ``--config.<field>=<value>`` overrides out of
-  the command line (:func:`simpletron_jax.overrides.split_overrides`) and stores them, in
-  order, as ``args.config_overrides``."""
-
-  def parse_known_args(self, args=None, namespace=None):  # pylint: disable=signature-differs
-    """As argparse's, with ``config_overrides`` set on the namespace.
-
-    Raises:
-      SystemExit: argparse's usage error, also for an override without a field name.
-    """
-    args = sys.argv[1:] if args is None else list(args)
-    hint = overrides.old_syntax(args, ("--override",))
-    if hint:
-      self.error(hint)
-    try:
-      rest, found = overrides.split_overrides(args)
-    except ValueError as e:
-      self.error(str(e))
-    namespace, extra = super().parse_known_args(rest, namespace)
-    namespace.config_overrides = found
-    return namespace, extra
-
-
 def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
   """Adds ``--quick``, ``--steps``, ``--eval-every``, ``--out``, ``--copy-to``, ``--runs``,
   ``--verbose`` (the ``--config.<field>=<value>`` overrides are taken by
-  :class:`OverrideParser`)."""
+  :class:`simpletron_jax.overrides.OverrideParser`)."""
   parser.add_argument("--quick", action="store_true",
                       help="CPU mode: the :tiny configs and few steps")
   parser.add_argument("--steps", type=int, default=None,
@@ -107,11 +83,12 @@ def run_cli(main: Callable[..., Any], argv: list[str] | None = None) -> Any:
 
 
 def make_parser(name: str, doc: str) -> argparse.ArgumentParser:
-  """The parser of script ``name`` (an :class:`OverrideParser`): its docstring's first
-  paragraph and the common options."""
-  parser = OverrideParser(description=doc.split("\n\n")[0],
-                          epilog="--config.<field>=<value> (repeatable) sets a config field of "
-                                 "every run, as for train.py, e.g. --config.model.max_length=256")
+  """The parser of script ``name`` (a :class:`simpletron_jax.overrides.OverrideParser`): its
+  docstring's first paragraph and the common options."""
+  parser = overrides.OverrideParser(
+      old_flags=("--override",), description=doc.split("\n\n")[0],
+      epilog="--config.<field>=<value> (repeatable) sets a config field of every run, as for "
+             "train.py, e.g. --config.model.max_length=256")
   add_common_args(parser, name)
   return parser
 

@@ -33,7 +33,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   Raises:
     SystemExit: argparse's usage error.
   """
-  parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
+  parser = overrides.OverrideParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
                                    epilog="--config.<field>=<value> (repeatable) overrides a "
                                           "config field, as for train.py")
   parser.add_argument("command", choices=("where", "prepare", "verify"))
@@ -50,13 +50,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument("--workers", type=int, default=None,
                       help="prepare: generator processes for ListOps and Pathfinder "
                            "(default: every CPU)")
-  argv = list(argv)
-  try:
-    rest, found = overrides.split_overrides(argv)
-  except ValueError as e:
-    parser.error(str(e))
-  args = parser.parse_args(rest)
-  args.config_overrides = found
+  args = parser.parse_args(list(argv))
   if args.command != "where" and args.task is None:
     parser.error(f"{args.command} needs --task (one of {', '.join(prep.TASKS)})")
   if args.task is not None and args.task not in prep.TASKS:
