@@ -16,7 +16,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax import cli, xla_cache
+from simpletron_jax import cli, platforms, xla_cache
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,6 +51,8 @@ def main(argv):
 def _evaluate(flag_values):
   """Evaluates and writes the result; user errors propagate to :func:`main`'s boundary."""
   logging.set_verbosity(logging.WARNING)
+  cli.check_path_name(flag_values.workdir, "--workdir")   # printed and written below
+  platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   xla_cache.enable(flags.FLAGS.xla_cache_dir)
   from simpletron_jax import run_guard, train_lib  # pylint: disable=import-outside-toplevel
   result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,

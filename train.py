@@ -14,17 +14,21 @@ Resuming, a setting that changes what is computed (data, optimizer and schedule,
 device or host count; ``run_guard.RESUME_ALLOWED_FIELDS`` lists those that may change) must be
 the checkpoint's, unless ``--allow_resume_changes``. A user error (a bad config field or flag,
 a missing file, a mismatched checkpoint) ends with one line, ``train.py: <cause>``, and exit
-status 1; ``--verbose`` shows the traceback instead.
+status 1; ``--verbose`` shows the traceback instead. A signal that the run could not wait for
+(a second SIGINT, or one before the run's guard is installed, while the data load) ends with one
+line and status 130, without saving; the last checkpoint stays.
 """
 
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax import cli, metric_logging, profiling, xla_cache
+from simpletron_jax import cli, metric_logging, platforms, profiling, xla_cache
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+INTERRUPTED_EXIT_CODE = 130   # 128 + SIGINT, as a shell reports a process that SIGINT ended
 
 config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. "
                                 "configs/listops/simple.py:tiny.", lock_config=True)
@@ -66,12 +70,21 @@ def main(argv):
   writes are listed in docs/runs.md ("What a run writes").
 
   Raises:
-    app.UsageError: for positional arguments.
+    app.UsageError: for positional arguments (:func:`parse_flags` refuses them first).
+    SystemExit: status 1 with one line for a user error; 75 after a preemption (saved);
+      130 with one line for an interrupt the run did not wait for (nothing saved).
   """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  with cli.user_errors_exit("train.py", flags.FLAGS.verbose, dirs=(ROOT,)):
-    _train(flags.FLAGS)
+  try:
+    with cli.user_errors_exit("train.py", flags.FLAGS.verbose, dirs=(ROOT,)):
+      _train(flags.FLAGS)
+  except KeyboardInterrupt:
+    if flags.FLAGS.verbose:
+      raise
+    print("train.py: interrupted (SIGINT) before the run could save; the last checkpoint "
+          "stays: rerun the same command to continue from it", file=sys.stderr)
+    raise SystemExit(INTERRUPTED_EXIT_CODE) from None
 
 
 def _train(fl):
@@ -80,6 +93,7 @@ def _train(fl):
   profile_steps = profiling.parse_profile_steps(fl.profile_steps, fl.config.num_train_steps)
   metric_logging.wandb_settings(fl.config)
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
   from simpletron_jax import distributed  # pylint: disable=import-outside-toplevel
@@ -90,6 +104,7 @@ def _train(fl):
   config = fl.config
   workdir = fl.workdir or os.path.join(
       "runs", f"{config.task}_{config.model.attention}_seed{config.seed}")
+  cli.check_path_name(workdir, "--workdir")   # before it is printed or written anywhere
   print(f"devices: {jax.devices()}; workdir: {workdir}")
   if profile_steps:
     profiling.check_profiler_can_run()   # before the data and the model, not at step A
@@ -100,7 +115,6 @@ def _train(fl):
                                            allow_resume_changes=fl.allow_resume_changes,
                                            profile_steps=profile_steps)
   except run_guard.PreemptedError as e:  # SIGTERM/SIGINT: saved; exit 75 (EX_TEMPFAIL)
-    import sys  # pylint: disable=import-outside-toplevel
     print(f"train.py: {e}", file=sys.stderr)
     raise SystemExit(run_guard.PREEMPTED_EXIT_CODE) from None
   # Any other RunError, and ValueErrors and OSErrors of our own checks, are printed on one

@@ -85,7 +85,7 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.wandb = ml_collections.ConfigDict()
   config.wandb.project = ""         # "": no Weights & Biases logging
   config.wandb.entity = ""          # "": the W&B account's default
-  config.wandb.mode = "online"      # "online", or "offline" (synced later: `wandb sync`)
+  config.wandb.mode = ""            # "": W&B's WANDB_MODE (online if unset); "online"; "offline"
 
   # Weight surgery (simpletron_jax/transfer.py, lora.py); the papers' experiments.
   config.init_from = ""             # a train.py workdir: start from its best checkpoint's params
@@ -108,7 +108,10 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.data = ml_collections.ConfigDict()
   config.data.data_dir = ml_collections.config_dict.placeholder(str)
   config.data.cache_dir = ml_collections.config_dict.placeholder(str)
-  config.data.seed = config.get_ref("seed")  # data seed; follows config.seed
+  # The data seed follows config.seed until it is set itself: a reference of its own that
+  # points at seed's, not seed's reference, which would make --config.data.seed=1 set
+  # config.seed too (a ConfigDict field holding a reference passes a new value to it).
+  config.data.seed = ml_collections.FieldReference(config.get_ref("seed"), field_type=int)
   config.data.bucket = 128          # pad each batch to a multiple of this; 0: max_length
   config.data.group_by_length = False  # length-grouped train batches (changes LRA's batches)
   config.data.group_pool_batches = 50  # batches per length-sorted pool when grouping
@@ -404,8 +407,9 @@ LRA_MODEL_TYPES = {"softmax": "transformer", "linear": "linear_transformer",
 _LRA_CIFAR10 = {
     "transformer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 128, "qkv_dim": 64,
                      "mlp_dim": 128}, {}),
-    # bigbird_base.py sets ``config.model.num_head = 4``, a misspelt field; num_heads stays
-    # base_cifar10_config's 1.
+    # bigbird_base.py sets ``config.model.num_head = 4``, a misspelt field that LRA's image
+    # train.py passes to the model, which raises (TypeError), so LRA's image BigBird never ran
+    # from that config; these are its sizes with the misspelt field dropped (1 head).
     "bigbird": ({"num_layers": 1, "num_heads": 1, "emb_dim": 128, "qkv_dim": 64,
                  "mlp_dim": 128}, {"block_size": 64}),
     "linear_transformer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 128, "qkv_dim": 64,

@@ -8,16 +8,21 @@ Every folder under the argument that holds ``results.json`` and ``config.json`` 
 ``seed<N>`` folders are grouped by their parent (the layout ``scripts/seeds.py`` writes).
 Only finished runs count: a ``results.json`` that is incomplete (``"complete": false``: a run
 stopped by ``max_train_minutes``), computed at another step count or with another config than
-the folder's ``config.json`` (``config_fingerprint``), or that holds a NaN, and a run folder
-without ``results.json``, are left out of the table and listed under "Left out" with the
-reason (``run_guard.results_problem``); the script then exits with status 1.
+the folder's ``config.json`` (``config_fingerprint``), resumed with ``--allow_resume_changes``
+(``forced_resume_changes``: its numbers mix two configs; ``--count-forced`` counts it anyway),
+or that holds a NaN, and a run folder without ``results.json``, are left out of the table and
+listed under "Left out" with the reason (``run_guard.results_problem``); the script then exits
+with status 1.
 For each group the table gives the test accuracy under both protocols (best-validation
 checkpoint and final step: mean ± sample std / best seed), the published number for the
 same attention and task (``simpletron_jax/published.py``), our number under the protocol
 the publication used, and the gap in points; under it, for context, the self-pretrained and
-state-of-the-art rows of ``published.REFERENCES`` for the same tasks. Writes ``comparison.md`` and
-``comparison.png`` (a bar chart; needs matplotlib, ``pip install -e ".[bench]"``; skip it
-with ``--no-plot``) in ``--out`` (default: the folder itself) and prints the table.
+state-of-the-art rows of ``published.REFERENCES`` for the same tasks, and the software each
+group was computed with (versions, devices, git commit; ``results.json``). Writes
+``comparison.md`` and ``comparison.png`` (a bar chart; needs matplotlib, ``pip install -e
+".[bench]"``; skip it with ``--no-plot``) in ``--out`` (default: the folder itself) and prints
+the table. Without matplotlib the table is written, one line says how to get the chart, and
+the exit status stays 0.
 """
 
 from __future__ import annotations
@@ -50,14 +55,16 @@ def _read_json(path: str):
     return json.load(f)
 
 
-def collect_runs(root: str) -> tuple[list[reporting.RunGroup], list[str]]:
+def collect_runs(root: str, count_forced: bool = False
+                 ) -> tuple[list[reporting.RunGroup], list[str]]:
   """The finished runs under ``root``, grouped as :func:`reporting.find_runs` groups them,
   and one line for each run folder left out.
 
   A run folder is a ``seed<N>`` folder or one holding ``results.json`` or ``config.json``.
   It is left out when either file is missing or unreadable, or when
   :func:`run_guard.results_problem` finds its ``results.json`` is not a finished run of its
-  ``config.json`` (incomplete, another step count or config fingerprint, a NaN accuracy).
+  ``config.json`` (incomplete, another step count or config fingerprint, a NaN accuracy,
+  changes forced by ``--allow_resume_changes`` unless ``count_forced``).
 
   Returns:
     ``(groups sorted by label, ["<folder relative to root>: <reason>", ...])``.
@@ -87,7 +94,7 @@ def collect_runs(root: str) -> tuple[list[reporting.RunGroup], list[str]]:
     except (OSError, ValueError) as e:
       left_out.append(f"{where}: unreadable ({e})")
       continue
-    problem = run_guard.results_problem(results, config)
+    problem = run_guard.results_problem(results, config, count_forced)
     if problem is not None:
       left_out.append(f"{where}: results.json: {problem}")
       continue
@@ -110,8 +117,8 @@ def write_chart(rows, path: str) -> str | None:
   try:
     import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ImportError:
-    return (f"{path} not written: matplotlib is not installed; pip install -e \".[bench]\", "
-            "or pass --no-plot")
+    return (f"{path} not written: matplotlib is not installed; pip install -e \".[bench]\" "
+            "for the chart, or pass --no-plot")
   reporting.comparison_chart(rows, path)
   return None
 
@@ -140,17 +147,20 @@ def main(argv: Sequence[str] | None = None) -> str:
 
   Raises:
     SystemExit: one line, after writing what it could: no folder or no finished run
-      (status 1), run folders left out of the table (status 1, listed in the output), no
-      matplotlib for the chart (status 1).
+      (status 1), run folders left out of the table (status 1, listed in the output). No
+      matplotlib for the chart is not an error: one line on stderr says how to get it.
   """
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("folder", help="a folder of runs (searched recursively)")
   parser.add_argument("--out", default=None, help="output folder; default: the folder")
   parser.add_argument("--no-plot", action="store_true",
                       help="do not write comparison.png (which needs matplotlib)")
+  parser.add_argument("--count-forced", action="store_true",
+                      help="count runs resumed with train.py --allow_resume_changes, whose "
+                      "numbers mix two configs (results.json's forced_resume_changes)")
   args = parser.parse_args(argv)
   try:
-    groups, left_out = collect_runs(args.folder)
+    groups, left_out = collect_runs(args.folder, args.count_forced)
   except (OSError, ValueError) as e:
     raise SystemExit(f"compare.py: {e}") from None
   if not groups:
@@ -160,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   out = args.out or args.folder
   os.makedirs(out, exist_ok=True)
   text = reporting.comparison_markdown(rows) + "\n" + NOTE + "\n"
+  text += "\n" + reporting.software_markdown(groups)
   text += references_markdown([group.task for group in groups])
   if left_out:
     text += "\nLeft out of the table:\n\n" + "".join(f"- {line}\n" for line in left_out)
@@ -168,11 +179,12 @@ def main(argv: Sequence[str] | None = None) -> str:
   chart_problem = None if args.no_plot else write_chart(rows,
                                                         os.path.join(out, "comparison.png"))
   print(text)
-  if left_out or chart_problem:
+  if left_out:
     done = f"{os.path.join(out, 'comparison.md')} written"
-    why = (f"{len(left_out)} run folder(s) left out of the table (listed above)"
-           if left_out else "")
+    why = f"{len(left_out)} run folder(s) left out of the table (listed above)"
     raise SystemExit("compare.py: " + "; ".join(x for x in (why, chart_problem, done) if x))
+  if chart_problem:   # the table is the output; the chart is optional
+    print(f"compare.py: {chart_problem}", file=sys.stderr)
   return text
 
 

@@ -13,13 +13,16 @@ finished run of this very config: ``"complete": true``, ``final_step`` equal to
 ``num_train_steps`` and the ``config_fingerprint`` of the config train.py gets
 (``run_guard.results_problem``). Any other seed runs ``train.py`` on its folder, which resumes
 from its newest checkpoint; a ``results.json`` that does not count is named with the reason
-(incomplete, another step count or config, a NaN). A seed that still does not count after
-training stops the script with a one-line error, as does a failed or preempted ``train.py``.
+(incomplete, another step count or config, a NaN, or resumed with ``--allow_resume_changes``:
+its numbers mix two configs, and ``--count-forced`` counts it anyway). A seed that still does
+not count after training stops the script with a one-line error, as does a failed or preempted
+``train.py`` (with train.py's own one-line error from its log).
 The script then writes ``summary.json`` and ``summary.md`` in the root: per-seed test
 accuracy under both protocols (best-validation checkpoint, final step), their mean ± std
 (sample std) and the best seed (``simpletron_jax.reporting``). ``--copy-to DIR`` also
 copies every seed's ``config.json``, ``metrics.jsonl`` and ``results.json`` (never the
-checkpoints) and the summary into ``DIR``, ready to commit.
+checkpoints) and the summary into ``DIR``, ready to commit; a ``DIR`` that is a file is
+refused before any training.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 from typing import Any, Callable, Sequence
@@ -55,10 +59,11 @@ def seed_dir(root: str, seed: int) -> str:
 results_status = run_record.workdir_results_problem
 
 
-def seed_state(workdir: str, config: Any = None) -> str:
-  """``"done"`` (its results.json counts, see :func:`results_status`), ``"resume"`` (has a
-  checkpoint) or ``"new"``."""
-  if results_status(workdir, config) is None:
+def seed_state(workdir: str, config: Any = None, count_forced: bool = False) -> str:
+  """``"done"`` (its results.json counts, see :func:`results_status`; ``count_forced``: also
+  a run resumed with ``--allow_resume_changes``), ``"resume"`` (has a checkpoint) or
+  ``"new"``."""
+  if results_status(workdir, config, count_forced=count_forced) is None:
     return "done"
   ckpts = os.path.join(workdir, "checkpoints")
   if os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts)):
@@ -117,7 +122,7 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> 
     try:
       reporting.run_logged(cmd, ROOT, log, f"seed {seed}")
     except RuntimeError as e:
-      if f"exited {run_guard.PREEMPTED_EXIT_CODE};" in str(e):
+      if re.search(rf"exited {run_guard.PREEMPTED_EXIT_CODE}[:;]", str(e)):
         raise SeedError(f"seed {seed}: train.py was preempted (SIGTERM or SIGINT) after saving "
                         f"a checkpoint; rerun the same command to continue (log: {log})") from None
       raise SeedError(str(e)) from None
@@ -126,7 +131,8 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> 
 
 def run_seeds(seeds: Sequence[int], root: str, train: TrainFn,
               log: Callable[[str], None] = print,
-              config_for: ConfigFn | None = None) -> dict[int, dict[str, Any]]:
+              config_for: ConfigFn | None = None,
+              count_forced: bool = False) -> dict[int, dict[str, Any]]:
   """Trains every seed that is not done, one after the other.
 
   Args:
@@ -137,6 +143,10 @@ def run_seeds(seeds: Sequence[int], root: str, train: TrainFn,
     log: progress messages, including each results.json not counted and why.
     config_for: ``seed -> config`` the seed must have been trained with (its step count and
       ``config_fingerprint`` are checked); None: any complete, finite results.json counts.
+    count_forced: count a run resumed with ``--allow_resume_changes`` (``results.json``'s
+      ``forced_resume_changes``) as finished. By default it is not; training the seed again
+      cannot undo the change, so the script stops with one line (train.py's refused resume,
+      or the check after training).
 
   Returns:
     seed -> results.json contents, for every seed.
@@ -149,14 +159,14 @@ def run_seeds(seeds: Sequence[int], root: str, train: TrainFn,
   for seed in seeds:
     workdir = seed_dir(root, seed)
     config = config_for(seed) if config_for else None
-    state = seed_state(workdir, config)
-    problem = results_status(workdir, config)
+    state = seed_state(workdir, config, count_forced)
+    problem = results_status(workdir, config, count_forced=count_forced)
     skipped = ("" if state == "done" or problem == "no results.json"
                else f"; not counted: {problem}")
     log(f"seed {seed}: {state} ({workdir}){skipped}")
     if state != "done":
       train(seed, workdir)
-      problem = results_status(workdir, config)
+      problem = results_status(workdir, config, count_forced=count_forced)
       if problem is not None:
         raise SeedError(f"seed {seed}: training ended, but {problem}")
     with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
@@ -173,6 +183,24 @@ def write_summary(results: dict[int, dict[str, Any]], root: str, title: str) -> 
   with open(os.path.join(root, "summary.md"), "w") as f:
     f.write(reporting.summary_markdown(summary, title))
   return summary
+
+
+def copy_target_problem(dest: str) -> str | None:
+  """Why ``dest`` cannot receive :func:`copy_runs`' files (one line), or None: it, or a
+  folder above it, is a file; or the nearest existing folder above it is not writable."""
+  path = os.path.abspath(dest)
+  while True:
+    if os.path.exists(path):
+      if not os.path.isdir(path):
+        return (f"{path} is a file, not a folder: pass a folder (created if missing) or move "
+                "the file away")
+      if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable: pass a folder in a writable place"
+      return None
+    parent = os.path.dirname(path)
+    if parent == path:
+      return None
+    path = parent
 
 
 def copy_runs(seeds: Sequence[int], root: str, dest: str) -> None:
@@ -194,8 +222,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
   parser.add_argument("--workdir-root", default=None,
                       help="default: runs/seeds/<config file stem>_<variant>")
-  parser.add_argument("--copy-to", default=None, help="copy run files and summary here")
+  parser.add_argument("--copy-to", default=None, help="copy run files and summary here "
+                      "(a folder, created if missing)")
   parser.add_argument("--nice", type=int, default=0, help="run train.py under nice -n N")
+  parser.add_argument("--count-forced", action="store_true",
+                      help="count a seed resumed with train.py --allow_resume_changes as "
+                      "finished (its results.json lists the forced changes; docs/runs.md)")
   args, overrides = parser.parse_known_args(argv)
   bad = [o for o in overrides if not o.startswith("--config.")]
   if bad:
@@ -204,10 +236,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   stem = os.path.splitext(os.path.basename(args.config.split(":")[0]))[0]
   variant = args.config.split(":")[1] if ":" in args.config else "paper"
   root = args.workdir_root or os.path.join(ROOT, "runs", "seeds", f"{stem}_{variant}")
+  if args.copy_to:   # before any training, not after it
+    problem = copy_target_problem(args.copy_to)
+    if problem:
+      raise SystemExit(f"seeds.py: --copy-to {args.copy_to}: {problem}")
   os.makedirs(root, exist_ok=True)
   try:
     results = run_seeds(args.seeds, root, subprocess_trainer(args.config, overrides, args.nice),
-                        config_for=lambda seed: expected_config(args.config, overrides, seed))
+                        config_for=lambda seed: expected_config(args.config, overrides, seed),
+                        count_forced=args.count_forced)
   except SeedError as e:  # a named cause: one line, no traceback
     raise SystemExit(f"seeds.py: {e}") from None
   title = " ".join([args.config, *overrides])

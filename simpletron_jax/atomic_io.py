@@ -5,17 +5,20 @@ rename it over the target, so a reader sees the old file or the whole new one; o
 or a read-only folder they raise :class:`simpletron_jax.errors.WriteError` naming the file and
 the OS error (:func:`write_error` builds that message for the writers that stream, such as
 :mod:`simpletron_jax.metric_logging`). :func:`json_safe` turns non-finite floats into ``null``,
-so every JSON file the run writes stays strict JSON.
+so every JSON file the run writes stays strict JSON. :func:`atomic_path` gives the same
+guarantee to a writer that needs a path (``np.savez``, a tar member, a stream).
 
 No JAX here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from typing import Any, Mapping
+import tempfile
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -31,6 +34,36 @@ def json_safe(obj: Any) -> Any:
   if isinstance(obj, (float, np.floating)) and not math.isfinite(obj):
     return None
   return obj
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+  """A temporary path beside ``path`` (same folder, so the rename is atomic) that replaces
+  ``path`` when the ``with`` block ends cleanly; on any exception it is removed and ``path``
+  is left as it was.
+
+  Args:
+    path: the file to write; its folder is created if missing.
+
+  Yields:
+    The temporary path to write (mode 0644 once renamed).
+
+  Raises:
+    OSError: the folder cannot be created or the rename fails.
+  """
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                             dir=folder)
+  os.close(fd)
+  try:
+    yield tmp
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
 
 
 def write_text_atomic(path: str, text: str) -> None:

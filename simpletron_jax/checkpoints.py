@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
+import traceback
 import weakref
 from typing import Any, Callable
 
@@ -157,6 +159,93 @@ def finish_saves(*managers: ocp.CheckpointManager) -> None:
           "reported no error but did not finish the checkpoint")
 
 
+def _is_closed_loop_callback(value: BaseException | None, tb) -> bool:
+  """An orbax read abandoned by a failed restore: tensorstore finishing it after orbax closed
+  its event loop (``RuntimeError: Event loop is closed`` in ``call_soon_threadsafe``)."""
+  return (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+          and any(frame.name == "call_soon_threadsafe"
+                  for frame in traceback.extract_tb(tb)))
+
+
+def quiet_abandoned_reads() -> None:
+  """Drops the tracebacks of reads that a failed restore abandoned (installed once).
+
+  When one array of a damaged checkpoint fails to load, orbax stops the restore and closes
+  its asyncio event loop while tensorstore still reads the other arrays; each read that
+  finishes then fails to post its result (``RuntimeError: Event loop is closed``), and
+  tensorstore reports that error as unraisable, which Python prints as a traceback (15 to 50
+  of them after one truncated checkpoint, depending on timing). Nothing waits for those
+  reads: the damage is already reported, once, by :func:`restore_checkpoint`. This wraps
+  ``sys.unraisablehook`` so that exactly those errors are not printed; every other one
+  reaches the previous hook.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_abandoned_reads", False):
+    return
+
+  def hook(unraisable):
+    if not _is_closed_loop_callback(unraisable.exc_value, unraisable.exc_traceback):
+      previous(unraisable)
+
+  hook.drops_abandoned_reads = True
+  sys.unraisablehook = hook
+
+
+def verify_params_checkpoint(directory: str, what: str) -> int:
+  """Checks the newest checkpoint of ``directory`` before its parameters are used elsewhere
+  (``init_from``, :mod:`simpletron_jax.transfer`), as :func:`restore_checkpoint` checks one
+  it restores: its arrays load, match the CRC-32 saved with them, and are finite.
+
+  Without a train state to restore into, the arrays are read as saved. Checkpoints save
+  ``params_crc32`` (the CRC-32 of the parameters), which is compared; an older checkpoint
+  has only the whole state's CRC-32, which is compared when the optimizer state reads back
+  in its saved order, and otherwise only warned about (a ``grad_accum_steps > 1`` state's
+  fields come back in another order).
+
+  Args:
+    directory: a checkpoint folder (``<workdir>/best``).
+    what: the setting that names it, for messages (``"init_from='runs/a'"``).
+
+  Returns:
+    The step checked.
+
+  Raises:
+    FileNotFoundError: the folder holds no checkpoint.
+    errors.CheckpointError: the checkpoint is damaged (unreadable, another CRC-32, NaN or
+      inf), naming its folder and what to do.
+  """
+  quiet_abandoned_reads()
+  with ocp.CheckpointManager(os.path.abspath(directory)) as manager:
+    step = manager.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"{what}: no checkpoint in {directory}")
+    where = step_dir(manager, step)
+    try:
+      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      tree = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore()))["state"]
+    except Exception as e:  # a damaged checkpoint fails in many ways; each is named
+      raise errors.CheckpointError(
+          f"{what}: damaged checkpoint {where}: {type(e).__name__}: {_first_line(e)}. Use an "
+          "intact run (eval.py --workdir on it checks one) or retrain it.") from e
+  params_crc = run_guard.state_crc32(tree["params"])
+  problem = None
+  if "params_crc32" in meta:
+    if params_crc != meta["params_crc32"]:
+      problem = "its parameters do not match the CRC-32 saved with them"
+  elif "state_crc32" in meta and run_guard.state_crc32(
+      tree.get("opt_state"), params_crc) != meta["state_crc32"]:
+    errors.warn(f"{what}: {where} predates parameter CRC-32s and its optimizer state reads "
+                "back in another order, so its CRC-32 cannot be checked here; eval.py "
+                f"--workdir {os.path.dirname(os.path.abspath(directory))} checks it")
+  if problem is None and not run_guard.tree_is_finite(tree["params"]):
+    problem = "its parameters hold NaN or inf"
+  if problem:
+    raise errors.CheckpointError(f"{what}: damaged checkpoint {where}: {problem}. Use an "
+                                 "intact run or retrain it.")
+  return step
+
+
 def model_config_dict(model_config) -> dict[str, Any]:
   """``config.model`` as the plain JSON dict that checkpoints record (references resolved)."""
   if isinstance(model_config, ml_collections.ConfigDict):
@@ -174,7 +263,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
   """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``.
 
   ``meta`` is stored with ``state_crc32`` (:func:`run_guard.state_crc32` of the params and
-  optimizer state) and ``state_structure`` (:func:`run_guard.state_structure`) added, which
+  optimizer state), ``params_crc32`` (of the params alone, for :func:`verify_params_checkpoint`)
+  and ``state_structure`` (:func:`run_guard.state_structure`) added, which
   :func:`restore_checkpoint` verifies.
 
   With an asynchronous manager (:func:`checkpoint_manager` ``async_save=True``) it first
@@ -199,8 +289,9 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
   if not run_guard.tree_is_finite(tree):
     raise errors.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
   arrays = (tree["params"], tree["opt_state"])
-  meta = {**meta, "state_crc32": run_guard.state_crc32(arrays),
-          "state_structure": run_guard.state_structure(arrays)}
+  params_crc = run_guard.state_crc32(tree["params"])
+  meta = {**meta, "state_crc32": run_guard.state_crc32(tree["opt_state"], params_crc),
+          "params_crc32": params_crc, "state_structure": run_guard.state_structure(arrays)}
   try:
     saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                                        meta=ocp.args.JsonSave(meta)))
@@ -312,6 +403,7 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
       (:func:`finish_saves`).
   """
   finish_saves(manager)   # an asynchronous save of this manager is read only once written
+  quiet_abandoned_reads()   # a damaged step is reported once, below
   available = sorted(manager.all_steps(), reverse=True)
   if not available or (step is not None and step not in available):
     raise FileNotFoundError(f"no checkpoint{'' if step is None else f' at step {step}'} in "

@@ -10,8 +10,10 @@ program exits with status 1. Anything else (an error inside JAX, orbax, grain, o
 exception type) is a bug and keeps its traceback; so does every error under ``--verbose``.
 
 Flag parsing (:func:`parse_flags`) turns ml_collections' errors into the same one line: a
-missing config file, a ``:variant`` the config does not have (with the known ones), a
-``--config.<field>`` the config lacks, a value absl cannot parse.
+missing config file (with or without ``--config.<field>`` overrides), a config file that does
+not load (a syntax error, a failed import), a ``:variant`` the config does not have (with the
+known ones), a ``--config.<field>`` the config lacks, a value absl cannot parse, a stray
+positional argument. :func:`check_path_name` refuses a ``--workdir`` whose name is not UTF-8.
 
 This module imports no JAX, so a flag error is reported before JAX starts.
 """
@@ -94,12 +96,38 @@ def user_errors_exit(program: str, verbose: bool = False,
     raise SystemExit(f"{program}: {message}") from None
 
 
-def _config_file_message(flag: flags.Flag, error: BaseException) -> str:
-  """Why ``--config`` could not be loaded, with the files next to the one asked for."""
-  path = config_flags.get_config_filename(flag)
+def _config_arg(argv: Sequence[str], flag_values: flags.FlagValues) -> str:
+  """The config file ``--config`` names (its ``:variant`` dropped): from the parsed flag, or
+  from ``argv`` when the flag's own parsing failed (a config file that does not load)."""
+  try:
+    return config_flags.get_config_filename(flag_values["config"])
+  except Exception:  # pylint: disable=broad-except  (absl: not parsed; no such flag)
+    pass
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg[len("--config="):].split(":")[0]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1].split(":")[0]
+  return "?"
+
+
+def _load_cause(error: BaseException) -> str:
+  """The cause of a config file's failure to load, on one line: ``file:line`` and the message
+  of a syntax error, else the error's type and first line (ml_collections' messages go on
+  with the paths it tried)."""
+  if isinstance(error, SyntaxError):
+    return f"SyntaxError at {error.filename}:{error.lineno}: {error.msg}"
+  first = (str(error).strip().splitlines() or [""])[0]
+  return f"{type(error).__name__}: {first}"
+
+
+def _config_file_message(path: str, error: BaseException) -> str:
+  """Why the config file ``path`` could not be loaded, with the files next to it when it does
+  not exist."""
   folder = os.path.dirname(path) or "."
   if os.path.exists(path):
-    return f"--config {path}: the file cannot be loaded: {one_line(str(error))}"
+    return (f"--config {path}: the file cannot be loaded: {_load_cause(error)}; fix the "
+            "file, or pass another config")
   known = ""
   if os.path.isdir(folder):
     names = sorted(f for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py")
@@ -140,8 +168,8 @@ def _unknown_flag_message(error: flags.UnrecognizedFlagError,
   field = name[len("config."):]
   try:
     known = _config_fields(flag_values["config"].value)
-  except OSError:   # the config file itself failed to load; reported by the caller
-    known = []
+  except OSError as e:   # the config file itself failed to load: that is the cause
+    return _config_file_message(config_flags.get_config_filename(flag_values["config"]), e)
   close = difflib.get_close_matches(field, known, n=3)
   hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
   return (f"the config has no field {field!r}{hint}; overrides set existing fields only, "
@@ -156,7 +184,9 @@ def parse_flags(argv: list[str], program: str,
   field the config lacks (with the nearest field names); an unknown flag; a flag value
   absl refuses, including an error raised by the config file's ``get_config`` such as an
   unknown ``:variant`` (its message lists the known ones); a ``--config`` file that does not
-  exist (listing the configs in its folder).
+  exist (listing the configs in its folder), with or without overrides; a config file that
+  does not load (a ``SyntaxError`` with its file and line, a failed import); a positional
+  argument (the programs take flags only; absl would print its whole help first).
 
   Args:
     argv: ``sys.argv``.
@@ -185,9 +215,45 @@ def parse_flags(argv: list[str], program: str,
     raise SystemExit(f"{program}: {_unknown_flag_message(e, flag_values)}") from None
   except flags.Error as e:
     raise SystemExit(f"{program}: {_flag_error_message(e)} (see --help)") from None
+  except (OSError, SyntaxError, ImportError) as e:   # the config file, loaded while parsing
+    raise SystemExit(
+        f"{program}: {_config_file_message(_config_arg(argv, flag_values), e)}") from None
   if "config" in flag_values and flag_values["config"].value is not None:
     try:
       getattr(flag_values.config, "keys")   # ml_collections defers a load error to first use
     except OSError as e:
-      raise SystemExit(f"{program}: {_config_file_message(flag_values['config'], e)}") from None
+      raise SystemExit(
+          f"{program}: {_config_file_message(_config_arg(argv, flag_values), e)}") from None
+  if len(rest) > 1:
+    raise SystemExit(f"{program}: unexpected argument(s) {' '.join(map(repr, rest[1:]))}: "
+                     f"{program} takes flags only, as --name=value (quote a value that holds "
+                     "spaces or brackets, e.g. --config.freeze=\"('^encoder/',)\"); "
+                     "see --help")
   return rest
+
+
+def check_path_name(path: str, flag: str) -> None:
+  """Refuses a path whose name is not UTF-8 text.
+
+  Python hands a command-line byte that is not UTF-8 over as a lone surrogate
+  (``surrogateescape``); the run writes its folder's name into UTF-8 logs and JSON files
+  (``metrics.jsonl``, TensorBoard, ``config.json``), which cannot hold it.
+
+  Args:
+    path: the path as given.
+    flag: the flag that gave it, for the message (``--workdir``).
+
+  Raises:
+    ValueError: one line naming the flag, the path (escaped) and the bytes that are not UTF-8.
+  """
+  try:
+    path.encode("utf-8")
+  except UnicodeEncodeError as e:
+    bad = path[e.start:e.end]
+    try:
+      shown = repr(bad.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+      shown = ascii(bad)
+    raise ValueError(f"{flag} {ascii(path)}: its name holds {shown}, which is not UTF-8 text; "
+                     "the run writes its folder's name into UTF-8 logs and JSON files: use a "
+                     "name of UTF-8 characters only") from None

@@ -10,6 +10,7 @@ shared rule: a finite number, or an int, within bounds.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import ml_collections
@@ -17,6 +18,14 @@ import numpy as np
 
 from simpletron_jax import models, schedules, tasks
 from simpletron_jax.errors import warn
+
+# The largest position table a run may ask for: ``(model.max_length + 1) x model.emb_dim``
+# float32 values. LRA's longest input, Path-X's 16384 tokens, needs 8 MiB at 128 features; a
+# typo such as max_length=1000000000 would need 256 GB, and failed deep in XLA with
+# RESOURCE_EXHAUSTED instead of naming the field.
+MAX_POSITION_TABLE_BYTES = 4 << 30
+# Config fields that hold regexes of parameter paths (``re.search``), checked to compile.
+REGEX_FIELDS = ("freeze", "init_include", "lora.targets")
 
 
 def validate_config(config: ml_collections.ConfigDict, n_devices: int,
@@ -42,7 +51,9 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
       ``grad_accum_steps`` times the global device count; ``model.dropout_rate``,
       ``model.attention_dropout_rate`` or a ``model.attention_kwargs.*dropout*`` rate
       outside [0, 1); ``data.bucket`` < 0, ``data.group_pool_batches`` < 1,
-      ``data.val_fraction`` outside [0, 1); ``lora.rank`` or ``lora.alpha`` < 0; or any
+      ``data.val_fraction`` outside [0, 1); ``lora.rank`` or ``lora.alpha`` < 0; a position
+      table of ``model.max_length + 1`` rows of ``model.emb_dim`` float32 values over
+      :data:`MAX_POSITION_TABLE_BYTES`; or any
       ``model.*`` problem found by :func:`simpletron_jax.models.validate_model_config` (an
       unknown attention, pooling or dtype with the known ones, ``qkv_dim`` not divisible by
       ``num_heads``, ...).
@@ -65,6 +76,7 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
   model = config.model
   for field in ("emb_dim", "qkv_dim", "mlp_dim", "num_heads", "num_layers", "max_length"):
     check(f"model.{field}", model[field], low=1, integer=True)
+  check_position_table(model.max_length, model.emb_dim)
   for field in ("dropout_rate", "attention_dropout_rate"):
     check(f"model.{field}", model[field], low=0, high=1, high_open=True)
   for key, value in (model.get("attention_kwargs") or {}).items():
@@ -118,16 +130,65 @@ def check_splits(data: Any, config: Any) -> None:
                      f"{where}")
 
 
+def check_position_table(max_length: int, emb_dim: int,
+                         limit: int = MAX_POSITION_TABLE_BYTES) -> None:
+  """Refuses a ``model.max_length`` whose position table alone would not fit in memory.
+
+  Args:
+    max_length: ``model.max_length`` (tokens, CLS excluded; the table has one more row).
+    emb_dim: ``model.emb_dim`` (the table's width).
+    limit: the most bytes the float32 table may take (default
+      :data:`MAX_POSITION_TABLE_BYTES`, 4 GiB).
+
+  Raises:
+    ValueError: one line naming ``model.max_length``, the table's size and the fix.
+  """
+  size = (int(max_length) + 1) * int(emb_dim) * 4
+  if size > limit:
+    raise ValueError(
+        f"model.max_length={max_length} makes a position table of {int(max_length) + 1} x "
+        f"{emb_dim} float32 values ({size / 2**30:.1f} GiB), over the {limit / 2**30:g} GiB "
+        "limit: set model.max_length to the longest input the task has (LRA: 2000 for "
+        "ListOps, 4000 for text and retrieval, 1024 for image and Pathfinder, 16384 for "
+        "Path-X)")
+
+
+def check_regexes(config: Any) -> None:
+  """Every regex of parameter paths in ``config`` (:data:`REGEX_FIELDS`) must compile.
+
+  Raises:
+    ValueError: one line naming the field, the pattern and Python's reason, e.g.
+      ``freeze[0]='[': not a regular expression (unterminated character set at position 0)``.
+  """
+  for field in REGEX_FIELDS:
+    section, _, name = field.rpartition(".")
+    holder = config.get(section) if section else config
+    patterns = holder.get(name, ()) if holder is not None else ()
+    if isinstance(patterns, str):
+      patterns = (patterns,)
+    for i, pattern in enumerate(patterns or ()):
+      if not isinstance(pattern, str):
+        raise ValueError(f"{field}[{i}]={pattern!r} must be a string (a regex of parameter "
+                         f"paths), e.g. --config.{field}=\"('^encoder/',)\"")
+      try:
+        re.compile(pattern)
+      except re.error as e:
+        raise ValueError(f"{field}[{i}]={pattern!r}: not a regular expression ({e}); escape "
+                         "a literal bracket, dot or star with a backslash") from None
+
+
 def check_range(field: str, value: Any, *, low: float | None = None, high: float | None = None,
-                high_open: bool = False, integer: bool = False, hint: str = "") -> None:
+                high_open: bool = False, integer: bool = False, hint: str = "",
+                low_open: bool = False) -> None:
   """Refuses a config value that is not a finite number in ``[low, high]`` (``[low, high)``
-  with ``high_open``), or not an int when ``integer``.
+  with ``high_open``, ``(low, ...`` with ``low_open``), or not an int when ``integer``.
 
   Args:
     field: the dotted config field, for the message (``model.dropout_rate``).
     value: its value.
     low, high: the bounds (None: unbounded on that side).
     high_open: exclude ``high``.
+    low_open: exclude ``low``.
     integer: require an int (a bool is not one).
     hint: appended to the message (what the value means).
 
@@ -139,15 +200,15 @@ def check_range(field: str, value: Any, *, low: float | None = None, high: float
             else isinstance(value, (int, float, np.integer, np.floating)))
   if isinstance(value, (bool, np.bool_)) or not number or not math.isfinite(float(value)):
     raise ValueError(f"{field}={value!r} must be {kind}{hint}")
-  too_low = low is not None and value < low
+  too_low = low is not None and (value <= low if low_open else value < low)
   too_high = high is not None and (value >= high if high_open else value > high)
   if too_low or too_high:
     if high is None:
-      wanted = f">= {low:g}"
+      wanted = f"{'>' if low_open else '>='} {low:g}"
     elif low is None:
       wanted = f"{'<' if high_open else '<='} {high:g}"
     else:
-      wanted = f"in [{low:g}, {high:g}{')' if high_open else ']'}"
+      wanted = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     raise ValueError(f"{field}={value!r} must be {wanted}{hint}")
 
 
@@ -160,7 +221,9 @@ def check_settings(config: Any) -> None:
 
   Raises:
     ValueError: one line naming the field and its value: ``learning_rate`` not a positive
-      finite number; ``weight_decay``, ``grad_clip_norm`` or ``adam_eps`` negative;
+      finite number; ``weight_decay`` or ``grad_clip_norm`` negative; ``adam_eps`` not
+      positive (Adam divides by ``sqrt(nu) + eps``: 0 gives NaN where a gradient is 0); a
+      regex of ``freeze``, ``init_include`` or ``lora.targets`` that does not compile;
       ``adam_b1``/``adam_b2`` or ``label_smoothing`` (if present) outside [0, 1); ``warmup``
       not an int >= 0; an unknown name in ``factors`` (with the known ones) or ``warmup``
       0 for a warmup factor (:func:`simpletron_jax.schedules.create_learning_rate_schedule`);
@@ -179,7 +242,10 @@ def check_settings(config: Any) -> None:
   check_range("grad_clip_norm", config.get("grad_clip_norm", 0.0), low=0, hint=" (0: none)")
   for field in ("adam_b1", "adam_b2"):
     check_range(field, config[field], low=0, high=1, high_open=True)
-  check_range("adam_eps", config.adam_eps, low=0)
+  check_range("adam_eps", config.adam_eps, low=0, low_open=True,
+              hint=" (Adam divides by sqrt(nu) + adam_eps: 0 gives NaN where a gradient is "
+                   "0; LRA's is 1e-9)")
+  check_regexes(config)
   if "label_smoothing" in config:
     check_range("label_smoothing", config.label_smoothing, low=0, high=1, high_open=True)
   check_range("warmup", config.warmup, low=0, integer=True, hint=" (optimizer steps)")

@@ -1,16 +1,15 @@
 """Metrics to a JSONL file (one record per line, easy to plot), to TensorBoard and, when
-``config.wandb.project`` is set, to Weights & Biases, through ``clu.metric_writers``; and the
-run's parameter table (``clu.parameter_overview``).
+``config.wandb.project`` is set, to Weights & Biases, through writers with clu's
+``MetricWriter`` interface; and the run's parameter table (``clu.parameter_overview``).
 
 Every record is written in the caller's thread and flushed before :meth:`MetricLogger.write`
 returns, so a failed write (a full disk, a read-only folder) stops the run at once with a
-:class:`simpletron_jax.errors.WriteError` naming the file (issue 27). TensorBoard goes through
-``clu.metric_writers.SummaryWriter`` (``tf.summary``'s file writer, which writes in the calling
-thread and reports a failed flush as a ``tf.errors.OpError``), never through
-``create_default_writer``'s ``AsyncMultiWriter``, whose thread would hold a failed write back.
+:class:`simpletron_jax.errors.WriteError` naming the file (issue 27). TensorBoard's event file
+is written by :class:`simpletron_jax.tensorboard_writer.TensorBoardWriter`, which needs no
+TensorFlow and has no writer thread (issue 43); nothing here imports TensorFlow.
 
-TensorFlow (which ``clu.metric_writers`` imports) is imported only when a logger is created,
-without GPUs, so ``from simpletron_jax.metric_logging import read_records`` stays cheap.
+The writers are imported only when a logger is created, so ``from
+simpletron_jax.metric_logging import read_records`` stays cheap (no JAX, no TensorBoard).
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ from typing import Any, Mapping
 
 from simpletron_jax import atomic_io, errors
 
-WANDB_MODES = ("online", "offline")
+# config.wandb.mode: "" leaves the mode to W&B (its WANDB_MODE variable, else online).
+WANDB_MODES = ("", "online", "offline")
 PARAMETER_OVERVIEW_FILE = "parameter_overview.txt"
 
 
@@ -99,25 +99,30 @@ def wandb_settings(config: Any) -> dict[str, str] | None:
 
   Args:
     config: the run config; ``config.wandb.project`` ("" or missing: off), ``.entity`` ("":
-      the W&B account's default) and ``.mode`` (``"online"`` or ``"offline"``).
+      the W&B account's default) and ``.mode`` (``""``, the default: W&B's own ``WANDB_MODE``
+      environment variable decides, online when unset; ``"online"`` or ``"offline"``
+      override it).
 
   Returns:
-    ``{"project", "entity", "mode"}`` (entity "" for the default) when ``project`` is set.
+    ``{"project", "entity", "mode"}`` (entity "" for the default, mode "" for W&B's choice)
+    when ``project`` is set.
 
   Raises:
-    ValueError: ``config.wandb.mode`` is not ``"online"`` or ``"offline"`` (checked even when
-      the project is empty, so a typo shows before a run relies on it).
+    ValueError: ``config.wandb.mode`` is not ``""``, ``"online"`` or ``"offline"`` (checked
+      even when the project is empty, so a typo shows before a run relies on it).
     errors.RunError: a project is set but ``wandb`` is not installed; says
       ``pip install -e ".[wandb]"``.
   """
   section = config.get("wandb", None) if config is not None else None
   if section is None:
     return None
-  mode = section.get("mode", "online")
+  mode = section.get("mode", "")
+  mode = "" if mode is None else mode
   if mode not in WANDB_MODES:
-    raise ValueError(f"config.wandb.mode={mode!r} is not one of {', '.join(WANDB_MODES)}: "
-                     "'online' logs to the W&B server as the run goes, 'offline' writes "
-                     "workdir/wandb for a later `wandb sync`")
+    raise ValueError(f"config.wandb.mode={mode!r} is not one of '', online, offline: '' "
+                     "(the default) leaves it to W&B's WANDB_MODE variable (online when "
+                     "unset), 'online' logs to the W&B server as the run goes, 'offline' "
+                     "writes workdir/wandb for a later `wandb sync`")
   project = str(section.get("project", "") or "")
   if not project:
     return None
@@ -153,66 +158,6 @@ def wandb_run_id(workdir: str, run_id: str | None = None) -> str:
   return hashlib.sha256(os.path.abspath(workdir).encode()).hexdigest()[:32]
 
 
-def _tensorflow():
-  """Imports TensorFlow for ``clu.metric_writers``: without GPUs (JAX owns them), with one
-  thread per op pool, and without its import-time notices (``TF_CPP_MIN_LOG_LEVEL=1`` hides
-  INFO lines; ``TF_ENABLE_ONEDNN_OPTS=0`` only changes TF's own kernels, which compute nothing
-  here). Both are defaults: values the user set are kept. Returns the ``tensorflow`` module."""
-  if "tensorflow" not in sys.modules:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  try:
-    tf.config.set_visible_devices([], "GPU")
-    # Its ops here only write summaries: one thread each, not a pool per core beside JAX's.
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-  except RuntimeError:   # TF's devices were set up earlier in this process; it keeps them
-    pass
-  return tf
-
-
-def _tf_write_error(path: str, error: Exception, kept: str = "what was written before is kept"
-                    ) -> errors.WriteError:
-  """The one-line :class:`errors.WriteError` for a ``tf.errors.OpError`` of TF's event writer.
-
-  TF's message carries the OS error's text ("...; No space left on device"); its errno is
-  recovered from that text, so the message reads as :func:`atomic_io.write_error`'s.
-  """
-  import errno as errno_codes  # pylint: disable=import-outside-toplevel
-  text = str(getattr(error, "message", None) or error)
-  reason = text.split("\n")[0].strip()
-  if reason.startswith("{{") and "}}" in reason:   # "{{function_node ...}} path; reason"
-    reason = reason.split("}}", 1)[1].strip()
-  code = next((c for c in (errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EROFS,
-                           errno_codes.EACCES, errno_codes.EPERM, errno_codes.EIO,
-                           errno_codes.ENOENT) if os.strerror(c) in text), None)
-  return atomic_io.write_error(path, OSError(code, os.strerror(code) if code else reason), kept)
-
-
-def _write_session_start(tf, writer, step: int) -> None:
-  """Writes TensorBoard's restart marker, a ``SessionLog.START`` event at ``step``, into the
-  event file of ``writer`` (a ``clu.metric_writers.SummaryWriter``).
-
-  TensorBoard drops every event of the run at ``step`` or later read before a START that is
-  not the run's first (``plugin_event_accumulator``; the Rust data server drops a tag's
-  points at or after each new point's step). ``tf.summary`` has no public call for a
-  ``SessionLog``, so the event goes through the ``ImportEvent`` op on the writer's resource
-  (clu keeps TF's writer as ``_summary_writer``, TF its resource as ``_resource``);
-  tests/test_metric_writers.py checks that TensorBoard reads it.
-  """
-  from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
-  resource = getattr(getattr(writer, "_summary_writer", None), "_resource", None)
-  if resource is None:
-    errors.warn("this clu/TensorFlow version hides the TensorBoard writer's resource: no "
-                "restart marker written, so TensorBoard's Python reader may show a killed "
-                "run's points after its last checkpoint next to the resumed ones")
-    return
-  event = event_pb2.Event(wall_time=time.time(), step=int(step),
-                          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
-  tf.raw_ops.ImportEvent(writer=resource, event=tf.constant(event.SerializeToString()))
-
-
 def write_parameter_overview(workdir: str, params: Any) -> str:
   """Prints ``clu.parameter_overview``'s table of ``params`` to stderr and writes it to
   ``workdir/parameter_overview.txt`` (whole or not at all, :func:`atomic_io.write_text_atomic`).
@@ -237,10 +182,10 @@ def write_parameter_overview(workdir: str, params: Any) -> str:
 
 class MetricLogger:
   """Writes ``{"step", "split", "time", **metrics}`` lines to ``workdir/metrics.jsonl``, the
-  same scalars as ``split/name`` to TensorBoard under ``workdir/tb`` and, when
+  same scalars as ``split/name`` to TensorBoard under ``workdir/tb``
+  (:class:`simpletron_jax.tensorboard_writer.TensorBoardWriter`) and, when
   ``config.wandb.project`` is set, to Weights & Biases
-  (:class:`simpletron_jax.wandb_writer.WandbWriter`, files under ``workdir/wandb``); the two
-  writers are combined with ``clu.metric_writers.MultiWriter``.
+  (:class:`simpletron_jax.wandb_writer.WandbWriter`, files under ``workdir/wandb``).
 
   On a resumed run, records with ``step > resume_step`` (written after the
   checkpoint the run resumes from) and the ``info`` record at ``resume_step`` (the run
@@ -248,27 +193,26 @@ class MetricLogger:
   it), so a killed-and-resumed run leaves one record per step and split.
 
   Each start writes a new TensorBoard event file, ``tb/events.out.tfevents.<time>.<host>.
-  <pid>.<n>.v2`` (``tf.summary``'s name), which starts with TensorBoard's restart marker (a
-  ``SessionLog.START`` event at ``resume_step + 1``): TensorBoard then hides a killed run's
-  events after its checkpoint, so a killed-and-resumed run shows one value per step, the
-  resumed run's. With ``config``, the flattened config (:func:`flat_config`) is written as
-  hyperparameters to both writers.
+  <pid>.<n>.v2``, which starts with TensorBoard's restart marker (a ``SessionLog.START``
+  event at ``resume_step + 1``): TensorBoard then hides a killed run's events after its
+  checkpoint, so a killed-and-resumed run shows one value per step, the resumed run's. With
+  ``config``, the flattened config (:func:`flat_config`) is written as hyperparameters to
+  every writer.
 
   Args:
     workdir: run directory; must exist.
     resume_step: the optimizer step the run restarts from (0 for a new run).
     enabled: False on non-zero hosts of a multi-host run; then nothing is
-      written and nothing (TensorFlow, wandb) is imported.
+      written and nothing (TensorBoard's protos, wandb) is imported.
     config: the run config, for the hyperparameters and ``config.wandb``; None: neither.
     run_id: the run's lineage id, the W&B run id (see :func:`wandb_run_id`).
 
   Attributes:
-    path: the JSONL file. tb_path: this start's event file (None when disabled; the ``tb``
-      folder if the new file cannot be told apart from others created at the same time).
+    path: the JSONL file. tb_path: this start's event file (None when disabled).
 
   Raises:
     ValueError: ``metrics.jsonl`` holds a damaged record (see :func:`read_records`), or
-      ``config.wandb.mode`` is not online/offline (:func:`wandb_settings`).
+      ``config.wandb.mode`` is not '', online or offline (:func:`wandb_settings`).
     errors.RunError: W&B is asked for but not installed, or its run cannot start.
     errors.WriteError: a file could not be written; here and in :meth:`write` and
       :meth:`close`, naming it.
@@ -280,7 +224,7 @@ class MetricLogger:
     self.workdir = workdir
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tb_path = None
-    self._file, self._writers, self._writer, self._tf = None, [], None, None
+    self._file, self._writers = None, []
     if not enabled:
       return
     wandb_on = wandb_settings(config)   # checked before any file is touched
@@ -289,57 +233,37 @@ class MetricLogger:
               for r in read_records(self.path) if r["step"] < resume_step
               or (r["step"] == resume_step and r.get("split") != "info")]
       atomic_io.write_text_atomic(self.path, "".join(kept))
-    tb_dir = self.tb_path = os.path.join(workdir, "tb")
-    current = self.path
     try:
-      self._file = open(self.path, "a", encoding="utf-8")
-      current = tb_dir
-      os.makedirs(tb_dir, exist_ok=True)
-      before = set(os.listdir(tb_dir))
+      self._file = open(self.path, "a", encoding="utf-8")  # pylint: disable=R1732
     except OSError as e:
-      self._close_quietly()
-      raise atomic_io.write_error(current, e) from e
-    tf = self._tf = _tensorflow()
-    from clu import metric_writers  # pylint: disable=import-outside-toplevel
+      raise atomic_io.write_error(self.path, e) from e
     try:
-      tensorboard = metric_writers.SummaryWriter(tb_dir)
+      from simpletron_jax.tensorboard_writer import TensorBoardWriter  # pylint: disable=C0415
+      tensorboard = TensorBoardWriter(os.path.join(workdir, "tb"), start_step=resume_step + 1)
       self._writers.append(tensorboard)
-      created = [n for n in os.listdir(tb_dir) if n not in before and "tfevents" in n]
-      if len(created) == 1:
-        self.tb_path = os.path.join(tb_dir, created[0])
-      _write_session_start(tf, tensorboard, resume_step + 1)
-      tensorboard.flush()
-    except tf.errors.OpError as e:
-      self._close_quietly()
-      raise _tf_write_error(self.tb_path, e) from e
-    except OSError as e:
-      self._close_quietly()
-      raise atomic_io.write_error(tb_dir, e) from e
-    if wandb_on is not None:
-      from simpletron_jax.wandb_writer import WandbWriter  # pylint: disable=C0415
-      try:
+      self.tb_path = tensorboard.path
+      if wandb_on is not None:
+        from simpletron_jax.wandb_writer import WandbWriter  # pylint: disable=C0415
         self._writers.append(WandbWriter(
             project=wandb_on["project"], entity=wandb_on["entity"], mode=wandb_on["mode"],
             run_id=wandb_run_id(workdir, run_id), directory=workdir,
             name=os.path.basename(os.path.abspath(workdir))))
-      except BaseException:
-        self._close_quietly()
-        raise
-    self._writer = metric_writers.MultiWriter(self._writers)
-    if config is not None:
-      try:
-        self._writer.write_hparams(flat_config(config))
-        self._writer.flush()
-      except tf.errors.OpError as e:
-        self._close_quietly()
-        raise _tf_write_error(self.tb_path, e) from e
+      if config is not None:
+        hparams = flat_config(config)
+        for writer in self._writers:
+          writer.write_hparams(hparams)
+          writer.flush()
+    except BaseException:
+      self._close_quietly()
+      raise
 
   def write(self, step: int, metrics: Mapping[str, float], split: str) -> None:
     """Logs scalar ``metrics`` of ``split`` ("train", "val", "test", "info") at ``step``.
 
-    The JSONL line and the TensorBoard events are flushed before this returns (W&B's own
-    service process writes its files). A NaN or infinite value is written as JSON ``null``
-    (the file stays strict JSON) and as the float itself to TensorBoard and W&B.
+    The JSONL line and the TensorBoard events are on disk (handed to the OS) before this
+    returns (W&B's own service process writes its files). A NaN or infinite value is
+    written as JSON ``null`` (the file stays strict JSON) and as the float itself to
+    TensorBoard and W&B.
 
     Raises:
       errors.WriteError: naming ``metrics.jsonl`` or the event file that could not be
@@ -355,12 +279,10 @@ class MetricLogger:
       self._file.flush()
     except OSError as e:
       raise atomic_io.write_error(self.path, e, "the records before this one are kept") from e
-    try:
-      self._writer.write_scalars(int(step), {f"{split}/{name}": float(value)
-                                             for name, value in metrics.items()})
-      self._writer.flush()
-    except self._tf.errors.OpError as e:
-      raise _tf_write_error(self.tb_path, e, "the events before these are kept") from e
+    scalars = {f"{split}/{name}": float(value) for name, value in metrics.items()}
+    for writer in self._writers:
+      writer.write_scalars(int(step), scalars)
+      writer.flush()
 
   def write_parameter_overview(self, params: Any) -> str | None:
     """:func:`write_parameter_overview` of ``params`` into this logger's workdir; nothing
@@ -373,8 +295,7 @@ class MetricLogger:
     Raises:
       errors.WriteError: a final flush failed (everything is closed anyway).
     """
-    file, writers, self._file, self._writers, self._writer = (self._file, self._writers,
-                                                              None, [], None)
+    file, writers, self._file, self._writers = self._file, self._writers, None, []
     failure = None
     if file is not None:
       try:
@@ -384,15 +305,14 @@ class MetricLogger:
     for writer in writers:
       try:
         writer.close()
-      except self._tf.errors.OpError as e:
-        failure = failure or _tf_write_error(self.tb_path, e)
+      except errors.WriteError as e:
+        failure = failure or e
     if failure is not None:
       raise failure
 
   def _close_quietly(self) -> None:
     """Closes every output, ignoring errors: after a failure."""
-    file, writers, self._file, self._writers, self._writer = (self._file, self._writers,
-                                                              None, [], None)
+    file, writers, self._file, self._writers = self._file, self._writers, None, []
     for handle in (file, *writers):
       try:
         if handle is not None:

@@ -13,13 +13,20 @@ computed is unchanged: the same programs run on the same batches.
 Which shapes: the train micro-batches from the resume point to the end of the run or of one
 epoch, whichever comes first, and the batches of a validation (``num_eval_steps``) and of the
 final test (``num_test_steps``). A shape met later still compiles in the loop, as before.
+
+A stop requested while the threads compile (``should_stop``: SIGTERM or SIGINT, through
+:class:`simpletron_jax.preemption.PreemptionGuard`) cancels the compilations not yet started,
+waits for the ones running (XLA cannot be interrupted) and raises :class:`Stopped`; the
+caller then stops as a preempted run does. Before, Ctrl-C raised ``KeyboardInterrupt`` in the
+waiting thread while the others compiled, which ended in a traceback, and in issue 48's probe
+in a segmentation fault.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import ml_collections
@@ -27,6 +34,14 @@ import numpy as np
 
 from simpletron_jax import batches, steps
 from simpletron_jax.data.common import Split
+
+
+# Seconds between two looks at ``should_stop`` while the threads compile.
+POLL_SECONDS = 0.1
+
+
+class Stopped(Exception):
+  """A stop was requested while the steps compiled; nothing was compiled for the loop."""
 
 
 class CompiledSteps:
@@ -101,16 +116,54 @@ def _eval_batches_by_key(splits, config, parallel) -> dict[tuple, dict[str, jax.
                           parallel)
 
 
-def _in_threads(thunks: list[Callable[[], Any]], workers: int) -> list[Any]:
-  """Calls every thunk in a pool of ``workers`` threads; their results in order."""
+def _in_threads(thunks: list[Callable[[], Any]], workers: int,
+                should_stop: Optional[Callable[[], bool]] = None) -> list[Any]:
+  """Calls every thunk in a pool of ``workers`` threads; their results in order.
+
+  The calling thread only waits, looking at ``should_stop`` every :data:`POLL_SECONDS`. On a
+  stop, or when a thunk raises (or ``KeyboardInterrupt`` reaches the waiting thread), the
+  thunks not started are cancelled and the running ones are waited for before it returns,
+  even through a ``KeyboardInterrupt`` (a second Ctrl-C), which is raised once they are done:
+  no compiling thread outlives the call. A process that exited while XLA compiled in another
+  thread aborted (``terminate called ... FATAL: exception not rethrown``).
+
+  Raises:
+    ValueError: for ``workers < 1``.
+    Stopped: ``should_stop()`` became true.
+    Exception: the first exception a thunk raised.
+  """
   if workers < 1:
     raise ValueError(f"precompile workers must be >= 1, got {workers} (--precompile_workers)")
-  with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(thunks)))) as pool:
-    return list(pool.map(lambda thunk: thunk(), thunks))
+  pool = concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(thunks))))
+  try:
+    futures = [pool.submit(thunk) for thunk in thunks]
+    pending = set(futures)
+    while pending:
+      done, pending = concurrent.futures.wait(
+          pending, timeout=POLL_SECONDS, return_when=concurrent.futures.FIRST_EXCEPTION)
+      for future in done:
+        if future.exception() is not None:
+          raise future.exception()
+      if pending and should_stop is not None and should_stop():
+        raise Stopped("a stop was requested while the steps compiled")
+    return [future.result() for future in futures]
+  finally:
+    pool.shutdown(wait=False, cancel_futures=True)
+    interrupted = None
+    while True:
+      try:
+        concurrent.futures.wait([f for f in futures if not f.cancelled()])   # the running
+        break
+      except KeyboardInterrupt as e:   # XLA cannot be interrupted: wait, then stop
+        interrupted = e
+    pool.shutdown(wait=True)
+    if interrupted is not None:
+      raise interrupted   # pylint: disable=lost-exception
 
 
 def precompile_eval_step(p_eval: Callable, params_repl, splits, config: ml_collections.ConfigDict,
-                         workers: int, parallel=None) -> CompiledSteps:
+                         workers: int, parallel=None,
+                         should_stop: Optional[Callable[[], bool]] = None) -> CompiledSteps:
   """Compiles the eval step for every batch shape that evaluating ``splits`` meets (eval.py).
 
   Args:
@@ -121,22 +174,25 @@ def precompile_eval_step(p_eval: Callable, params_repl, splits, config: ml_colle
     config: the run config.
     workers: compiling threads, at least 1.
     parallel: :func:`steps.make_parallel` of the run (default: pmap's).
+    should_stop: polled while the threads compile; True stops them (:func:`_in_threads`).
 
   Returns:
     A :class:`CompiledSteps` for ``p_eval``.
 
   Raises:
     ValueError: for ``workers < 1``.
+    Stopped: ``should_stop()`` became true.
   """
   evals = _eval_batches_by_key(splits, config, parallel or steps.PmapParallel())
   programs = _in_threads([lambda b=b: p_eval.lower(params_repl, b).compile()
-                          for b in evals.values()], workers)
+                          for b in evals.values()], workers, should_stop)
   return CompiledSteps(p_eval, dict(zip(evals, programs)))
 
 
 def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
                      config: ml_collections.ConfigDict, start_micro_step: int,
-                     workers: int, parallel=None
+                     workers: int, parallel=None,
+                     should_stop: Optional[Callable[[], bool]] = None
                      ) -> tuple[CompiledSteps, CompiledSteps, dict[str, Any]]:
   """Compiles the train and eval steps for every batch shape the run will meet, in threads.
 
@@ -149,6 +205,7 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
     start_micro_step: the first micro-step this run trains (the resume point).
     workers: compiling threads, at least 1.
     parallel: :func:`steps.make_parallel` of the run (default: pmap's).
+    should_stop: polled while the threads compile; True stops them (:func:`_in_threads`).
 
   Returns:
     ``(train_steps, eval_steps, info)``: :class:`CompiledSteps` for ``p_train`` and
@@ -157,6 +214,7 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
 
   Raises:
     ValueError: for ``workers < 1``.
+    Stopped: ``should_stop()`` became true.
   """
   start = time.time()
   accum = config.grad_accum_steps
@@ -174,7 +232,7 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
       [lambda b=b: p_train.lower(state_repl, b, rng).compile()
        for b in train.values()]
       + [lambda b=b: p_eval.lower(state_repl.params, b).compile()
-         for b in evals.values()], workers)
+         for b in evals.values()], workers, should_stop)
   train_steps = CompiledSteps(p_train, dict(zip(train, programs[:len(train)])))
   eval_steps = CompiledSteps(p_eval, dict(zip(evals, programs[len(train):])))
   info = {"precompile_seconds": time.time() - start,

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from simpletron_jax import published
+from simpletron_jax import published, run_record
 
 PROTOCOL_KEYS = {"best_val": "test_accuracy_best_val", "final": "test_accuracy_final"}
 """``results.json`` key of each protocol's test accuracy (a fraction)."""
@@ -31,17 +31,32 @@ PROTOCOL_KEYS = {"best_val": "test_accuracy_best_val", "final": "test_accuracy_f
 _SEED_DIR = re.compile(r"^seed(\d+)$")
 
 
+def last_error_line(text: str, program: str = "train.py") -> str | None:
+  """The last ``<program>: <cause>`` line of a program's output (its one-line error, see
+  :mod:`simpletron_jax.cli`), without the prefix; None when there is none."""
+  prefix = f"{program}: "
+  lines = [line.strip() for line in text.splitlines() if line.startswith(prefix)]
+  return lines[-1][len(prefix):] if lines else None
+
+
 def run_logged(cmd: list[str], cwd: str, log: str, what: str) -> None:
   """Runs ``cmd`` (a ``train.py`` command line) in ``cwd``, appending its stdout and stderr
   to the file ``log``.
 
   Raises:
-    RuntimeError: if it exits non-zero; the message names ``what``, the exit code and ``log``.
+    RuntimeError: if it exits non-zero; the message names ``what``, the exit code, the run's
+      own one-line error when it printed one (``train.py: <cause>``, e.g. a config that
+      differs from the checkpoint's, or a workdir locked by another run) and ``log``.
   """
+  start = os.path.getsize(log) if os.path.exists(log) else 0
   with open(log, "a") as f:
     proc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, check=False)
   if proc.returncode:
-    raise RuntimeError(f"{what}: train.py exited {proc.returncode}; see {log}")
+    with open(log, "rb") as f:   # this call's output only
+      f.seek(start)
+      cause = last_error_line(f.read().decode("utf-8", "replace"))
+    raise RuntimeError(f"{what}: train.py exited {proc.returncode}"
+                       + (f": {cause}" if cause else "") + f"; see {log}")
 
 
 def protocol_accuracy(results: Mapping[str, Any], protocol: str) -> float:
@@ -219,6 +234,22 @@ def comparison_markdown(rows: Iterable[Mapping[str, Any]]) -> str:
                  f"{_pct(r['summary'], 'best_val')} | {_pct(r['summary'], 'final')} | "
                  f"{pub} | {ours} | {gap} |")
   return "\n".join(lines) + "\n"
+
+
+def software_markdown(groups: Iterable[RunGroup]) -> str:
+  """What computed each group, from its runs' ``results.json``: one list item per group with
+  each distinct :func:`run_record.software_line` and how many of its runs have it (``not
+  recorded`` for runs written before train.py recorded its software)."""
+  lines = []
+  for g in groups:
+    counts: dict[str, int] = {}
+    for seed in sorted(g.results):
+      line = run_record.software_line(g.results[seed])
+      counts[line] = counts.get(line, 0) + 1
+    shown = "; and ".join(f"{line} ({n} run{'' if n == 1 else 's'})"
+                          for line, n in counts.items())
+    lines.append(f"- {g.label}: {shown}")
+  return "Software of each group (from its results.json):\n\n" + "\n".join(lines) + "\n"
 
 
 def comparison_chart(rows: list[Mapping[str, Any]], path: str) -> None:

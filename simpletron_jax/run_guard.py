@@ -183,9 +183,11 @@ def first_nonfinite(records: Iterable[tuple[int, Mapping[str, Any]]],
   return None
 
 
-def state_crc32(tree: Any) -> int:
-  """CRC-32 of every leaf's shape, dtype and bytes, in tree order (host copies)."""
-  crc = 0
+def state_crc32(tree: Any, crc: int = 0) -> int:
+  """CRC-32 of every leaf's shape, dtype and bytes, in tree order (host copies).
+
+  ``crc``: the CRC of what comes before (``state_crc32((a, b)) == state_crc32(b,
+  state_crc32(a))``), so one pass gives a part's CRC and the whole's."""
   for leaf in jax.tree_util.tree_leaves(jax.device_get(tree)):
     array = np.ascontiguousarray(np.asarray(leaf))
     crc = zlib.crc32(f"{array.shape}{array.dtype}".encode(), crc)

@@ -9,17 +9,25 @@
   through at each resume, under :data:`CONFIG_HISTORY_KEY`) and :func:`load_run_config`.
 * :func:`config_fingerprint`, which ``results.json`` carries, and :func:`results_problem`,
   which says whether a ``results.json`` is a finished run of a config
-  (:func:`workdir_results_problem`: the same for a run folder's file).
+  (:func:`workdir_results_problem`: the same for a run folder's file); a run resumed with
+  ``--allow_resume_changes`` lists those changes (:func:`forced_changes`) and is not one.
+* :func:`software`: the versions, devices and git commit a run was computed with, which
+  ``config.json`` (under :data:`SOFTWARE_KEY`) and ``results.json`` record; never part of a
+  fingerprint or a resume check.
 
-No JAX here.
+No JAX here (the caller passes the device facts).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
+import platform
+import subprocess
 import time
 from typing import Any, Iterable, Mapping
 
@@ -44,6 +52,18 @@ SCHEDULE_LENGTH_FACTORS = ("cosine_decay",)
 # The checkpoint meta key holding :func:`run_record`, and config.json's list of changes.
 RECORD_KEY = "run_record"
 CONFIG_HISTORY_KEY = "config_history"
+# config.json's record of the software and devices (:func:`software`); not a config field.
+SOFTWARE_KEY = "software"
+# config.json's keys that are not config fields.
+NOT_CONFIG_KEYS = (CONFIG_HISTORY_KEY, SOFTWARE_KEY)
+# results.json's list of the changes --allow_resume_changes let through (:func:`forced_changes`).
+FORCED_KEY = "forced_resume_changes"
+# The distributions whose versions :func:`software` records, with the key each gets.
+SOFTWARE_PACKAGES = (("jax", "jax_version"), ("jaxlib", "jaxlib_version"),
+                     ("flax", "flax_version"), ("optax", "optax_version"),
+                     ("orbax-checkpoint", "orbax_checkpoint_version"),
+                     ("numpy", "numpy_version"))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What each non-config entry of a run record is, for the messages.
 RECORD_LABELS = {
     "vocab_size": "vocab_size (of the task's data: the embedding's rows)",
@@ -59,8 +79,8 @@ def flatten_config(config: Any) -> dict[str, Any]:
 
   Args:
     config: an ``ml_collections.ConfigDict`` (references resolved) or a nested dict as read
-      from ``config.json``; tuples become lists either way. A ``config_history`` key is left
-      out.
+      from ``config.json``; tuples become lists either way. The ``config_history`` and
+      ``software`` keys (:data:`NOT_CONFIG_KEYS`) are left out.
   """
   if hasattr(config, "to_json_best_effort"):
     config = json.loads(config.to_json_best_effort())
@@ -68,7 +88,7 @@ def flatten_config(config: Any) -> dict[str, Any]:
 
   def walk(node, prefix):
     for key, value in node.items():
-      if not prefix and key == CONFIG_HISTORY_KEY:
+      if not prefix and key in NOT_CONFIG_KEYS:
         continue
       name = f"{prefix}{key}"
       if isinstance(value, Mapping) and value:
@@ -117,7 +137,8 @@ def run_record(config: Any, *, vocab_size: int, num_classes: int, num_devices: i
   """
   tree = (json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort")
           else dict(config))
-  tree.pop(CONFIG_HISTORY_KEY, None)
+  for key in NOT_CONFIG_KEYS:
+    tree.pop(key, None)
   return {"config": tree, "vocab_size": int(vocab_size), "num_classes": int(num_classes),
           "num_devices": int(num_devices), "num_hosts": int(num_hosts),
           "data_sha256": data_sha256}
@@ -280,28 +301,129 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   if tree is None:
     raise ValueError(f"{path} is not a JSON object (damaged?); pass --config to evaluate "
                      "with an explicit config")
-  tree.pop(CONFIG_HISTORY_KEY, None)
+  for key in NOT_CONFIG_KEYS:
+    tree.pop(key, None)
   return ml_collections.ConfigDict(tree)
+
+
+def forced_changes(history: Any) -> list[dict[str, Any]]:
+  """The starts of a run that ``--allow_resume_changes`` let change what is computed.
+
+  Args:
+    history: ``config.json``'s ``config_history`` (:func:`config_with_history`); anything
+      but a list counts as empty.
+
+  Returns:
+    ``[{"step": N, "fields": [the refused fields that were forced, in order]}]``, one per
+    ``forced`` entry; empty for a run computed with one config throughout.
+  """
+  out = []
+  for entry in history if isinstance(history, list) else []:
+    if isinstance(entry, Mapping) and entry.get("forced"):
+      fields = [f for f, c in (entry.get("changes") or {}).items()
+                if isinstance(c, Mapping) and not c.get("allowed", False)]
+      out.append({"step": entry.get("step"), "fields": fields})
+  return out
+
+
+def _describe_forced(forced: list) -> str:
+  """``"learning_rate at step 60; seed at step 80"`` for :func:`forced_changes`' list."""
+  parts = []
+  for entry in forced:
+    fields = entry.get("fields") if isinstance(entry, Mapping) else None
+    step = entry.get("step") if isinstance(entry, Mapping) else None
+    parts.append(f"{', '.join(map(str, fields or ['?']))} at step {step}")
+  return "; ".join(parts)
+
+
+@functools.lru_cache(maxsize=1)
+def _versions_and_commit() -> dict[str, Any]:
+  """The package versions and git commit of :func:`software` (looked up once per process)."""
+  out: dict[str, Any] = {"python_version": platform.python_version()}
+  for dist, key in SOFTWARE_PACKAGES:
+    try:
+      out[key] = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+      out[key] = None
+  commit = dirty = None
+  if os.path.exists(os.path.join(REPO_ROOT, ".git")):   # not for an installed copy
+    try:
+      head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True,
+                            text=True, timeout=10, check=False)
+      if head.returncode == 0:
+        commit = head.stdout.strip()
+        status = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain",
+                                 "--untracked-files=no"], capture_output=True, text=True,
+                                timeout=30, check=False)
+        dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):   # no git, or it hangs
+      pass
+  out.update(git_commit=commit, git_dirty=dirty)
+  return out
+
+
+def software(device_kind: str | None, device_count: int | None,
+             process_count: int | None) -> dict[str, Any]:
+  """What a run was computed with besides its config: versions, devices, hosts, commit.
+
+  Args:
+    device_kind: ``jax.devices()[0].device_kind`` (``"cpu"``, ``"NVIDIA H100 80GB HBM3"``,
+      ``"TPU v4"``).
+    device_count: ``jax.device_count()`` (all hosts).
+    process_count: ``jax.process_count()``.
+
+  Returns:
+    A flat JSON-ready dict: ``python_version`` and the versions of jax, jaxlib, flax, optax,
+    orbax-checkpoint and numpy (``<name>_version``, ``-`` as ``_``; None when not installed),
+    ``device_kind``, ``device_count``, ``process_count``, and ``git_commit`` (the project's
+    ``HEAD``, None outside a git checkout) with ``git_dirty`` (tracked files changed since
+    that commit). Flat, so ``results.json`` stays a flat record.
+  """
+  return {**_versions_and_commit(), "device_kind": device_kind,
+          "device_count": device_count, "process_count": process_count}
+
+
+def software_line(record: Mapping[str, Any]) -> str:
+  """One line for a :func:`software` record, e.g. ``python 3.11.7, jax 0.10.2, ... numpy 2.2.6;
+  cpu x2, 1 process; git 1a2b3c4d (dirty)``; ``"not recorded"`` when it holds none."""
+  versions = [f"python {record['python_version']}"] if record.get("python_version") else []
+  versions += [f"{dist} {record[key]}" for dist, key in SOFTWARE_PACKAGES if record.get(key)]
+  if not versions:
+    return "not recorded"
+  line = ", ".join(versions)
+  if record.get("device_kind"):
+    processes = record.get("process_count")
+    line += (f"; {record['device_kind']} x{record.get('device_count')}, "
+             f"{processes} process{'' if processes == 1 else 'es'}")
+  if record.get("git_commit"):
+    line += f"; git {str(record['git_commit'])[:10]}{' (dirty)' if record.get('git_dirty') else ''}"
+  return line
 
 
 RESULTS_ACCURACY_KEYS = ("test_accuracy", "test_accuracy_best_val", "test_accuracy_final")
 
 
-def results_problem(results: Any, config: Any = None) -> str | None:
+def results_problem(results: Any, config: Any = None,
+                    count_forced: bool = False) -> str | None:
   """Why a ``results.json`` does not count as a finished run (of ``config``); None if it does.
 
-  ``train_lib.train_and_evaluate`` writes ``complete``, ``final_step`` and
-  ``config_fingerprint`` (:func:`config_fingerprint`); files written before those keys
-  existed count when their ``last_step`` reached ``num_train_steps`` (or records neither).
+  ``train_lib.train_and_evaluate`` writes ``complete``, ``final_step``,
+  ``config_fingerprint`` (:func:`config_fingerprint`) and :data:`FORCED_KEY`; files written
+  before those keys existed count when their ``last_step`` reached ``num_train_steps`` (or
+  records neither).
 
   Args:
     results: the parsed ``results.json``.
     config: the config the run should have (a ConfigDict or ``config.json``'s dict); None:
-      only completeness and finiteness are checked.
+      only completeness, finiteness and forced changes are checked.
+    count_forced: count a run resumed with ``--allow_resume_changes`` (a non-empty
+      :data:`FORCED_KEY`): its numbers were computed partly with other settings, and its
+      ``config_fingerprint`` is the last start's config.
 
   Returns:
     One line: incomplete (with the step and why), a missing or non-finite test accuracy
-    (NaN is stored as ``null``), another step count, or another config fingerprint.
+    (NaN is stored as ``null``), changes forced by ``--allow_resume_changes`` (with the fields
+    and steps), another step count, or another config fingerprint.
   """
   if not isinstance(results, Mapping):
     return "it is not a JSON object"
@@ -320,6 +442,11 @@ def results_problem(results: Any, config: Any = None) -> str | None:
     value = results.get(key, 0.0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
       return f"{key} is {'null (NaN or inf)' if value is None else repr(value)}"
+  forced = results.get(FORCED_KEY)
+  if forced and not count_forced:
+    return (f"it was resumed with --allow_resume_changes ({_describe_forced(forced)}), so its "
+            "numbers are not those of one config; train that config in a new workdir, or "
+            "count the run anyway with --count-forced (docs/runs.md)")
   if config is not None:
     wanted = config.get("num_train_steps")
     if isinstance(step, int) and isinstance(wanted, int) and step != wanted:
@@ -331,11 +458,13 @@ def results_problem(results: Any, config: Any = None) -> str | None:
   return None
 
 
-def workdir_results_problem(workdir: str, config: Any = None) -> str | None:
+def workdir_results_problem(workdir: str, config: Any = None,
+                            count_forced: bool = False) -> str | None:
   """Why ``workdir/results.json`` does not count as a finished run of ``config`` (one line
   naming the file: missing, unreadable, or :func:`results_problem`'s reason), or None when
-  it does. ``config``: as :func:`results_problem` (None: only completeness and finiteness
-  are checked). Never raises for a missing or damaged file: the caller resumes or reruns."""
+  it does. ``config``, ``count_forced``: as :func:`results_problem` (``config`` None: only
+  completeness, finiteness and forced changes are checked). Never raises for a missing or
+  damaged file: the caller resumes or reruns."""
   path = os.path.join(workdir, "results.json")
   if not os.path.exists(path):
     return "no results.json"
@@ -344,5 +473,5 @@ def workdir_results_problem(workdir: str, config: Any = None) -> str | None:
       results = json.load(f)
   except (OSError, ValueError) as e:
     return f"{path} is unreadable ({e})"
-  problem = results_problem(results, config)
+  problem = results_problem(results, config, count_forced)
   return None if problem is None else f"{path}: {problem}"

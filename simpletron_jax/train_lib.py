@@ -21,6 +21,7 @@ that use them.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -32,11 +33,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-import tqdm
 
-from simpletron_jax import (atomic_io, config_checks, distributed, errors, lora, models,
-                            precompile, preemption, profiling, run_guard, run_record,
-                            schedules, tasks, transfer)
+from simpletron_jax import (atomic_io, checkpoints, cli, config_checks, distributed, errors,
+                            lora, models, precompile, preemption, profiling, progress,
+                            run_guard, run_record, schedules, tasks, transfer)
 from simpletron_jax.batches import train_batches
 from simpletron_jax.checkpoints import (check_async_supported, checkpoint_manager,
                                         finish_saves, model_config_dict, prune_best,
@@ -45,7 +45,7 @@ from simpletron_jax.checkpoints import (check_async_supported, checkpoint_manage
 from simpletron_jax.config_checks import validate_config
 from simpletron_jax.data.common import PairedExamples, report_split_truncation
 from simpletron_jax.evaluation import evaluate
-from simpletron_jax.metric_logging import MetricLogger
+from simpletron_jax.metric_logging import MetricLogger, read_records
 from simpletron_jax.run_record import config_with_history, load_run_config, read_config_json
 from simpletron_jax.steps import (InFlightLimit, JitParallel, PmapParallel, TrainState,
                                   batch_shape_key, make_parallel)
@@ -176,10 +176,18 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
   Returns:
     ``state`` unchanged when ``config.init_from`` is empty, else with the new params.
 
+  Before any parameter is copied, the source checkpoint is checked as a resumed or evaluated
+  one is: its arrays load, match their CRC-32 and are finite
+  (:func:`checkpoints.verify_params_checkpoint`).
+
   Raises:
     FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
+    errors.CheckpointError: the source checkpoint is damaged (named).
     errors.WriteError: ``transfer.json`` could not be written (named).
   """
+  best = os.path.join(str(config.get("init_from") or ""), "best")
+  if config.get("init_from") and os.path.isdir(best):   # else transfer names what is missing
+    checkpoints.verify_params_checkpoint(best, f"init_from={config.init_from!r}")
   params, report = transfer.init_from_config(config, state.params)
   if report is None:
     return state
@@ -190,13 +198,76 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
   return state.replace(params=params)
 
 
+def _earlier_records(path: str, start_step: int) -> dict[tuple[int, str], dict[str, Any]]:
+  """``{(step, split): record}`` of the ``val``, ``test`` and ``test_final`` records of
+  ``metrics.jsonl`` at or before ``start_step`` (the last of each), which a start resumed at
+  ``start_step`` keeps; empty for a fresh start or a missing file.
+
+  Raises:
+    ValueError: ``path:line:`` for a damaged line (:func:`metric_logging.read_records`).
+  """
+  if start_step <= 0 or not os.path.exists(path):
+    return {}
+  return {(r["step"], r["split"]): r for r in read_records(path)
+          if r["step"] <= start_step and r.get("split") in ("val", "test", "test_final")}
+
+
+def _test_metrics(earlier: dict, logger: MetricLogger, step: int, split: str,
+                  compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+  """The ``split`` (``test`` or ``test_final``) metrics of ``step``: the record an earlier
+  start wrote (:func:`_earlier_records`), or ``compute()`` written as a new record.
+
+  The parameters of a step are the same at every start (a resumed run is bit-identical), so
+  a recorded test is the one ``compute`` would give; reusing it keeps ``metrics.jsonl`` free
+  of a second record of the same ``(step, split)``. On several hosts the evaluation is a
+  collective that every host must join, so it always runs there, and only an unrecorded
+  result is written.
+  """
+  recorded = earlier.get((step, split))
+  if recorded is not None and jax.process_count() == 1:
+    return {k: v for k, v in recorded.items() if k not in ("step", "split", "time")}
+  metrics = compute()
+  if recorded is None:
+    logger.write(step, metrics, split)
+  return metrics
+
+
+def _last_val_majority(earlier: dict, step: int, val: Any) -> float:
+  """The majority-class rate of the last validation at or before ``step`` as recorded in
+  ``metrics.jsonl`` (for a checkpoint saved before checkpoints carried it), else of the whole
+  validation split."""
+  recorded = [r for (s, split), r in sorted(earlier.items()) if split == "val" and s <= step]
+  if recorded and recorded[-1].get("majority_rate") is not None:
+    return float(recorded[-1]["majority_rate"])
+  return val.majority_rate()
+
+
+def _finished_results(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any] | None:
+  """``workdir/results.json`` when it is the finished result of ``config``
+  (:func:`run_record.workdir_results_problem`; a run resumed with forced changes counts here,
+  as this start repeats it), else None. Process 0 decides for every host.
+
+  Raises:
+    OSError, ValueError: another host cannot read the file process 0 found (the workdir
+      must be shared, as the checkpoints are).
+  """
+  problem = (run_record.workdir_results_problem(workdir, config, count_forced=True)
+             if jax.process_index() == 0 else None)
+  if not distributed.agree_on_flag(problem is None):
+    return None
+  with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+    return json.load(f)
+
+
 def make_workdir(workdir: str) -> None:
   """Creates ``workdir`` (and its parents) unless it exists as a folder.
 
   Raises:
     NotADirectoryError: ``workdir`` (or a folder on its path) is a file; names it.
     OSError: of the same type, naming ``workdir``, when it cannot be created (permissions).
+    ValueError: its name is not UTF-8 text (:func:`cli.check_path_name`).
   """
+  cli.check_path_name(workdir, "--workdir")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise NotADirectoryError(f"--workdir {workdir!r} is a file, not a folder: pass a folder "
                              "(created if missing) or move the file away")
@@ -233,6 +304,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   :func:`config_with_history`) instead of being overwritten. A checkpoint saved before run
   records resumes with a warning, compared with the previous ``config.json`` only.
 
+  A rerun of a finished run changes nothing: when the checkpoint resumed is at
+  ``num_train_steps``, no change was forced and ``results.json`` is the finished result of
+  this config, that ``results.json`` is returned and no file is written. Otherwise a test an
+  earlier start recorded in ``metrics.jsonl`` (a run killed while testing) is reused rather
+  than repeated and recorded twice, and ``val_majority_rate`` is that of the last validation,
+  which checkpoints carry, whichever start reaches the end.
+
   Args:
     config: the run config (see ``configs/``).
     workdir: output directory; created if missing.
@@ -265,6 +343,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     ``max_train_minutes`` stopped the run before ``num_train_steps``, with ``stopped_by``)
     and ``config_fingerprint`` (:func:`run_record.config_fingerprint`) say what the numbers
     describe; a run that trains on past an existing ``results.json`` deletes it first.
+    ``forced_resume_changes`` (:func:`run_record.forced_changes`) lists the starts that
+    ``allow_resume_changes`` let change what is computed (empty: none), and the
+    :func:`run_record.software` fields (versions, ``device_kind``, ``device_count``,
+    ``process_count``, ``git_commit``) what computed it; ``config.json`` holds the latter
+    under ``software``. Neither enters ``config_fingerprint``.
 
   Faults are never silent (docs/faults.md, "When things go wrong"): ``workdir/run.lock`` keeps a
   second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
@@ -284,9 +367,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       :data:`run_record.RESUME_ALLOWED_FIELDS`, the task data's vocabulary size, class count
       or contents, or the device or host count (:func:`run_record.check_resume`).
     NotADirectoryError: ``workdir`` is a file (:func:`make_workdir`).
-    preemption.PreemptedError: SIGTERM or SIGINT came during the loop
-      (:class:`preemption.PreemptionGuard`; every host stops at the same step): that step was
-      finished, logged and saved and the lock released; no test, no ``results.json``.
+    preemption.PreemptedError: SIGTERM or SIGINT came after the data were loaded
+      (:class:`preemption.PreemptionGuard`): in the loop (every host stops at the same step)
+      that step was finished, logged and saved; while building, restoring or precompiling,
+      nothing had been trained since the checkpoint. The lock is released; no test, no
+      ``results.json``. A signal while the data load raises ``KeyboardInterrupt`` (SIGINT)
+      or ends the process (SIGTERM), as Python's defaults do; the lock is released on
+      SIGINT and replaced as stale after SIGTERM.
     errors.WriteError: ``metrics.jsonl``, the TensorBoard file, ``results.json`` or
       ``transfer.json`` could not be written (named; a failed checkpoint save is a
       ``CheckpointError``).
@@ -299,66 +386,85 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   config_checks.check_settings(config)
   make_workdir(workdir)
   lock = run_guard.acquire_lock(workdir) if jax.process_index() == 0 else None
-  data = data or tasks.load_task(config)
-  distributed.check_hosts_agree(config, data)  # every host: process 0's config and data
-  config_checks.check_splits(data, config)
-  if jax.process_index() == 0:   # loaders that truncate while loading report there
-    for name in ("train", "val", "test"):
-      report_split_truncation(name, getattr(data, name), int(config.model.max_length))
-  model = build_model(config, data)
-
-  init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
-  state = create_train_state(config, model, init_rng)
-  ckpts = checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
-                             async_save=config.get("async_checkpoints", False))
-  best_ckpts = checkpoint_manager(os.path.join(workdir, "best"), None,  # see prune_best
-                                  async_save=config.get("async_checkpoints", False))
-  distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
-  meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
-  start_step = 0
-  config_path = os.path.join(workdir, "config.json")
-  previous_config = read_config_json(config_path)   # before this start overwrites it
-  record = run_record.run_record(config, vocab_size=data.vocab_size,
-                                num_classes=data.num_classes, num_devices=jax.device_count(),
-                                num_hosts=jax.process_count(),
-                                data_sha256=distributed.data_fingerprint(data))
-  changes = []   # this start's changes from the checkpoint's settings (config history)
-
-  def resume_check(where: str, saved_meta: dict, model_diff: list[str]) -> None:
-    saved = saved_meta.get(run_record.RECORD_KEY)
-    if saved is None:   # saved before run records existed
-      errors.warn(f"{where} predates run records: only its model config"
-                     f"{' and ' + config_path if previous_config else ''} can be compared "
-                     "with this config; the device count and the data cannot")
-      saved = {"config": previous_config} if previous_config else None
-    changes[:] = run_record.check_resume(where, saved, record, model_diff=model_diff,
-                                        allow_changes=allow_resume_changes)
-
-  if ckpts.all_steps():
-    state, meta, start_step = restore_checkpoint(
-        ckpts, state, model_config=config.model, quarantine_dir=os.path.join(workdir, "damaged"),
-        resume_check=resume_check)
-    print(f"Resumed from {workdir}/checkpoints at step {start_step}", file=sys.stderr)
-    if changes:
-      print(f"Settings changed since the checkpoint (recorded in {config_path}): "
-            + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
-  else:
-    state = apply_init_from(config, state, workdir)
-  legacy = start_step > 0 and "run_id" not in meta  # saved before run ids existed
-  meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
-              model_config=model_config_dict(config.model), **{run_record.RECORD_KEY: record})
-  meta = reconcile_best(best_ckpts, meta, start_step, legacy)
-  last_good = step_dir(ckpts, start_step) if start_step else "none (nothing saved yet)"
-  accum = config.grad_accum_steps
-  if jax.process_index() == 0:
-    atomic_io.write_json_atomic(config_path, config_with_history(
-        config, (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, []), changes,
-        start_step))
   logger = profiler = None
-  results_path = os.path.join(workdir, "results.json")
-  guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save and stop after the step
-  preempted = False
-  try:
+  guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save (if trained) and stop
+  try:   # from here on every exit releases the lock (the `finally` below)
+    data = data or tasks.load_task(config)
+    distributed.check_hosts_agree(config, data)  # every host: process 0's config and data
+    config_checks.check_splits(data, config)
+    if jax.process_index() == 0:   # loaders that truncate while loading report there
+      for name in ("train", "val", "test"):
+        report_split_truncation(name, getattr(data, name), int(config.model.max_length))
+    # A signal from here on (building, restoring, compiling, training) stops the run at the
+    # next point where it can stop cleanly, saving what it trained.
+    guard.install()
+    model = build_model(config, data)
+
+    init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
+    state = create_train_state(config, model, init_rng)
+    ckpts = checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
+                               async_save=config.get("async_checkpoints", False))
+    best_ckpts = checkpoint_manager(os.path.join(workdir, "best"), None,  # see prune_best
+                                    async_save=config.get("async_checkpoints", False))
+    distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
+    meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
+    start_step = 0
+    config_path = os.path.join(workdir, "config.json")
+    previous_config = read_config_json(config_path)   # before this start overwrites it
+    record = run_record.run_record(config, vocab_size=data.vocab_size,
+                                  num_classes=data.num_classes, num_devices=jax.device_count(),
+                                  num_hosts=jax.process_count(),
+                                  data_sha256=distributed.data_fingerprint(data))
+    changes = []   # this start's changes from the checkpoint's settings (config history)
+
+    def resume_check(where: str, saved_meta: dict, model_diff: list[str]) -> None:
+      saved = saved_meta.get(run_record.RECORD_KEY)
+      if saved is None:   # saved before run records existed
+        errors.warn(f"{where} predates run records: only its model config"
+                    f"{' and ' + config_path if previous_config else ''} can be compared "
+                    "with this config; the device count and the data cannot")
+        saved = {"config": previous_config} if previous_config else None
+      changes[:] = run_record.check_resume(where, saved, record, model_diff=model_diff,
+                                          allow_changes=allow_resume_changes)
+
+    if ckpts.all_steps():
+      state, meta, start_step = restore_checkpoint(
+          ckpts, state, model_config=config.model,
+          quarantine_dir=os.path.join(workdir, "damaged"), resume_check=resume_check)
+      print(f"Resumed from {workdir}/checkpoints at step {start_step}", file=sys.stderr)
+      if changes:
+        print(f"Settings changed since the checkpoint (recorded in {config_path}): "
+              + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
+    else:
+      state = apply_init_from(config, state, workdir)
+    legacy = start_step > 0 and "run_id" not in meta  # saved before run ids existed
+    meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
+                model_config=model_config_dict(config.model), **{run_record.RECORD_KEY: record})
+    meta = reconcile_best(best_ckpts, meta, start_step, legacy)
+    last_good = step_dir(ckpts, start_step) if start_step else "none (nothing saved yet)"
+    accum = config.grad_accum_steps
+    results_path = os.path.join(workdir, "results.json")
+    history = (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, [])
+    config_tree = config_with_history(config, history, changes, start_step)
+    new_forced = (any(not c["allowed"] for c in changes)   # not yet in config.json's history
+                  and len(config_tree.get(run_record.CONFIG_HISTORY_KEY, [])) > len(history))
+    if start_step >= config.num_train_steps and not new_forced:
+      finished = _finished_results(workdir, config)   # a rerun of a finished run
+      if finished is not None:
+        print(f"{workdir} finished training at step {start_step} and {results_path} is its "
+              "result: nothing to do, nothing rewritten", file=sys.stderr)
+        return finished
+    software = run_record.software(jax.devices()[0].device_kind, jax.device_count(),
+                                   jax.process_count())
+    forced = run_record.forced_changes(config_tree.get(run_record.CONFIG_HISTORY_KEY))
+    if jax.process_index() == 0:
+      atomic_io.write_json_atomic(config_path,
+                                  {**config_tree, run_record.SOFTWARE_KEY: software})
+    # The test records an earlier start wrote at or before this start's step (a run killed
+    # while testing, a finished run resumed with forced changes): reused, never written twice.
+    earlier = _earlier_records(os.path.join(workdir, "metrics.jsonl"), start_step)
+    if guard.requested_locally():   # a signal while building or restoring: nothing to save
+      raise preemption.PreemptedError(start_step, guard.cause)
     logger = MetricLogger(workdir, resume_step=start_step, enabled=jax.process_index() == 0,
                           config=config, run_id=meta["run_id"])
     if (jax.process_index() == 0 and start_step < config.num_train_steps
@@ -386,9 +492,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     schedule = make_schedule(config)
     train_programs, eval_fn, precompiled = {}, p_eval, {}   # {batch_shape_key: program}
     if precompile_workers:
-      train_steps, eval_fn, precompiled = precompile.precompile_steps(
-          p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers,
-          parallel)
+      try:
+        train_steps, eval_fn, precompiled = precompile.precompile_steps(
+            p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers,
+            parallel, should_stop=guard.requested_locally)
+      except precompile.Stopped:   # nothing trained since the checkpoint: nothing to save
+        logger.close()
+        raise preemption.PreemptedError(start_step, guard.cause) from None
       logger.write(start_step, precompiled, "info")
       print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
             f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
@@ -405,14 +515,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     # call's time is logged as compile_seconds, and steps/s is also given without it.
     seen_shapes = set(train_programs)   # precompiled shapes count as seen
     window_compile_s, window_new_shapes, compile_s_this_run, loop_shapes = 0.0, 0, 0.0, 0
-    val_majority = None   # majority rate of the examples the last validation read
+    # The majority rate of the examples the last validation read: saved with each checkpoint,
+    # so a start that trains no step reports the same figure as the start that validated.
+    val_majority = meta.get("val_majority_rate")
     train_seconds = float(meta["train_seconds"])
-    bar = tqdm.tqdm(total=config.num_train_steps, initial=start_step, desc="train",
-                    dynamic_ncols=True, mininterval=1.0 if sys.stderr.isatty() else 30.0,
-                    disable=jax.process_index() != 0)
+    bar = progress.bar(total=config.num_train_steps, initial=start_step, desc="train",
+                       disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
     budget_s = 60.0 * float(config.get("max_train_minutes", 0) or 0)
     last_step = config.num_train_steps
-    guard.install()
+    preempted = False
     for step in range(start_step + 1, config.num_train_steps + 1):
       profiler.step_started(step)   # --profile_steps: the trace starts before step A
       for a in range(accum):
@@ -477,7 +588,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           raise errors.NonFiniteError(
               f"step {step}: the validation loss is {val['loss']}; the run stopped without "
               f"saving this state. The last good checkpoint is {last_good}.")
-        val_majority = val["majority_rate"]
+        val_majority = meta["val_majority_rate"] = val["majority_rate"]
         bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
         if val["accuracy"] > meta["best_val_accuracy"]:
           meta.update(best_val_accuracy=val["accuracy"], best_step=step)
@@ -511,15 +622,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       raise preemption.PreemptedError(last_step, guard.cause)
 
     # Two protocols: the final parameters (LRA's --test_only) and the best-validation
-    # checkpoint (SimpleTRON's); the two coincide when the last validation was the best.
+    # checkpoint (SimpleTRON's); the two coincide when the last validation was the best. A test
+    # an earlier start recorded is reused, not repeated (:func:`_test_metrics`).
     test_limit = config.get("num_test_steps", -1)
-    final_test = evaluate(eval_fn, state_repl.params, data.test, config, test_limit, parallel)
-    logger.write(last_step, final_test, "test_final")
-    best_state, best_meta, best_step = restore_checkpoint(
-        best_ckpts, state, step=meta["best_step"], model_config=config.model)
-    test = final_test if best_step == last_step else evaluate(
-        eval_fn, parallel.put_state(best_state.params), data.test, config, test_limit, parallel)
-    logger.write(best_step, test, "test")
+    final_test = _test_metrics(
+        earlier, logger, last_step, "test_final",
+        lambda: evaluate(eval_fn, state_repl.params, data.test, config, test_limit, parallel))
+    best_step = meta["best_step"]
+
+    def best_test():
+      best_state, _, _ = restore_checkpoint(best_ckpts, state, step=best_step,
+                                            model_config=config.model)
+      return evaluate(eval_fn, parallel.put_state(best_state.params), data.test, config,
+                      test_limit, parallel)
+
+    test = (final_test if best_step == last_step
+            else _test_metrics(earlier, logger, best_step, "test", best_test))
+    if best_step == last_step:
+      _test_metrics(earlier, logger, best_step, "test", lambda: final_test)
+    if val_majority is None:   # a checkpoint from before val_majority_rate was saved in it
+      val_majority = _last_val_majority(earlier, last_step, data.val)
     complete = last_step >= config.num_train_steps
     results = {
         "task": config.task, "attention": config.model.attention,
@@ -528,12 +650,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
         "final_step": last_step,
         "test_majority_rate": test["majority_rate"],
-        "val_majority_rate": (val_majority if val_majority is not None
-                              else data.val.majority_rate()),
-        "best_step": best_step, "best_val_accuracy": best_meta["best_val_accuracy"],
+        "val_majority_rate": val_majority,
+        "best_step": best_step, "best_val_accuracy": meta["best_val_accuracy"],
         "num_train_steps": config.num_train_steps, "last_step": last_step,
         "complete": complete, "stopped_by": None if complete else "max_train_minutes",
         "config_fingerprint": run_record.config_fingerprint(config),
+        run_record.FORCED_KEY: forced,
         "steps_per_sec": last_step / max(train_seconds, 1e-9),
         "train_seconds": train_seconds,
         "train_compile_seconds_this_run": compile_s_this_run,
@@ -541,6 +663,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         **precompiled,
         "wall_seconds_this_run": time.time() - wall_start,
         "num_devices": jax.device_count(), "data_source": data.source,
+        **software,
     }
     if jax.process_index() == 0:
       atomic_io.write_json_atomic(results_path, results)   # never a half-written file
@@ -580,12 +703,22 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
     FileNotFoundError: when the workdir (which is never created), its checkpoint folder,
       the checkpoint or its config is missing.
     ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
+    errors.ConfigMismatchError: ``config`` is of another task than the run's ``config.json``
+      (named before the model configs are compared), or its model config differs from the
+      checkpoint's.
   """
   if split not in ("train", "val", "test") or which not in ("best", "latest"):
     raise ValueError(f"split={split!r} / which={which!r} not understood")
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass the workdir of a "
                             "train.py run")
+  if config is not None:
+    saved = read_config_json(os.path.join(workdir, "config.json")) or {}
+    if saved.get("task") not in (None, config.task):
+      raise errors.ConfigMismatchError(
+          f"--config is a config of task {config.task!r}, but {workdir} trained task "
+          f"{saved['task']!r} ({os.path.join(workdir, 'config.json')}): pass a "
+          f"configs/{saved['task']}/... config, or leave --config out to use the run's own")
   config = config or load_run_config(workdir)
   sub = "best" if which == "best" and step is None else "checkpoints"
   if not os.path.isdir(os.path.join(workdir, sub)):

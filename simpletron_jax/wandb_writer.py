@@ -1,6 +1,6 @@
 """A ``clu.metric_writers.MetricWriter`` that logs to Weights & Biases (issue 29).
 
-:class:`simpletron_jax.metric_logging.MetricLogger` adds it to its ``MultiWriter`` when
+:class:`simpletron_jax.metric_logging.MetricLogger` adds it to its writers when
 ``config.wandb.project`` is set, on process 0 only. Scalars are logged with the optimizer step
 as their x-axis (``define_metric``: W&B's own ``_step`` only counts calls, and would drop a
 record whose step is lower than an earlier one, such as the ``test`` record at the
@@ -8,7 +8,9 @@ best-validation step); hyperparameters go to the run's config. Its files go unde
 ``<directory>/wandb`` (``offline-run-<time>-<id>/`` in offline mode, uploaded later with
 ``wandb sync``). A resumed run passes the same run id, so W&B continues the same run.
 
-Importing this module imports ``clu.metric_writers`` (and with it TensorFlow) and ``wandb``.
+Importing this module imports clu's ``MetricWriter`` interface without TensorFlow
+(:func:`simpletron_jax.tensorboard_writer.clu_interface`); ``wandb`` is imported when a writer
+is created.
 """
 
 from __future__ import annotations
@@ -17,21 +19,22 @@ import os
 from typing import Any, Mapping, Optional
 
 from absl import logging
-from clu.metric_writers import interface
 
 from simpletron_jax import errors
+from simpletron_jax.tensorboard_writer import MetricWriter
 
 STEP_KEY = "step"   # the x-axis of every logged metric
 
 
-class WandbWriter(interface.MetricWriter):
+class WandbWriter(MetricWriter):
   """Logs scalars, texts and hyperparameters to a W&B run; other kinds are skipped with a
   warning (the project writes none).
 
   Args:
     project: the W&B project (``config.wandb.project``).
     entity: the W&B user or team; "" for the account's default (``config.wandb.entity``).
-    mode: ``"online"`` or ``"offline"`` (``config.wandb.mode``).
+    mode: ``"online"`` or ``"offline"`` (``config.wandb.mode``); ``""`` or None: W&B's own
+      choice (its ``WANDB_MODE`` environment variable, online when unset).
     run_id: the W&B run id: the same on every start of a run (see
       :func:`simpletron_jax.metric_logging.wandb_run_id`), so a resumed run continues it.
     directory: the run directory; W&B's files go under ``directory/wandb``.
@@ -41,15 +44,15 @@ class WandbWriter(interface.MetricWriter):
     run_dir: this start's W&B folder, ``directory/wandb/<offline-run|run>-<time>-<run_id>``.
 
   Raises:
-    ValueError: ``mode`` is not online or offline (names ``config.wandb.mode``).
+    ValueError: ``mode`` is not '', online or offline (names ``config.wandb.mode``).
     errors.RunError: wandb is not installed (says ``pip install -e ".[wandb]"``), or
       ``wandb.init`` failed (not logged in, no network, ...): the message has W&B's cause.
   """
 
-  def __init__(self, *, project: str, entity: str, mode: str, run_id: str, directory: str,
-               name: str | None = None):
-    if mode not in ("online", "offline"):
-      raise ValueError(f"config.wandb.mode={mode!r} is not one of online, offline")
+  def __init__(self, *, project: str, entity: str, mode: str | None, run_id: str,
+               directory: str, name: str | None = None):
+    if mode not in (None, "", "online", "offline"):
+      raise ValueError(f"config.wandb.mode={mode!r} is not one of '', online, offline")
     try:
       import wandb  # pylint: disable=import-outside-toplevel
     except ImportError as e:
@@ -59,7 +62,9 @@ class WandbWriter(interface.MetricWriter):
           f"--config.wandb.project='' ({e})") from e
     try:
       self._run = wandb.init(
-          project=project, entity=entity or None, mode=mode, id=run_id, resume="allow",
+          # mode None: W&B reads WANDB_MODE (issue 47: a set variable is honoured).
+          project=project, entity=entity or None, mode=mode or None, id=run_id,
+          resume="allow",
           dir=directory, name=name,
           # Leave stdout and stderr alone: the run prints its own progress and errors.
           settings=wandb.Settings(console="off"))

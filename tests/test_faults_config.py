@@ -221,6 +221,9 @@ def test_config_fingerprint_ignores_reporting_fields_only():
     ("model.classifier_pool", "MAX", "model.classifier_pool='MAX'; expected one of"),
     ("data.bucket", -8, "data.bucket=-8 must be >= 0"),
     ("num_eval_steps", -2, "num_eval_steps=-2 must be >= -1"),
+    ("model.max_length", 10**9, "model.max_length=1000000000 makes a position table of "
+                                "1000000001 x 16 float32 values (59.6 GiB), over the 4 GiB "
+                                "limit: set model.max_length"),
 ])
 def test_bad_model_data_and_batch_fields_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):
@@ -233,10 +236,64 @@ def test_bad_model_data_and_batch_fields_are_refused(field, value, message):
     ("grad_clip_norm", -1.0, "grad_clip_norm=-1.0 must be >= 0"),
     ("warmup", -5, "warmup=-5 must be >= 0"),
     ("factors", "constant * cosine", "unknown learning-rate factor(s) ['cosine']"),
+    ("adam_eps", 0.0, "adam_eps=0.0 must be > 0 (Adam divides by sqrt(nu) + adam_eps"),
+    ("freeze", ("[",), "freeze[0]='[': not a regular expression (unterminated character set"),
+    ("init_include", ("^encoder/", "a("), "init_include[1]='a(': not a regular expression"),
+    ("lora.targets", ("*x",), "lora.targets[0]='*x': not a regular expression (nothing to "
+                              "repeat"),
 ])
 def test_bad_optimizer_fields_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):
     config_checks.check_settings(small_config(**{field: value}))
+
+
+def test_a_tiny_adam_eps_and_a_long_table_within_the_limit_pass():
+  config_checks.check_settings(small_config(adam_eps=1e-12, freeze=("^encoder/embed/",)))
+  config_checks.check_position_table(16384, 1024)   # Path-X's length at a wide model: 64 MiB
+  with pytest.raises(ValueError, match=r"^model.max_length=1048576 makes .* over the 1 GiB"):
+    config_checks.check_position_table(2**20, 256, limit=2**30)
+
+
+def _parsed(*argv, program="train.py"):
+  """The config ``program`` gets from ``argv``, the override flags defined from ``argv`` as
+  train.py's are (from ``sys.argv``)."""
+  argv = [program, *argv]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  cli.parse_flags(argv, program, flag_values=values)
+  return values.config
+
+
+def test_seed_and_data_seed_are_independent_settings(monkeypatch):
+  """docs/fidelity.md: data.seed follows seed unless it is set itself; setting data.seed never
+  moves seed (it did, through a shared ml_collections reference). Likewise the attention's
+  own max_length (docs/configs.md) follows model.max_length, and setting it leaves
+  model.max_length alone."""
+  monkeypatch.chdir(ROOT)
+  spec = "--config=configs/listops/simple.py:tiny"
+  config = _parsed(spec, "--config.data.seed=1")
+  assert (config.seed, config.data.seed) == (0, 1)
+  config = _parsed(spec, "--config.seed=3")
+  assert (config.seed, config.data.seed) == (3, 3)
+  for order in (("--config.seed=3", "--config.data.seed=1"),
+                ("--config.data.seed=1", "--config.seed=3")):
+    config = _parsed(spec, *order)
+    assert (config.seed, config.data.seed) == (3, 1), order
+  config = lra.make_config("listops", "simple", "tiny")
+  config.data.seed = 7
+  config.seed = 5
+  assert (config.seed, config.data.seed) == (5, 7)
+  assert json.loads(config.to_json_best_effort())["data"]["seed"] == 7
+  # The default config's fingerprint (and so every committed results.json) is unchanged:
+  # data.seed is still written as the seed's value.
+  default = lra.make_config("listops", "simple", "tiny")
+  assert json.loads(default.to_json_best_effort())["data"]["seed"] == 0
+  config = _parsed("--config=configs/listops/aft_full.py:tiny",
+                   "--config.model.attention_kwargs.max_length=77")
+  assert (config.model.max_length, config.model.attention_kwargs.max_length) == (200, 77)
+  config = _parsed("--config=configs/listops/aft_full.py:tiny", "--config.model.max_length=50")
+  assert config.model.attention_kwargs.max_length == 51
 
 
 def test_validation_runs_before_any_work(tmp_path, presence_task):
@@ -308,6 +365,47 @@ def test_flag_errors_are_one_line(argv, message, monkeypatch):
   assert text_.startswith(message) and "\n" not in text_, text_
 
 
+@pytest.mark.parametrize("program,argv,message", [
+    # An override makes ml_collections load the file while parsing it: an OSError.
+    ("train.py", ("--config=configs/listops/nope.py", "--config.seed=1"),
+     "train.py: --config configs/listops/nope.py: no such config file; the configs in "
+     "configs/listops: aft_full.py"),
+    ("eval.py", ("--workdir=x", "--config=configs/listops/nope.py", "--config.seed=1"),
+     "eval.py: --config configs/listops/nope.py: no such config file"),
+    ("train.py", ("--config={bad}",), "train.py: --config {bad}: the file cannot be loaded: "
+     "SyntaxError at {bad}:2: "),
+    ("train.py", ("--config={bad}:tiny", "--config.seed=1"),
+     "train.py: --config {bad}: the file cannot be loaded: SyntaxError at {bad}:2: "),
+    ("train.py", ("--config=configs/listops/simple.py:tiny", "runs/x"),
+     "train.py: unexpected argument(s) 'runs/x': train.py takes flags only, as --name=value"),
+])
+def test_config_load_errors_are_one_line(program, argv, message, monkeypatch, tmp_path):
+  """As train.py and eval.py parse them: the override flags defined from the command line."""
+  monkeypatch.chdir(ROOT)
+  bad = tmp_path / "broken.py"
+  bad.write_text("def get_config():\n  return (\n")
+  argv = [a.replace("{bad}", str(bad)) for a in argv]
+  values = flags.FlagValues()
+  values_argv = [program, *argv]
+  config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True,
+                                  sys_argv=values_argv)
+  if program == "eval.py":
+    flags.DEFINE_string("workdir", None, "", flag_values=values)
+  with pytest.raises(SystemExit) as info:
+    cli.parse_flags(values_argv, program, flag_values=values)
+  text_ = str(info.value.code)
+  assert text_.startswith(message.replace("{bad}", str(bad))) and "\n" not in text_, text_
+
+
+def test_a_workdir_name_that_is_not_utf8_is_refused_naming_the_bytes(tmp_path):
+  name = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run\xff")   # as sys.argv holds it
+  with pytest.raises(ValueError, match=r"^--workdir '.*run\\udcff': its name holds b'\\xff', "
+                                       r"which is not UTF-8 text"):
+    train_lib.make_workdir(name)
+  assert os.listdir(tmp_path) == []
+  cli.check_path_name(str(tmp_path / "run_ü"), "--workdir")   # UTF-8 is fine
+
+
 def test_user_errors_and_bugs_are_told_apart(tmp_path):
   with pytest.raises(SystemExit, match=r"^x.py: --workdir '.*' is a file, not a folder"):
     with cli.user_errors_exit("x.py"):
@@ -341,10 +439,10 @@ def test_experiment_override_typo_is_one_line(tmp_path, monkeypatch, capsys):
   finally:
     sys.path.pop(0)
   monkeypatch.setattr(sys, "argv", ["depth.py"])
-  argv = ["--quick", "--override", "model.nope.x=1", "--runs", str(tmp_path / "r"),
-          "--out", str(tmp_path / "o")]
-  with pytest.raises(SystemExit, match=r"^depth.py: --override 'model.nope.x=1': config has "
-                     r"no field 'model.nope.x'$"):
+  argv = ["--quick", "--config.model.nope.x=1", "--runs", str(tmp_path / "r"),
+          "--out", str(tmp_path / "o")]   # train.py's override syntax (issue 47, item 5)
+  with pytest.raises(SystemExit, match=r"^depth.py: the config has no field 'model.nope'; "
+                     r"--config.model.nope.x sets existing fields only"):
     exp_common.run_cli(depth.main, argv)
   assert not (tmp_path / "r").exists()
 

@@ -425,6 +425,29 @@ def _read_events(path):
   return list(event_file_loader.EventFileLoader(str(path)).Load())
 
 
+def _whole_records(path):
+  """The number of TFRecords in ``path``; fails unless the file ends exactly after its last
+  record and every CRC matches (TensorBoard's loader silently skips a torn tail). CRCs are
+  checked with TensorBoard's own ``masked_crc32c``, not the writer's."""
+  import struct  # pylint: disable=import-outside-toplevel
+  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import \
+      masked_crc32c  # pylint: disable=import-outside-toplevel
+  with open(path, "rb") as f:
+    data = f.read()
+  pos, count = 0, 0
+  while pos < len(data):
+    assert pos + 12 <= len(data), f"{path}: a torn record header at byte {pos}"
+    (length,), (length_crc,) = struct.unpack("<Q", data[pos:pos + 8]), \
+        struct.unpack("<I", data[pos + 8:pos + 12])
+    assert length_crc == masked_crc32c(data[pos:pos + 8]), f"{path}: bad length CRC at {pos}"
+    end = pos + 12 + length + 4
+    assert end <= len(data), f"{path}: a torn record at byte {pos}"
+    body = data[pos + 12:pos + 12 + length]
+    assert struct.unpack("<I", data[end - 4:end])[0] == masked_crc32c(body), pos
+    pos, count = end, count + 1
+  return count
+
+
 def _scalars(events):
   """``(step, tag, value)`` of the summary values of ``events``."""
   from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
@@ -449,31 +472,39 @@ def test_tensorboard_events_are_on_disk_after_each_write_and_resume_purges(tmp_p
   assert head[0].file_version == "brain.Event:2"
   assert head[1].step == 3 and head[1].session_log.status == head[1].session_log.START
   assert _scalars(head) == [(3, "train/loss", 0.25)]
+  assert _whole_records(resumed.tb_path) == len(head) == 3
   assert [r["step"] for r in read_records(resumed.path)] == [1, 2, 3]
 
 
 def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, small_disk, monkeypatch):
   """The event file, not the JSONL file, fails (tensorboardX's writer thread used to die
   there and leave add_scalar blocked on its queue): ``workdir/tb`` lies on a small tmpfs that
-  fills, so TF's own writer meets ENOSPC. Where no tmpfs can be mounted, TF's flush is made
-  to fail as it does then."""
+  fills, so the event writer meets ENOSPC. Where no tmpfs can be mounted, the event file's
+  writes are made to fail as they do then. Every event before the failure stays readable,
+  and no torn record is left behind."""
+  from simpletron_jax import tensorboard_writer  # pylint: disable=import-outside-toplevel
   workdir = tmp_path / "run"
   os.makedirs(workdir)
   os.makedirs(os.path.join(small_disk.path, "tb"))
   os.symlink(os.path.join(small_disk.path, "tb"), workdir / "tb")
   if small_disk.mode != "tmpfs":
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from clu import metric_writers  # pylint: disable=import-outside-toplevel
-    real_flush = metric_writers.SummaryWriter.flush
+    class FullEventFile:
+      """The event file; its writes fail with ENOSPC once the disk is full."""
 
-    def flush(self):
-      if small_disk.full:
-        raise tf.errors.ResourceExhaustedError(
-            None, None, "{{function_node __wrapped__FlushSummaryWriter}} events; No space "
-            "left on device\n\tCould not flush events file. [Op:FlushSummaryWriter]")
-      return real_flush(self)
+      def __init__(self, f, path):
+        self._f, self._path = f, path
 
-    monkeypatch.setattr(metric_writers.SummaryWriter, "flush", flush)
+      def write(self, data):
+        if small_disk.full:
+          raise small_disk.enospc(self._path)
+        return self._f.write(data)
+
+      def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    monkeypatch.setattr(tensorboard_writer, "open",
+                        lambda path, *a, **k: FullEventFile(builtins.open(path, *a, **k), path),
+                        raising=False)
   logger = MetricLogger(str(workdir))
   logger.write(0, {"params": 10}, "info")
   small_disk.fill()
@@ -487,6 +518,10 @@ def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, small_disk, monke
     logger.close()
   steps = [r["step"] for r in read_records(logger.path)]
   assert steps == list(range(len(steps))) and len(steps) >= 2   # the JSONL file is intact
+  # The failing step is the JSONL file's last; every step before it is in the event file.
+  events = _read_events(logger.tb_path)
+  assert sorted({step for step, _, _ in _scalars(events)}) == steps[:-1]
+  assert _whole_records(logger.tb_path) == len(events)
 
 
 def test_atomic_json_on_a_full_disk_keeps_the_previous_file(small_disk):
@@ -534,7 +569,8 @@ def test_a_disk_filling_during_a_run_stops_it_naming_the_file(presence_task, sma
 def test_rerun_of_a_finished_run_on_a_full_disk_keeps_its_results(presence_task, small_disk,
                                                                  monkeypatch):
   """The disk fills once the logs are open: the test's records or the new results.json
-  cannot be written; the finished run's results.json stays as it was."""
+  cannot be written; the finished run's results.json stays as it was. (A plain rerun of a
+  finished run opens no log and writes nothing, issue 48; a forced change still does.)"""
   config = fault_config(num_train_steps=4, eval_frequency=2, warmup=2)
   workdir = os.path.join(small_disk.path, "run")
   train_lib.train_and_evaluate(config, workdir, data=presence_task)
@@ -548,7 +584,9 @@ def test_rerun_of_a_finished_run_on_a_full_disk_keeps_its_results(presence_task,
 
   monkeypatch.setattr(train_lib, "MetricLogger", FillingLogger)
   with deadline(120), pytest.raises(run_guard.WriteError) as error:
-    train_lib.train_and_evaluate(config, workdir, data=presence_task)
+    train_lib.train_and_evaluate(fault_config(num_train_steps=4, eval_frequency=2, warmup=2,
+                                              learning_rate=0.01), workdir,
+                                 data=presence_task, allow_resume_changes=True)
   _one_line_naming(error.value, workdir)
   print(f"failed write: {error.value}")
   with open(os.path.join(workdir, "results.json")) as f:
@@ -674,11 +712,15 @@ def test_compare_leaves_out_unfinished_and_nan_runs_and_says_why(tmp_path, monke
   assert not (root / "comparison.png").exists()
   for seed in (2, 3, 4):
     _write_run(root / "simple" / f"seed{seed}", config, _results(config))
+  capsys.readouterr()
   monkeypatch.setitem(sys.modules, "matplotlib", None)   # `pip install -e .`: not installed
-  with pytest.raises(SystemExit,
-                     match=r'matplotlib is not installed; pip install -e "\.\[bench\]"'):
-    compare.main([str(root)])
-  assert "| simple | listops | `simple` | 5 |" in (root / "comparison.md").read_text()
+  text = compare.main([str(root)])   # the table is the output: exit status 0 (issue 47)
+  assert text == (root / "comparison.md").read_text()
+  assert "| simple | listops | `simple` | 5 |" in text
+  assert not (root / "comparison.png").exists()
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f"compare.py: {root / 'comparison.png'} not written: matplotlib is not installed; "
+      "pip install -e \".[bench]\" for the chart, or pass --no-plot"]
   _write_run(tmp_path / "unfinished" / "seed0", config, None)
   with pytest.raises(SystemExit, match=r"^compare.py: no finished run .*seed0: no results.json"):
     compare.main([str(tmp_path / "unfinished"), "--no-plot"])

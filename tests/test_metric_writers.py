@@ -1,10 +1,13 @@
-"""clu's metric writers, W&B, the parameter overview and --profile_steps (issue 29).
+"""The metric writers, W&B, the parameter overview and --profile_steps (issues 29, 43, 47).
 
 * A killed-and-resumed sequence of writes leaves TensorBoard one value per step, the resumed
-  run's (the restart marker each start writes), and the flattened config as hparams.
+  run's (the restart marker each start writes), and the flattened config as hparams. The
+  event file's TFRecord CRCs are TensorBoard's, and the writers subclass clu's
+  ``MetricWriter``.
 * W&B in offline mode: the values logged are in the run's ``.wandb`` log under
   ``workdir/wandb``, read back with W&B's record protos; a resumed logger continues the same
-  run id. A bad ``config.wandb.mode`` and a missing wandb package are one-line errors.
+  run id. W&B's own ``WANDB_MODE`` decides when ``config.wandb.mode`` is "" (the default). A
+  bad ``config.wandb.mode`` and a missing wandb package are one-line errors.
 * A tiny run with ``profile_steps=(2, 3)`` leaves a profiler trace in ``workdir/profile`` and
   ``parameter_overview.txt`` whose total is the ``params`` info record.
 """
@@ -21,7 +24,7 @@ import time
 import flax
 import pytest
 
-from simpletron_jax import errors, metric_logging, profiling, train_lib
+from simpletron_jax import errors, metric_logging, profiling, tensorboard_writer, train_lib
 from simpletron_jax.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
 from tests.test_faults import _params, fault_config
@@ -29,15 +32,15 @@ from tests.test_faults import _params, fault_config
 
 def _next_second():
   """Sleeps into the next wall-clock second: TensorBoard orders a folder's event files by
-  name, whose first field is the second the file was created in (tf.summary's name ends in a
+  name, whose first field is the second the file was created in (the name ends in a
   per-process counter, which sorts 10 before 9)."""
   time.sleep(1.0 - time.time() % 1.0 + 0.01)
 
 
 def _tensorboard(tb_dir):
   """TensorBoard's reader of a run folder (the one ``tensorboard --load_fast=false`` uses;
-  the older ``event_accumulator`` never purges tensor summaries, which is what tf.summary
-  writes, so it cannot show a restart)."""
+  the older ``event_accumulator`` never purges tensor summaries, which is what the event
+  writer writes, as tf.summary does, so it cannot show a restart)."""
   from tensorboard.backend.event_processing import \
       plugin_event_accumulator as pea  # pylint: disable=import-outside-toplevel
   accumulator = pea.EventAccumulator(str(tb_dir), size_guidance={pea.TENSORS: 0})
@@ -97,6 +100,32 @@ def test_a_disabled_logger_writes_nothing_and_imports_no_tensorflow(tmp_path):
                         text=True, timeout=120, check=True)
   assert proc.stdout.split() == ["False", "False"]
   assert not os.listdir(tmp_path)
+
+
+def test_event_records_carry_tensorboards_crc32c():
+  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import \
+      masked_crc32c  # pylint: disable=import-outside-toplevel
+  assert tensorboard_writer.crc32c(b"123456789") == 0xE3069283   # the CRC-32C check value
+  for data in (b"", b"a", bytes(range(256)) * 3):
+    assert tensorboard_writer.masked_crc32c(data) == masked_crc32c(data)
+  record = tensorboard_writer.encode_record(b"event")
+  assert len(record) == 8 + 4 + 5 + 4 and record[12:17] == b"event"
+
+
+def test_the_writers_are_clus_metric_writers():
+  """The interface is loaded without TensorFlow; a later ``import clu.metric_writers`` (here
+  TensorFlow is installed) sees the same class, so clu's helpers accept the writers."""
+  code = ("import sys; from simpletron_jax import tensorboard_writer as t; "
+          "assert 'clu.metric_writers' not in sys.modules and 'tensorflow' not in sys.modules; "
+          "from clu import metric_writers; "
+          "print(metric_writers.MetricWriter is t.MetricWriter, "
+          "issubclass(t.TensorBoardWriter, metric_writers.MetricWriter))")
+  if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("clu.metric_writers needs TensorFlow (pip install -e '.[test]')")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ["True", "True"]
 
 
 # ----------------------------------------------------------------------------
@@ -203,11 +232,37 @@ def test_wandb_offline_run_holds_the_values_and_a_resumed_start_continues_it(
   assert config["model.num_layers"] == 1 and config["wandb.project"] == "simpletron-test"
 
 
+def test_wandb_mode_left_empty_follows_wandbs_own_variable(wandb_offline, tmp_path,
+                                                           monkeypatch):
+  """Issue 47: ``config.wandb.mode`` defaults to "", and then ``WANDB_MODE=offline`` (set by
+  the fixture) makes an offline run; a mode set in the config wins over the variable (here
+  ``WANDB_MODE=online`` would need the network)."""
+  from configs.listops import simple  # pylint: disable=import-outside-toplevel
+  default = simple.get_config("tiny")
+  assert default.wandb.mode == ""
+  default.wandb.project = "simpletron-test"
+  assert metric_logging.wandb_settings(default)["mode"] == ""
+  run_dirs = []
+  for name, config in (("from_variable", default), ("from_config", wandb_offline)):
+    if name == "from_config":
+      monkeypatch.setenv("WANDB_MODE", "online")
+    workdir = str(tmp_path / name)
+    os.makedirs(workdir)
+    logger = MetricLogger(workdir, config=config, run_id=f"{name:0>32}")
+    logger.write(1, {"loss": 0.5}, "train")
+    run_dirs.append(logger._writers[-1].run_dir)  # pylint: disable=protected-access
+    logger.close()
+    assert os.path.basename(run_dirs[-1]).startswith("offline-run-"), run_dirs[-1]
+    records = _finished_wandb_records(os.path.join(run_dirs[-1], f"run-{name:0>32}.wandb"))
+    assert _history(records) == [{"step": 1, "train/loss": 0.5}]
+
+
 def test_wandb_settings_errors_name_the_field_and_the_fix(wandb_offline, tmp_path,
                                                          monkeypatch):
   config = wandb_offline
   config.wandb.mode = "Offline"
-  with pytest.raises(ValueError, match=r"config\.wandb\.mode='Offline' is not one of online"):
+  with pytest.raises(ValueError,
+                     match=r"^config\.wandb\.mode='Offline' is not one of '', online, offline"):
     MetricLogger(str(tmp_path), config=config)
   assert not os.listdir(tmp_path), "checked before any file is written"
   config.wandb.mode = "offline"

@@ -279,7 +279,7 @@ def test_readme_is_at_most_250_lines():
 def test_readme_test_command_is_the_one_ci_runs():
   ci_commands = [line.strip() for line in CI_RUN.read_text().splitlines()
                  if line.strip().startswith("python -m pytest")]
-  assert len(ci_commands) == 1, ci_commands
+  assert ci_commands, f"{CI_RUN} runs no pytest command"
   readme_commands = []
   for block in _blocks(README.read_text()):
     if block.kind == "code":

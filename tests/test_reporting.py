@@ -3,13 +3,15 @@ seed), and the comparison with the published numbers (from fixture runs)."""
 
 import json
 import os
+import re
 import sys
 
+import jax
 import matplotlib.image
 import numpy as np
 import pytest
 
-from simpletron_jax import attention, published, reporting, train_lib
+from simpletron_jax import attention, published, reporting, run_record, train_lib
 from tests.test_train import Killed, _state, tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
@@ -169,8 +171,28 @@ def test_compare_script_writes_markdown_with_gaps_and_a_png(tmp_path):
     assert line.endswith("| - |" if r["gap"] is None else f"| {r['gap']:+.2f} |")
   with open(tmp_path / "comparison.md") as f:
     assert f.read() == text
+  # Beside each group, the software its runs were computed with (the fixtures predate it).
+  assert "Software of each group (from its results.json):" in text
+  assert f"- {rows[0]['label']}: not recorded (" in text
   image = matplotlib.image.imread(tmp_path / "comparison.png")
   assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_software_lines_name_versions_devices_and_commit():
+  record = run_record.software("cpu", 2, 1)
+  for key in ("python_version", "jax_version", "jaxlib_version", "flax_version",
+              "optax_version", "orbax_checkpoint_version", "numpy_version"):
+    assert isinstance(record[key], str) and record[key], key
+  assert record["jax_version"] == jax.__version__ and record["numpy_version"] == np.__version__
+  assert (record["device_kind"], record["device_count"], record["process_count"]) == ("cpu", 2, 1)
+  assert record["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40}", record["git_commit"])
+  line = run_record.software_line({**record, "git_commit": "0123456789abcdef", "git_dirty": True})
+  assert line.startswith(f"python {record['python_version']}, jax {jax.__version__}, jaxlib ")
+  assert line.endswith("; cpu x2, 1 process; git 0123456789 (dirty)")
+  assert run_record.software_line({"test_accuracy": 0.5}) == "not recorded"
+  group = reporting.RunGroup("g", "listops", "simple", {0: record, 1: record, 2: {}})
+  text = reporting.software_markdown([group])
+  assert f"- g: {run_record.software_line(record)} (2 runs); and not recorded (1 run)" in text
 
 
 def test_published_table_names_registered_attentions_and_known_tasks():

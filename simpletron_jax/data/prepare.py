@@ -35,7 +35,6 @@ config, ``configs/<task>/transformer.py`` unless ``--config`` names another, wit
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import gzip
@@ -48,7 +47,6 @@ import pickle
 import re
 import shutil
 import tarfile
-import tempfile
 import time
 import zlib
 from typing import Any, Callable, Iterator, Sequence
@@ -56,7 +54,7 @@ from typing import Any, Callable, Iterator, Sequence
 import ml_collections
 import numpy as np
 
-from simpletron_jax import overrides, tasks
+from simpletron_jax import atomic_io, overrides, tasks
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx", "agnews")
 MANIFEST = "simpletron_prepared.json"
@@ -252,7 +250,7 @@ def where(task: str, config: ml_collections.ConfigDict) -> Where:
     A :class:`Where`; ``kind == "missing"`` with :func:`fetch_line` (or the loader's reason,
     when ``data.data_dir`` names a folder without the data) as its note.
   """
-  from simpletron_jax.data import (agnews, image, listops, pathfinder,  # pylint: disable=C0415
+  from simpletron_jax.data import (agnews, image, pathfinder,  # pylint: disable=C0415
                                    retrieval, text)
   data_dir = config.data.get("data_dir")
   try:
@@ -304,23 +302,6 @@ def where(task: str, config: ml_collections.ConfigDict) -> Where:
 # Files: atomic writes, checksums, the manifest.
 
 
-@contextlib.contextmanager
-def _atomic(path: str) -> Iterator[str]:
-  """A temporary path beside ``path`` that replaces it on a clean exit (removed otherwise)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                             dir=os.path.dirname(os.path.abspath(path)))
-  os.close(fd)
-  try:
-    yield tmp
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(tmp)
-    raise
-
-
 def file_digest(path: str, algorithm: str = "sha256") -> str:
   """The hex digest of a file's bytes (``sha256`` or ``md5``)."""
   digest = hashlib.new(algorithm)
@@ -350,7 +331,7 @@ def write_manifest(folder: str, task: str, files: Sequence[str], source: str | N
   manifest = {"format": MANIFEST_FORMAT, "task": task, "source": src, "files": entries,
               "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})}
   path = os.path.join(folder, MANIFEST)
-  with _atomic(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+  with atomic_io.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
     json.dump(manifest, f, indent=1, sort_keys=True)
     f.write("\n")
   return path
@@ -432,7 +413,7 @@ def _iter_tar(path: str) -> Iterator[tuple[list[str], Callable[[], Any]]]:
 
 
 def _copy_stream(src, path: str) -> None:
-  with _atomic(path) as tmp, open(tmp, "wb") as out:
+  with atomic_io.atomic_path(path) as tmp, open(tmp, "wb") as out:
     shutil.copyfileobj(src, out, 1 << 20)
 
 
@@ -618,7 +599,7 @@ def cifar_npz(source: str, out_path: str) -> dict[str, int]:
     arrays[f"names_{split}"] = np.asarray(files)[order] if files else np.asarray([], "<U1")
     arrays[f"index_{split}"] = order
     counts[split] = int(len(labels))
-  with _atomic(out_path) as tmp:
+  with atomic_io.atomic_path(out_path) as tmp:
     with open(tmp, "wb") as f:
       np.savez_compressed(f, **arrays)
   return counts
@@ -698,7 +679,7 @@ def imdb_jsonl(source: str, out_dir: str) -> dict[str, int]:
                       f"{DOWNLOADS['imdb'].file} ({DOWNLOADS['imdb'].url}) or its folder")
     rows.sort()
     path = os.path.join(out_dir, text.JSONL_FILES[split])
-    with _atomic(path) as tmp:
+    with atomic_io.atomic_path(path) as tmp:
       with open(tmp, "wb") as raw_out, gzip.GzipFile(filename="", mode="wb", fileobj=raw_out,
                                                        mtime=0) as out:
         for label, review_id, rating, body in rows:

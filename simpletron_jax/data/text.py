@@ -160,8 +160,8 @@ def read_jsonl(path: str) -> tuple[list[bytes], np.ndarray]:
 
   Raises:
     ValueError: ``{path}:{line}: ...`` for a line that is not JSON, not an
-      object, or lacks a string ``text`` or a 0/1 ``label``; ``{path}: ...`` for a
-      truncated or corrupt gzip file.
+      object, or lacks a string ``text`` or a 0/1 ``label``, or whose text holds a lone
+      surrogate (no UTF-8 bytes); ``{path}: ...`` for a truncated or corrupt gzip file.
   """
   opener = gzip.open if path.endswith(".gz") else open
   try:
@@ -187,7 +187,13 @@ def read_jsonl(path: str) -> tuple[list[bytes], np.ndarray]:
                        f"{type(text).__name__}")
     if isinstance(label, bool) or label not in (0, 1):
       raise ValueError(f"{path}:{line_number}: field 'label' must be 0 or 1, found {label!r}")
-    texts.append(text.encode("utf-8"))
+    try:
+      texts.append(text.encode("utf-8"))
+    except UnicodeEncodeError as e:   # a lone surrogate: "\ud800" escaped in the JSON
+      raise ValueError(f"{path}:{line_number}: field 'text' holds {ascii(e.object[e.start:e.end])} "
+                       f"at character {e.start}, a lone UTF-16 surrogate that is not text and "
+                       "has no UTF-8 bytes: fix or drop that line (a surrogate pair cut in two "
+                       "by a truncation?)") from None
     labels.append(int(label))
   return texts, np.asarray(labels, dtype=np.int32)
 

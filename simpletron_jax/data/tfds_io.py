@@ -4,6 +4,9 @@ LRA's Text and Image pipelines read IMDB and CIFAR-10 through tfds. Here a tfds 
 source among others: :func:`find_prepared_tfds` finds a prepared one in ``data.tfds_data_dir``
 and :func:`read_tfds_split` reads a split's features as numpy values. Nothing is ever
 downloaded or generated.
+
+Reading needs ``tensorflow-datasets`` (and, for the default ``tfrecord`` format, TensorFlow):
+the ``tfds`` extra, ``pip install -e ".[tfds]"``; the rest of the project runs without them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,10 @@ import glob
 import os
 import re
 from typing import Any, Sequence
+
+from simpletron_jax import errors
+
+_INSTALL = 'pip install -e ".[tfds]"'
 
 
 def find_prepared_tfds(tfds_data_dir: str, name: str) -> str | None:
@@ -59,10 +66,17 @@ def read_tfds_split(version_dir: str, split: str, keys: Sequence[str]) -> dict[s
     ``{key: [value per example]}`` with numpy values, in the stored order.
 
   Raises:
-    RuntimeError: if the data are in ``tfrecord`` format and TensorFlow is
-      not installed. The message names ``data.tfds_data_dir``.
+    errors.RunError: (a ``RuntimeError``) tensorflow-datasets is not installed, or the data
+      are in ``tfrecord`` format and TensorFlow is not installed. The one-line message names
+      the folder, ``data.tfds_data_dir`` and the ``tfds`` extra.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise errors.RunError(
+        f"reading the tfds copy in {version_dir} (data.tfds_data_dir) needs "
+        f"tensorflow-datasets, which is not installed ({e}): {_INSTALL}, or leave "
+        "data.tfds_data_dir unset to use the local files in data.data_dir") from None
   builder = tfds.builder_from_directory(version_dir)
   out: dict[str, list[Any]] = {k: [] for k in keys}
   if str(builder.info.file_format).lower().endswith("array_record"):
@@ -75,10 +89,10 @@ def read_tfds_split(version_dir: str, split: str, keys: Sequence[str]) -> dict[s
   try:
     import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ImportError:
-    raise RuntimeError(
-        f"the tfds copy in {version_dir} is stored as {builder.info.file_format}, which needs "
-        f"TensorFlow to read; install tensorflow, or leave data.tfds_data_dir unset to use "
-        f"the local files in data.data_dir") from None
+    raise errors.RunError(
+        f"the tfds copy in {version_dir} (data.tfds_data_dir) is stored as "
+        f"{builder.info.file_format}, which needs TensorFlow to read: {_INSTALL}, or leave "
+        "data.tfds_data_dir unset to use the local files in data.data_dir") from None
   for example in tfds.as_numpy(builder.as_dataset(split=split)):
     for k in keys:
       out[k].append(example[k])

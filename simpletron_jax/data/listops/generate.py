@@ -24,8 +24,8 @@ import time
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
-import tqdm
 
+from simpletron_jax import progress
 from simpletron_jax.data import workers as worker_pool
 from simpletron_jax.data.listops.tokens import (_END_ID, _MIN_ID, _SM_ID, END, NUM_CLASSES,
                                                 OPERATORS, VOCAB, _evaluate_ids)
@@ -295,7 +295,8 @@ def _iter_examples(seed: int, total: int, *, min_length: int, max_length: int, m
   seen: set[bytes] = set()
   produced = 0
   next_block = 0
-  bar = tqdm.tqdm(total=total, desc="ListOps examples", unit="ex", smoothing=0.05)
+  # tqdm on a terminal, a line every 30 s in a log; TQDM_DISABLE=1 turns it off.
+  bar = progress.bar(total=total, desc="ListOps examples", unit="ex", smoothing=0.05)
   # Spawned workers, not forked: the trainer may already run JAX threads (worker_pool).
   with bar, worker_pool.executor(workers, math.ceil(total / _BLOCK_SIZE)) as pool:
     while produced < total:
@@ -343,7 +344,8 @@ def generate_splits(seed: int, *, num_train: int = 96000, num_val: int = 2000,
   ``random.Random`` seeded with ``(seed, b)``. Blocks are merged in block
   order, and a duplicate keeps its first occurrence. So the result is a pure
   function of the arguments other than ``num_workers``. The number of
-  processes only changes the speed. A tqdm bar counts accepted examples.
+  processes only changes the speed. A progress bar (:func:`simpletron_jax.progress.bar`)
+  counts accepted examples.
 
   With the defaults, LRA's lengths are 500 < tokens < 2000.
 

@@ -30,13 +30,12 @@ import glob
 import io
 import json
 import os
-import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
-import tqdm
 
+from simpletron_jax import atomic_io, progress as progress_bar
 from simpletron_jax.data import workers as worker_pool
 from simpletron_jax.data.pathfinder.dashed import dashed_example_rng, render_dashed_info
 from simpletron_jax.data.pathfinder.draw import example_rng, render_example_info
@@ -49,25 +48,8 @@ IMAGES_PER_SHARD = 1000
 """Images per ``imgs/{shard}`` folder and ``metadata/{shard}.npy`` file."""
 
 
-@contextlib.contextmanager
-def _atomic_path(path: str) -> Iterator[str]:
-  """Yields a temporary path beside ``path``; on a clean exit it replaces ``path``."""
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                             dir=directory)
-  os.close(fd)
-  try:
-    yield tmp
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(tmp)
-    raise
-
-
 def _write_text(path: str, text: str) -> None:
-  with _atomic_path(path) as tmp:
+  with atomic_io.atomic_path(path) as tmp:
     with open(tmp, "w", encoding="utf-8", newline="\n") as f:
       f.write(text)
 
@@ -174,7 +156,7 @@ def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: st
     level: ``easy``, ``intermediate`` or ``hard`` (or an LRA folder name).
     num_images: images to make, >= 1.
     num_workers: processes; None means every CPU this process may use, 1 means this process.
-    progress: show a tqdm bar and print the speed.
+    progress: show a progress bar (:func:`simpletron_jax.progress.bar`) and print the speed.
     images_per_shard: images per shard folder (layout only; the images do not change).
     generator: ``dashed`` (LRA's images, :mod:`.dashed`) or ``solid`` (connected paths,
       :mod:`.draw`); ``data.generator``.
@@ -219,8 +201,8 @@ def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: st
   attempts = np.zeros(num_images, np.int64)
   remaining = [min(per_shard, num_images - s * per_shard) for s in range(num_shards)]
   start_time = time.time()
-  bar = tqdm.tqdm(total=num_images, desc=f"Pathfinder{resolution} {level}", unit="img",
-                  disable=not progress, smoothing=0.05)
+  bar = progress_bar.bar(total=num_images, desc=f"Pathfinder{resolution} {level}",
+                         unit="img", disable=not progress, smoothing=0.05)
   # Spawned workers, not forked: the caller may run JAX threads (worker_pool).
   with bar, worker_pool.executor(workers, len(tasks)) as pool:
     for shard, start, lab, mar, att in worker_pool.results(pool, _render_chunk, tasks,

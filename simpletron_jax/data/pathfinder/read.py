@@ -26,8 +26,8 @@ import warnings
 from typing import Sequence
 
 import numpy as np
-import tqdm
 
+from simpletron_jax import progress as progress_bar
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.data.pathfinder.params import LEVELS, _level_name
 
@@ -259,7 +259,7 @@ def load_pathfinder(data_dir: str, *, resolution: int, level: str, seed: int,
     level: ``easy``, ``intermediate``, ``hard`` or an LRA folder name.
     seed: keys the split hash. Keep it fixed to compare runs on the same test set.
     split_fractions: train, val and test fractions, summing to 1.
-    progress: show a tqdm bar while decoding.
+    progress: show a progress bar while decoding (:func:`simpletron_jax.progress.bar`).
     split_hash: ``data.split_hash``, one of :data:`SPLIT_HASHES`.
 
   Returns:
@@ -309,8 +309,8 @@ def load_pathfinder(data_dir: str, *, resolution: int, level: str, seed: int,
   parts = {split: [i for i in idx if not listed[i][-1]] for split, idx in parts.items()}
   pixels = resolution * resolution
   total = sum(len(idx) for idx in parts.values())
-  bar = tqdm.tqdm(total=total, desc=f"Reading pathfinder{resolution}", unit="img",
-                  disable=not progress or total < 5000)
+  bar = progress_bar.bar(total=total, desc=f"Reading pathfinder{resolution}", unit="img",
+                         disable=not progress or total < 5000)
   splits = {}
   try:
     for split, idx in parts.items():

@@ -1,0 +1,480 @@
+"""Issue 48: nothing silent, no tracebacks (the in-process cases).
+
+* A rerun of a finished run changes nothing: no file is rewritten, no ``(step, split)`` record
+  is written twice, and ``val_majority_rate`` is the last validation's whichever start reached
+  the end (a start that trains no step reported the whole split's before).
+* ``--allow_resume_changes`` on a finished run is marked in ``results.json``
+  (``forced_resume_changes``), and ``scripts/seeds.py`` and ``scripts/compare.py`` refuse to
+  count it as a finished run of the new config unless told to (``--count-forced``).
+* ``run.lock`` is released on every exit path: missing data, a model that cannot be built, a
+  refused resume.
+* ``init_from`` checks its source checkpoint as ``eval.py`` does; ``eval.py`` names a config of
+  another task; a signal while the steps precompile stops the run as a preemption does; progress
+  without a terminal is whole lines; a failed restore's abandoned reads print nothing; the
+  scripts name train.py's one-line error and refuse a ``--copy-to`` file before training.
+
+Most runs are the presence task with a 1-layer model (``tests/test_faults.py``); one finished
+run is shared by the module and copied by each test that changes it.
+"""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import chex
+import jax
+import pytest
+
+from configs import lra
+from simpletron_jax import (checkpoints, precompile, progress, reporting, run_guard,
+                            run_record, train_lib)
+from simpletron_jax.data import text
+from simpletron_jax.metric_logging import read_records
+from tests.conftest import ROOT
+from tests.test_faults import _kill_at, _params, _truncate_largest, fault_config
+from tests.test_train import Killed
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import compare  # noqa: E402  pylint: disable=wrong-import-position
+import seeds  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def rerun_config(**overrides):
+  """:func:`fault_config` validating one batch (16 of the 200 val examples), so the majority
+  rate of the examples validated differs from the whole split's."""
+  return fault_config(**{"num_train_steps": 6, "eval_frequency": 3, "num_eval_steps": 1,
+                         **overrides})
+
+
+@pytest.fixture(scope="module")
+def finished(presence_task, tmp_path_factory):
+  """A finished :func:`rerun_config` run: (workdir, results)."""
+  workdir = str(tmp_path_factory.mktemp("finished") / "run")
+  return workdir, train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task)
+
+
+def _copy(finished, tmp_path, name="run"):
+  workdir = str(tmp_path / name)
+  shutil.copytree(finished[0], workdir)
+  return workdir
+
+
+def _files(workdir):
+  """``{relative path: bytes}`` of every file under ``workdir``."""
+  out = {}
+  for folder, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(folder, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, workdir)] = f.read()
+  return out
+
+
+def _keys(workdir):
+  """The ``(step, split)`` of every record of ``metrics.jsonl`` but the per-start ``info``."""
+  return [(r["step"], r["split"]) for r in read_records(os.path.join(workdir, "metrics.jsonl"))
+          if r["split"] != "info"]
+
+
+def _results(workdir):
+  with open(os.path.join(workdir, "results.json")) as f:
+    return json.load(f)
+
+
+PER_START = ("train_compile_seconds_this_run", "train_shapes_compiled_in_loop",
+             "wall_seconds_this_run")   # what the start that wrote results.json did
+
+
+# ----------------------------------------------------------------------------
+# Reruns of a finished run.
+
+
+@pytest.mark.slow
+def test_a_rerun_of_a_finished_run_changes_nothing(finished, presence_task, tmp_path):
+  workdir = _copy(finished, tmp_path)
+  before = _files(workdir)
+  assert run_guard.LOCK_FILE not in before
+  results = train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task)
+  assert results == _results(workdir) == finished[1]
+  # An allowed change (reporting only) computes nothing new either.
+  train_lib.train_and_evaluate(rerun_config(eval_frequency=2, log_every=1), workdir,
+                               data=presence_task)
+  assert _files(workdir) == before, "a rerun of a finished run rewrote a file"
+  assert len(_keys(workdir)) == len(set(_keys(workdir)))
+
+
+@pytest.mark.slow
+def test_every_way_to_the_end_gives_the_same_results_and_no_duplicate(finished, presence_task,
+                                                                      tmp_path, capsys):
+  """Killed right after the last step's checkpoint (before the test), then resumed: the start
+  that trains no step reports the validated examples' majority rate, as the straight run did.
+  Killed after writing the test records but before results.json: they are reused, not
+  recorded twice. Progress without a terminal is whole lines."""
+  straight_dir, straight = finished
+  val_split_rate = presence_task.val.majority_rate()
+  assert straight["val_majority_rate"] != val_split_rate, "the case needs a partial validation"
+  workdir = str(tmp_path / "killed_at_the_end")
+  with pytest.raises(Killed):
+    train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task,
+                                 step_hook=_kill_at(6))
+  assert not os.path.exists(os.path.join(workdir, "results.json"))
+  results = train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task)
+  assert results["val_majority_rate"] == straight["val_majority_rate"]
+  for key in set(straight) - set(PER_START) - {"steps_per_sec", "train_seconds"}:
+    assert results[key] == straight[key], key
+  assert _keys(workdir) == _keys(straight_dir)
+  chex.assert_trees_all_equal(_params(workdir, rerun_config(), presence_task),
+                              _params(straight_dir, rerun_config(), presence_task))
+
+  os.remove(os.path.join(workdir, "results.json"))   # a kill after the test records
+  again = train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task)
+  assert {k: v for k, v in again.items() if k not in PER_START} == {
+      k: v for k, v in results.items() if k not in PER_START}
+  assert _keys(workdir) == _keys(straight_dir), "test records written twice"
+
+  train_lib.train_and_evaluate(rerun_config(num_train_steps=8), workdir, data=presence_task)
+  err = capsys.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith("train: ")]
+  assert lines and lines[-1].startswith("train: 8/8 (100%), ") and "loss=" in lines[-1], err
+  assert "\r" not in err
+
+
+@pytest.mark.slow
+def test_a_forced_change_on_a_finished_run_is_marked_and_not_counted(finished, presence_task,
+                                                                     tmp_path):
+  root = tmp_path / "runs"
+  workdir = _copy(finished, root, "seed0")
+  changed = rerun_config(learning_rate=0.01)
+  with pytest.raises(run_guard.ConfigMismatchError, match="--allow_resume_changes"):
+    train_lib.train_and_evaluate(changed, workdir, data=presence_task)
+  results = train_lib.train_and_evaluate(changed, workdir, data=presence_task,
+                                         allow_resume_changes=True)
+  assert results["forced_resume_changes"] == [{"step": 6, "fields": ["learning_rate"]}]
+  assert results == _results(workdir)
+  assert results["config_fingerprint"] == run_guard.config_fingerprint(changed)
+  for key in ("test_accuracy", "test_accuracy_final", "best_step", "val_majority_rate"):
+    assert results[key] == finished[1][key], key   # nothing was trained with the new rate
+  assert len(_keys(workdir)) == len(set(_keys(workdir)))
+  problem = run_guard.results_problem(results, changed)
+  assert problem.startswith("it was resumed with --allow_resume_changes (learning_rate at "
+                            "step 6)") and "--count-forced" in problem, problem
+  assert run_guard.results_problem(results, changed, count_forced=True) is None
+  assert seeds.seed_state(workdir, changed) == "resume"
+  assert seeds.seed_state(workdir, changed, count_forced=True) == "done"
+  groups, left_out = compare.collect_runs(str(root))
+  assert groups == [] and left_out == [f"seed0: results.json: {problem}"]
+  groups, left_out = compare.collect_runs(str(root), count_forced=True)
+  assert [len(g.results) for g in groups] == [1] and left_out == []
+  # The same forced command again changes nothing.
+  before = _files(workdir)
+  train_lib.train_and_evaluate(changed, workdir, data=presence_task, allow_resume_changes=True)
+  assert _files(workdir) == before
+
+
+def test_a_run_records_its_software_outside_its_config(finished):
+  """config.json and results.json name the versions, devices and commit (issue 47); they
+  enter neither the config nor its fingerprint, so a run still counts after an upgrade."""
+  workdir, results = finished
+  with open(os.path.join(workdir, "config.json")) as f:
+    saved = json.load(f)
+  software = saved[run_record.SOFTWARE_KEY]
+  assert software == {k: results[k] for k in software} and "orbax_checkpoint_version" in software
+  assert (results["jax_version"], results["device_kind"], results["device_count"],
+          results["process_count"]) == (jax.__version__, jax.devices()[0].device_kind,
+                                        jax.device_count(), 1)
+  assert results["config_fingerprint"] == run_guard.config_fingerprint(rerun_config())
+  assert run_guard.config_fingerprint(saved) == results["config_fingerprint"]
+  assert run_guard.results_problem(results, saved) is None
+  assert run_record.SOFTWARE_KEY not in train_lib.load_run_config(workdir)
+  older = {**saved, run_record.SOFTWARE_KEY: {**software, "jax_version": "0.0.1"}}
+  assert run_guard.config_fingerprint(older) == results["config_fingerprint"]
+
+
+# ----------------------------------------------------------------------------
+# The lock on every exit path.
+
+
+@pytest.mark.slow
+def test_the_lock_is_released_on_every_exit_path(finished, presence_task, tmp_path,
+                                                 monkeypatch):
+  lock = run_guard.LOCK_FILE
+  missing = str(tmp_path / "missing_data")
+  no_data = fault_config(**{"data.data_dir": str(tmp_path / "nowhere")})
+  with pytest.raises(FileNotFoundError, match="nowhere"):
+    train_lib.train_and_evaluate(no_data, missing)
+  assert not os.path.exists(os.path.join(missing, lock))
+
+  def broken_model(config, data):
+    raise ValueError("model.attention_kwargs: cannot build (injected)")
+
+  unbuildable = str(tmp_path / "model_error")
+  with monkeypatch.context() as m:
+    m.setattr(train_lib, "build_model", broken_model)
+    with pytest.raises(ValueError, match="injected"):
+      train_lib.train_and_evaluate(rerun_config(), unbuildable, data=presence_task)
+  assert not os.path.exists(os.path.join(unbuildable, lock))
+
+  refused = _copy(finished, tmp_path)
+  with pytest.raises(run_guard.ConfigMismatchError, match="seed: checkpoint 0, config 1"):
+    train_lib.train_and_evaluate(rerun_config(seed=1), refused, data=presence_task)
+  assert not os.path.exists(os.path.join(refused, lock))
+  train_lib.train_and_evaluate(rerun_config(), refused, data=presence_task)   # not "in use"
+
+
+# ----------------------------------------------------------------------------
+# init_from, eval.py, signals while compiling.
+
+
+@pytest.mark.slow
+def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_task,
+                                                             tmp_path):
+  """A truncated source checkpoint, and one whose parameters do not match their CRC-32, are
+  refused before anything is copied; an intact one is checked and used."""
+  source = _copy(finished, tmp_path, "source")
+  best = os.path.join(source, "best")
+  step = checkpoints.verify_params_checkpoint(best, "init_from")
+  assert step == finished[1]["best_step"]
+  meta_path = os.path.join(best, str(step), "meta", "metadata")
+  with open(meta_path) as f:
+    meta = json.load(f)
+  assert meta["params_crc32"] == run_guard.state_crc32(
+      _params(source, rerun_config(), presence_task, "best"))
+  for damage, problem in (("crc", "its parameters do not match the CRC-32 saved with them"),
+                          ("truncated", "")):
+    if damage == "crc":
+      with open(meta_path, "w") as f:
+        json.dump({**meta, "params_crc32": meta["params_crc32"] ^ 1}, f)
+    else:
+      with open(meta_path, "w") as f:
+        json.dump(meta, f)
+      _truncate_largest(os.path.join(best, str(step)))
+    workdir = str(tmp_path / f"target_{damage}")
+    with pytest.raises(run_guard.CheckpointError) as error:
+      train_lib.train_and_evaluate(rerun_config(init_from=source), workdir, data=presence_task)
+    message = str(error.value)
+    assert message.startswith(f"init_from={source!r}: damaged checkpoint {best}/{step}: "
+                              f"{problem}"), message
+    assert "\n" not in message and not os.path.exists(os.path.join(workdir, "transfer.json"))
+    assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))
+
+
+def test_eval_with_another_tasks_config_names_the_task(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps({"task": "listops"}))
+  with pytest.raises(run_guard.ConfigMismatchError,
+                     match=r"^--config is a config of task 'text', but .* trained task "
+                           r"'listops' \(.*config.json\): pass a configs/listops/\.\.\. config"):
+    train_lib.evaluate_checkpoint(str(tmp_path), config=lra.make_config("text", "simple",
+                                                                        "tiny"))
+
+
+@pytest.fixture
+def python_sigint():
+  """SIGINT with Python's own handler during the test (a background process may inherit it
+  ignored), put back after."""
+  inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, inherited)
+
+
+@pytest.mark.slow
+def test_a_signal_while_precompiling_stops_as_a_preemption(presence_task, tmp_path,
+                                                           monkeypatch, python_sigint):
+  """SIGINT arrives while the compile threads run: they finish or are cancelled, and the run
+  stops as a preempted one does (PreemptedError, exit 75 in train.py), with nothing trained
+  and so nothing saved; before, a KeyboardInterrupt in the waiting thread could crash."""
+  real = precompile._in_threads
+  calls = []
+
+  def signalled(thunks, workers, should_stop=None):
+    calls.append(len(thunks))
+    first = thunks[0]
+
+    def send_then_compile():
+      os.kill(os.getpid(), signal.SIGINT)
+      return first()
+
+    return real([send_then_compile] + thunks[1:], workers, should_stop)
+
+  monkeypatch.setattr(precompile, "_in_threads", signalled)
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  workdir = str(tmp_path / "run")
+  with pytest.raises(run_guard.PreemptedError) as error:
+    train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task,
+                                 precompile_workers=2)
+  assert calls and (error.value.step, error.value.cause) == (0, "SIGINT")
+  assert {s: signal.getsignal(s) for s in handlers} == handlers
+  assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, "checkpoints", "1"))
+  assert _keys(workdir) == [] and not os.path.exists(os.path.join(workdir, "results.json"))
+
+
+def test_a_stop_request_cancels_the_compilations_not_started():
+  started = []
+
+  def slow(i):
+    def thunk():
+      started.append(i)
+      time.sleep(0.05)
+      return i
+    return thunk
+
+  assert precompile._in_threads([slow(i) for i in range(4)], 2) == [0, 1, 2, 3]
+  started.clear()
+  with pytest.raises(precompile.Stopped):
+    precompile._in_threads([slow(i) for i in range(50)], 1, should_stop=lambda: True)
+  assert len(started) < 50, "every compilation ran although a stop was requested"
+
+
+# ----------------------------------------------------------------------------
+# Output: progress lines, abandoned reads, the scripts' one-line errors.
+
+
+def test_progress_without_a_terminal_is_whole_lines(capsys, monkeypatch):
+  monkeypatch.delenv("TQDM_DISABLE", raising=False)
+  with progress.bar(total=4, desc="gen", unit="ex", interval=0.0) as bar:
+    assert isinstance(bar, progress.LineProgress)   # pytest's stderr is not a terminal
+    for _ in range(4):
+      bar.update(1)
+    bar.set_postfix(loss="1.5")
+  err = capsys.readouterr().err
+  assert "\r" not in err and err.splitlines()[0].startswith("gen: 1/4 (25%), ")
+  assert err.splitlines()[-1].startswith("gen: 4/4 (100%), ") and "loss=1.5" in err
+  monkeypatch.setenv("TQDM_DISABLE", "1")
+  with progress.bar(total=4, desc="gen", interval=0.0) as bar:
+    bar.update(4)
+    bar.write("a message still shows")
+  captured = capsys.readouterr()
+  assert captured.err == "" and captured.out == "a message still shows\n"
+
+
+def test_abandoned_reads_of_a_failed_restore_are_not_printed(monkeypatch):
+  """What tensorstore reports when it posts a read's result after orbax closed its event loop
+  (an unraisable ``RuntimeError`` raised in ``call_soon_threadsafe``) does not reach the hook
+  that prints it; the same error raised elsewhere still does."""
+  reported = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
+  checkpoints.quiet_abandoned_reads()
+  checkpoints.quiet_abandoned_reads()   # once only
+  loop = asyncio.new_event_loop()
+  loop.close()
+
+  class PostsToAClosedLoop:
+    def __del__(self):
+      loop.call_soon_threadsafe(print)
+
+  class FailsElsewhere:
+    def __del__(self):
+      raise RuntimeError("Event loop is closed")
+
+  PostsToAClosedLoop()   # collected at once: Python reports __del__'s error as unraisable
+  assert reported == []
+  FailsElsewhere()
+  assert [str(e) for e in reported] == ["Event loop is closed"]
+
+
+def test_scripts_name_train_pys_one_line_error(tmp_path):
+  log = str(tmp_path / "train.log")
+  cause = ("ConfigMismatchError: runs/x/checkpoints/6 was computed with other settings: "
+           "learning_rate: checkpoint 0.05, config 0.01.")
+  program = f"import sys; print('step 1'); print('train.py: {cause}', file=sys.stderr); sys.exit(1)"
+  with open(log, "w") as f:
+    f.write("train.py: an older start's error\n")
+  with pytest.raises(RuntimeError) as error:
+    reporting.run_logged([sys.executable, "-c", program], ROOT, log, "seed 3")
+  assert str(error.value) == f"seed 3: train.py exited 1: {cause}; see {log}"
+  with pytest.raises(RuntimeError, match=r"^seed 3: train.py exited 2; see "):
+    reporting.run_logged([sys.executable, "-c", "import sys; sys.exit(2)"], ROOT, log, "seed 3")
+
+
+def test_seeds_refuses_a_copy_to_file_before_training(tmp_path):
+  target = tmp_path / "summary.md"
+  target.write_text("committed\n")
+  root = tmp_path / "root"
+  with pytest.raises(SystemExit, match=rf"^seeds.py: --copy-to {target}: {target} is a file, "
+                                       r"not a folder"):
+    seeds.main(["--config", "configs/listops/simple.py:tiny", "--seeds", "0",
+                "--workdir-root", str(root), "--copy-to", str(target)])
+  assert not root.exists() and target.read_text() == "committed\n"
+  assert seeds.copy_target_problem(str(tmp_path / "new" / "folder")) is None
+
+
+def test_a_lone_surrogate_in_a_text_line_names_the_file_and_line(tmp_path):
+  path = tmp_path / "train.jsonl"
+  path.write_text('{"text": "fine", "label": 1}\n{"text": "cut \\ud83d here", "label": 0}\n')
+  with pytest.raises(ValueError, match=rf"^{path}:2: field 'text' holds '\\ud83d' at "
+                                       r"character 4, a lone UTF-16 surrogate"):
+    text.read_jsonl(str(path))
+
+
+@pytest.mark.slow
+def test_train_py_refuses_cli_mistakes_in_one_line(tmp_path):
+  """Two mistakes that need the real command line: a workdir name that is not UTF-8 (bytes
+  in sys.argv) and a stray positional argument. No JAX work is done for either."""
+  common = [sys.executable, "train.py", "--config", "configs/listops/simple.py:tiny"]
+  bad_name = os.fsencode(str(tmp_path)) + b"/run\xff"
+  proc = subprocess.run(common + [b"--workdir=" + bad_name], cwd=ROOT, capture_output=True,
+                        timeout=300)
+  err = proc.stderr.decode("utf-8", "replace")
+  assert proc.returncode == 1 and "Traceback" not in err, err[-2000:]
+  assert err.strip().splitlines()[-1].startswith("train.py: --workdir ") and "b'\\xff'" in err
+  assert os.listdir(tmp_path) == []
+  proc = subprocess.run(common + ["stray"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "train.py: unexpected argument(s) 'stray': train.py takes flags only, as --name=value "
+      "(quote a value that holds spaces or brackets, e.g. --config.freeze=\"('^encoder/',)\"); "
+      "see --help"), proc.stderr[-2000:]
+  assert len(proc.stderr.splitlines()) < 10, "absl's help was printed"
+
+
+_WITH_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+
+
+@pytest.mark.slow
+def test_train_py_ctrl_c_while_precompiling_exits_cleanly(tmp_path):
+  """Ctrl-C during the start-up compile of a grouped run with ``--precompile_workers=2`` (a
+  segmentation fault in issue 48's probe): once, the run stops as a preempted one (status 75);
+  twice, at once, without saving (status 130). One line, no traceback, no crash, no lock."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  command = [sys.executable, "train.py", "--config", "configs/listops/simple.py:tiny",
+             f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train=64",
+             "--config.data.num_val=32", "--config.data.num_test=32",
+             "--config.model.num_layers=1", "--config.num_train_steps=4",
+             "--config.data.group_by_length=True", "--precompile_workers=2",
+             "--xla_cache_dir="]   # nothing cached: the compile takes seconds
+  endings = {}
+  for name, signals in (("once", 1), ("twice", 2)):
+    workdir = tmp_path / name
+    # A process started in the background may inherit SIGINT ignored: the child puts the
+    # default back and becomes train.py (exec keeps it), as a terminal's Ctrl-C would find it.
+    proc = subprocess.Popen([sys.executable, "-c", _WITH_SIGINT] + command[1:]
+                            + [f"--workdir={workdir}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+      started = time.time()
+      while not (workdir / "parameter_overview.txt").exists():   # written just before
+        assert proc.poll() is None and time.time() - started < 300, proc.communicate()[1]
+        time.sleep(0.02)
+      for _ in range(signals):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+      _, err = proc.communicate(timeout=300)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+    for crash in ("Traceback", "Fatal Python error", "FATAL", "Segmentation fault"):
+      assert crash not in err, err[-3000:]
+    assert not (workdir / run_guard.LOCK_FILE).exists()
+    endings[name] = (proc.returncode, err.strip().splitlines()[-1])
+  assert endings["once"][0] == run_guard.PREEMPTED_EXIT_CODE, endings
+  assert endings["once"][1].startswith("train.py: preempted at step "), endings
+  assert endings["twice"] == (130, "train.py: interrupted (SIGINT) before the run could save; "
+                              "the last checkpoint stays: rerun the same command to continue "
+                              "from it"), endings
