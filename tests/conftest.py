@@ -69,3 +69,26 @@ def presence_task() -> tasks.TaskData:
   return tasks.TaskData(presence_examples(2000, rng), presence_examples(200, rng),
                         presence_examples(200, rng), vocab_size=16, num_classes=2,
                         source="synthetic")
+
+
+def pytest_addoption(parser):
+  """``--paper-cells``: also run the full-size paper cells' CPU smoke tests (CI's second step,
+  tests/test_paper_cells.py; several minutes of compiling)."""
+  parser.addoption("--paper-cells", action="store_true", default=False,
+                   help="run the tests marked paper_cells (full-size paper cells on CPU)")
+
+
+def pytest_configure(config):
+  """Registers the ``paper_cells`` mark."""
+  config.addinivalue_line("markers", "paper_cells: a full-size paper cell on CPU; runs only "
+                          "with --paper-cells")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Skips the ``paper_cells`` tests unless ``--paper-cells`` is given."""
+  if config.getoption("--paper-cells"):
+    return
+  skip = pytest.mark.skip(reason="full-size paper cell: run with --paper-cells")
+  for item in items:
+    if "paper_cells" in item.keywords:
+      item.add_marker(skip)

@@ -1,0 +1,296 @@
+"""The paper cells: one command per published number, trained, tested and compared.
+
+Usage::
+
+    python scripts/reproduce.py --list                       # the cells, in plan order
+    python scripts/reproduce.py listops_transformer_lra_code # train, test, compare
+    python scripts/reproduce.py text_simple_authors --config.data.data_dir=~/data/imdb \\
+        --config.max_train_minutes=8                         # stop after 8 minutes of training
+    python scripts/reproduce.py text_simple_authors --config.data.data_dir=~/data/imdb \\
+        --copy-to results/paper/text_simple_authors          # rerun: resume, then copy the logs
+
+A cell is a config file, the flags the GPU run uses (``Cell.flags``: dtype, the timed speed
+options, the validation frequency) and the published number it is compared with. The command
+runs ``train.py --config <config> <flags> <overrides> --workdir <workdir>`` (default workdir
+``runs/paper/<cell>``), which resumes from the workdir's newest checkpoint, so rerunning a
+stopped cell continues it. When the run is finished (``run_record.workdir_results_problem``:
+complete, every step, this config's fingerprint) it writes ``comparison.md`` (our test
+accuracy under the publication's protocol against the published number,
+``simpletron_jax.reporting``) and ``reproduce.json`` (cell, command, device, the row) into
+the workdir. Only ``--copy-to DIR`` writes elsewhere: it copies ``config.json``,
+``metrics.jsonl``, ``results.json``, ``comparison.md`` and ``reproduce.json`` (never
+checkpoints) to ``DIR``.
+
+Exit status: 0 when the cell is finished and compared; 3 when ``train.py`` stopped early on
+its time budget (``config.max_train_minutes``: rerun the same command to continue); 75 when
+it was preempted (likewise); 1 with one line for any other named cause. The plan, the budget
+of each cell and the GPU procedure are in docs/reproduce.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+UNFINISHED_EXIT_CODE = 3
+COPIED_FILES = ("config.json", "metrics.jsonl", "results.json", "comparison.md",
+                "reproduce.json")
+# The GPU setting of every cell: bfloat16 activations and matmuls, float32 parameters and
+# optimizer state (docs/scaling.md, "Which dtype": the closer match to LRA's TPU runs).
+BF16 = "--config.model.dtype=bfloat16"
+# Exact for CLS pooling; 1.16x a simple step at 4K on an H100 (docs/fast_paths.md).
+CLS_ONLY = "--config.model.last_block_cls_only=True"
+# Every batch at full width: one train and one eval program instead of one per 128-token
+# width met (up to 16 on ListOps, 32 on text; 9 to 27 s each on an H100), for the models that
+# are exact under length padding (mask_pads=True, tested), so the function is the default's.
+FULL_WIDTH = "--config.data.bucket=0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One published number and the run that reproduces it.
+
+  Attributes:
+    name: ``<task>_<model>[_<variant>]``, the run folder's name.
+    config: a config file with its ``:variant`` (``configs/<task>/<model>.py[:variant]``).
+    flags: ``--config.<field>=<value>`` flags of the GPU run, after the config's own values.
+    note: why the cell exists and what it compares (one sentence).
+  """
+
+  name: str
+  config: str
+  flags: tuple[str, ...]
+  note: str
+
+  @property
+  def task(self) -> str:
+    """The task folder of :attr:`config` (``listops``, ``text``, ...)."""
+    return self.config.split("/")[1]
+
+
+def _final_only(steps: int) -> str:
+  """One validation, at the last step: LRA's protocol scores the final parameters, so the
+  validation frequency changes no reported number (and LRA's text validates on 25,000 test
+  reviews every 100 steps)."""
+  return f"--config.eval_frequency={steps}"
+
+
+# Plan order (issue 43): LRA's Transformer, SimpleTRON's simple (authors' function, then the
+# padding-exact default), LRA's linear and Performer on ListOps, then image and Pathfinder-32.
+CELLS: tuple[Cell, ...] = (
+    Cell("listops_transformer_lra_code", "configs/listops/transformer.py:lra_code",
+         (BF16, CLS_ONLY, _final_only(5000)),
+         "LRA's Transformer as LRA's code ran it (LRA Table 1: 36.37, final step)"),
+    Cell("text_transformer_lra_code", "configs/text/transformer.py:lra_code",
+         (BF16, CLS_ONLY, _final_only(20000)),
+         "LRA's Transformer on bytes, max_length 1000 as LRA's code (LRA Table 1: 64.27)"),
+    Cell("text_simple_authors", "configs/text/simple.py:authors", (BF16, CLS_ONLY),
+         "SimpleTRON as its authors' code computed it (paper: 66.75, best-validation)"),
+    Cell("listops_simple_authors", "configs/listops/simple.py:authors", (BF16, CLS_ONLY),
+         "SimpleTRON as its authors' code computed it (paper: 37.45, best-validation)"),
+    Cell("text_simple", "configs/text/simple.py", (BF16, CLS_ONLY, FULL_WIDTH),
+         "the padding-exact Simple (pads out of K^T V, L = real length), beside the authors'"),
+    Cell("listops_simple", "configs/listops/simple.py", (BF16, CLS_ONLY, FULL_WIDTH),
+         "the padding-exact Simple, beside the authors'"),
+    Cell("listops_linear_lra_code", "configs/listops/linear.py:lra_code",
+         (BF16, CLS_ONLY, _final_only(5000)),
+         "LRA's Linear Transformer, no padding mask (LRA Table 1: 16.13)"),
+    Cell("listops_performer_lra_code", "configs/listops/performer.py:lra_code",
+         (BF16, CLS_ONLY, _final_only(5000)),
+         "LRA's Performer, features redrawn from sum(q) (LRA Table 1: 18.01)"),
+    Cell("image_transformer_lra_code", "configs/image/transformer.py:lra_code",
+         (BF16, CLS_ONLY, _final_only(35000)),
+         "LRA's Transformer on CIFAR-10 gray (LRA Table 1: 42.44)"),
+    Cell("image_simple", "configs/image/simple.py", (BF16, CLS_ONLY),
+         "Simple on LRA's image recipe (no published number; beside the Transformer)"),
+    Cell("pathfinder_transformer_lra_code", "configs/pathfinder/transformer.py:lra_code",
+         (BF16, _final_only(62400)),
+         "LRA's Transformer on Pathfinder-32 hard, MEAN pooling (LRA Table 1: 71.40)"),
+    Cell("pathfinder_simple", "configs/pathfinder/simple.py", (BF16,),
+         "Simple on LRA's Pathfinder-32 recipe (no published number; beside the Transformer)"),
+)
+
+
+class CellError(RuntimeError):
+  """A cell could not be run or compared; the message is one line."""
+
+
+def get_cell(name: str) -> Cell:
+  """The cell called ``name``.
+
+  Raises:
+    CellError: for an unknown name (the known ones are listed).
+  """
+  for cell in CELLS:
+    if cell.name == name:
+      return cell
+  raise CellError(f"unknown cell {name!r}; known: {', '.join(c.name for c in CELLS)}")
+
+
+def cell_overrides(cell: Cell, overrides: Sequence[str] = ()) -> list[str]:
+  """The cell's flags, then the user's ``--config.*`` overrides (which win)."""
+  return [*cell.flags, *overrides]
+
+
+def cell_config(cell: Cell, overrides: Sequence[str] = ()):
+  """The ``ml_collections.ConfigDict`` that ``train.py`` trains for this cell and these
+  overrides, parsed by ml_collections' config flags as train.py parses it.
+
+  Raises:
+    CellError: the config or an override cannot be loaded (one line).
+  """
+  import seeds  # pylint: disable=import-outside-toplevel
+  try:
+    return seeds.expected_config(cell.config, cell_overrides(cell, overrides), seed=0)
+  except seeds.SeedError as e:
+    raise CellError(str(e)) from None
+
+
+def train_command(cell: Cell, workdir: str, overrides: Sequence[str] = ()) -> list[str]:
+  """``train.py``'s argument list for the cell (without the interpreter)."""
+  return ["train.py", "--config", cell.config, "--workdir", workdir,
+          *cell_overrides(cell, overrides)]
+
+
+def user_command(cell: Cell, overrides: Sequence[str] = ()) -> str:
+  """The command a user types for the cell, as docs/reproduce.md gives it."""
+  return " ".join(["python scripts/reproduce.py", cell.name, *overrides])
+
+
+def _device() -> dict[str, Any]:
+  """``{"device_kind", "device_count", "platform"}`` of this process's JAX backend."""
+  import jax  # pylint: disable=import-outside-toplevel
+  devices = jax.devices()
+  return {"device_kind": devices[0].device_kind, "device_count": len(devices),
+          "platform": devices[0].platform}
+
+
+def compare(cell: Cell, workdir: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+  """Writes ``comparison.md`` and ``reproduce.json`` for a finished run in ``workdir``.
+
+  Returns:
+    The comparison row (``simpletron_jax.reporting.comparison_rows``), with ``ours`` and
+    ``published`` in % and ``gap`` in points.
+
+  Raises:
+    CellError: the run is not finished for this cell's config (the reason from
+      ``run_record.workdir_results_problem``).
+  """
+  from simpletron_jax import reporting, run_record  # pylint: disable=import-outside-toplevel
+  config = cell_config(cell, overrides)
+  problem = run_record.workdir_results_problem(workdir, config)
+  if problem is not None:
+    raise CellError(f"{cell.name}: {workdir} is not a finished run of this cell: {problem}")
+  with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+    results = json.load(f)
+  group = reporting.RunGroup(cell.name, config.task, config.model.attention,
+                             {int(config.seed): results})
+  row = reporting.comparison_rows([group])[0]
+  table = reporting.comparison_markdown([row])
+  with open(os.path.join(workdir, "comparison.md"), "w", encoding="utf-8") as f:
+    f.write(f"`{user_command(cell, overrides)}`\n\n{table}")
+  record = {"cell": cell.name, "config": cell.config, "flags": list(cell.flags),
+            "overrides": list(overrides), "command": user_command(cell, overrides),
+            "train_command": " ".join(["python", *train_command(cell, workdir, overrides)]),
+            **_device(), "steps_per_sec": results.get("steps_per_sec"),
+            "train_seconds": results.get("train_seconds"),
+            "row": {k: v for k, v in row.items() if k != "summary"}}
+  with open(os.path.join(workdir, "reproduce.json"), "w", encoding="utf-8") as f:
+    json.dump(record, f, indent=2)
+  print(table, end="")
+  return row
+
+
+def copy_logs(workdir: str, dest: str) -> list[str]:
+  """Copies :data:`COPIED_FILES` (never checkpoints) from ``workdir`` to ``dest``.
+
+  Returns:
+    The copied paths.
+
+  Raises:
+    CellError: ``dest`` exists and is not a folder, or a file is missing from ``workdir``.
+  """
+  if os.path.exists(dest) and not os.path.isdir(dest):
+    raise CellError(f"--copy-to {dest} is a file, not a folder")
+  missing = [n for n in COPIED_FILES if not os.path.isfile(os.path.join(workdir, n))]
+  if missing:
+    raise CellError(f"{workdir} lacks {', '.join(missing)}: nothing copied")
+  os.makedirs(dest, exist_ok=True)
+  return [shutil.copy(os.path.join(workdir, n), dest) for n in COPIED_FILES]
+
+
+def plan_markdown() -> str:
+  """One line per cell: its name, config, flags and note (``--list``)."""
+  lines = ["| cell | config | GPU flags | what |", "|---|---|---|---|"]
+  for c in CELLS:
+    flags = " ".join(f"`{f}`" for f in c.flags)
+    lines.append(f"| `{c.name}` | `{c.config}` | {flags} | {c.note} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Parses the flags, trains the cell (resuming), compares it and copies its logs.
+
+  Returns:
+    The exit status (see the module docstring).
+  """
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("cell", nargs="?", help="a cell name (--list shows them)")
+  parser.add_argument("--list", action="store_true", help="print the cells and exit")
+  parser.add_argument("--workdir", default=None, help="default: runs/paper/<cell>")
+  parser.add_argument("--copy-to", default=None,
+                      help="copy the run's logs (no checkpoints) here when it is finished")
+  args, overrides = parser.parse_known_args(argv)
+  if args.list:
+    print(plan_markdown(), end="")
+    return 0
+  bad = [o for o in overrides if not o.startswith("--config.")]
+  try:
+    if bad:
+      raise CellError(f"unrecognized arguments {bad}: only --config.<field>=<value> "
+                      "overrides are passed on to train.py")
+    if not args.cell:
+      raise CellError("name a cell (python scripts/reproduce.py --list shows them)")
+    cell = get_cell(args.cell)
+    if args.copy_to and os.path.exists(args.copy_to) and not os.path.isdir(args.copy_to):
+      raise CellError(f"--copy-to {args.copy_to} is a file, not a folder")
+    config = cell_config(cell, overrides)   # a bad override fails here, before training
+    workdir = args.workdir or os.path.join(ROOT, "runs", "paper", cell.name)
+    cmd = [sys.executable, *train_command(cell, workdir, overrides)]
+    cmd[1] = os.path.join(ROOT, "train.py")
+    print(f"reproduce.py: {cell.name}: {' '.join(cmd[1:])}", flush=True)
+    status = subprocess.call(cmd, cwd=ROOT)
+    if status == 75:
+      print(f"reproduce.py: {cell.name} was preempted after saving; rerun the same command "
+            "to continue", file=sys.stderr)
+      return status
+    if status != 0:
+      raise CellError(f"train.py exited {status} (its last lines above name the cause)")
+    from simpletron_jax import run_record  # pylint: disable=import-outside-toplevel
+    problem = run_record.workdir_results_problem(workdir, config)
+    if problem is not None:
+      print(f"reproduce.py: {cell.name} is not finished ({problem}); rerun the same command "
+            "to continue from its last checkpoint", file=sys.stderr)
+      return UNFINISHED_EXIT_CODE
+    compare(cell, workdir, overrides)
+    if args.copy_to:
+      copy_logs(workdir, args.copy_to)
+      print(f"reproduce.py: copied {', '.join(COPIED_FILES)} to {args.copy_to}")
+  except CellError as e:
+    print(f"reproduce.py: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
