@@ -1,7 +1,7 @@
 """Config builder for every (task, attention) pair: LRA's settings, SimpleTRON's where it has them.
 
 Each file ``configs/<task>/<model>.py`` is one call to :func:`make_config`. The settings come
-from DESIGN.md section 5:
+as docs/configs.md gives them:
 
 * LRA's code configs (``lra_benchmarks/<task>/configs/base_*_config.py`` and
   ``transformer_base.py``) for every task, and for the LRA baselines their per-variant
@@ -294,7 +294,7 @@ def _agnews(config):
 
   From the paper: 12 blocks, width 768, 12 heads, MLP 3072, CLS pooling, learned positions,
   GELU. Not in the paper, each value from the SimpleTRON authors' AG News code (``ag/``,
-  DESIGN.md section 7) where it has one, else BERT's (Devlin et al., 2019):
+  docs/bert.md) where it has one, else BERT's (Devlin et al., 2019):
 
   * BERT's encoder (the authors' too): post-LN blocks, BERT's embeddings with 512 positions,
     the pooler (dense + tanh on ``[CLS]``), one Dense classifier without dropout before it,
@@ -545,7 +545,7 @@ def _lra_variant_settings(config) -> None:
     config.model.attention_kwargs[key] = value
 
 
-# --- The SimpleTRON authors' function (DESIGN.md section 7) ---------------------------------
+# --- The SimpleTRON authors' function (docs/fidelity.md) ------------------------------------
 def _authors(config, paper_size: bool = True) -> None:
   """What the SimpleTRON authors' code computed (``vladyorsh/lra_efficient_transformers``,
   ``lra/notebooks/listops_setup_simple_2.ipynb`` and ``bpe_matching_setup_simple_2.ipynb``):
@@ -766,7 +766,7 @@ def apply_lra_model_bugs(config: ml_collections.ConfigDict) -> None:
 
 def apply_lra_code(config: ml_collections.ConfigDict) -> None:
   """The ``:lra_code`` variant: what LRA's code computed, bugs included, to reproduce a
-  published LRA number and measure what each fix is worth (DESIGN.md section 7).
+  published LRA number and measure what each fix is worth (docs/lra_parity.md).
 
   :func:`apply_lra_model_bugs`, plus LRA's data handling: every batch padded to
   ``max_length`` (``data.bucket=0``, which the bugs that let pads in depend on); black pixels

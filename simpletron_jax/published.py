@@ -5,11 +5,11 @@ Sources:
 * ``LRA``: Tay et al., "Long Range Arena: A Benchmark for Efficient Transformers",
   ICLR 2021, Table 1. One run per cell, scored on the latest checkpoint
   (``--test_only`` in LRA's ``*/train.py`` restores the newest one; the image task
-  tests the final parameters; ``../shared/DESIGN.md`` section 7). Path-X is FAIL
+  tests the final parameters; docs/reporting.md). Path-X is FAIL
   for every model (stored as None).
 * ``SimpleTRON``: Yorsh et al., "SimpleTRON: Simple Transformer with O(N) Complexity",
   results table: the best of 5 seeds, each scored on its best-validation checkpoint
-  (the authors' notebooks, DESIGN.md section 7). The paper has no image, Pathfinder
+  (the authors' notebooks, docs/fidelity.md). The paper has no image, Pathfinder
   or Path-X numbers.
 
 * :data:`REFERENCES`: self-pretraining (Amos et al., ICLR 2024) and the state of the art
@@ -17,7 +17,7 @@ Sources:
   (``Reference.checked``); kept out of :data:`PUBLISHED`.
 
 The SimpleTRON rows are the authors' functions (unmasked padding, ``sqrt(padded L)``,
-DESIGN.md section 7), so our ``simple`` defaults are compared with a different
+docs/fidelity.md), so our ``simple`` defaults are compared with a different
 function; the authors' variant is the like-for-like comparison.
 """
 
@@ -73,7 +73,7 @@ PUBLISHED: tuple[Published, ...] = tuple(
     for model, attention, source, accs in _TABLE for task, acc in zip(TASKS, accs))
 
 SIMPLE_MEAN_OF_5 = {"listops": 37.15, "text": 66.61, "retrieval": 73.74}
-"""The SimpleTRON paper's 5-seed mean for Simple (DESIGN.md section 5); the ListOps
+"""The SimpleTRON paper's 5-seed mean for Simple (docs/reporting.md); the ListOps
 value matches the authors' logged seeds 37.10, 37.30, 37.15, 37.45, 36.75."""
 
 

@@ -166,7 +166,7 @@ def apply_lra_pixel_mask(config: ml_collections.ConfigDict,
                          splits: dict[str, RaggedExamples]) -> dict[str, RaggedExamples]:
   """With ``config.data.lra_pixel_mask`` (default False), drops the explicit all-real mask.
 
-  LRA's image and Pathfinder models mask ``token > 0`` (DESIGN.md section 7), so black
+  LRA's image and Pathfinder models mask ``token > 0`` (docs/lra_parity.md), so black
   pixels (value 0) are treated as padding; True reproduces that, False keeps every pixel
   real. Applies to the ``image``, ``pathfinder`` and ``pathx`` loaders.
 

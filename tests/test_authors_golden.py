@@ -1,4 +1,4 @@
-"""``:authors`` against the SimpleTRON authors' own PyTorch code (DESIGN.md section 7).
+"""``:authors`` against the SimpleTRON authors' own PyTorch code (docs/fidelity.md).
 
 The fixtures in ``tests/fixtures/authors`` were written by ``scripts/authors_golden.py`` from
 the model and optimizer cells of ``lra/notebooks/listops_setup_simple_2.ipynb`` and

@@ -1,5 +1,5 @@
 """Every config file builds, for every variant, and validates; spot checks of LRA and paper
-settings (DESIGN.md section 5)."""
+settings (docs/configs.md)."""
 
 import glob
 import importlib.util

@@ -1,6 +1,6 @@
 """The LRA baselines' configs against values transcribed from LRA's own config files
 (google-research/long-range-arena at cd31e5c, ``lra_benchmarks/*/configs/``), and the
-``:authors`` variants against the SimpleTRON authors' notebooks (DESIGN.md section 7)."""
+``:authors`` variants against the SimpleTRON authors' notebooks (docs/fidelity.md)."""
 
 import pytest
 

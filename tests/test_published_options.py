@@ -1,4 +1,4 @@
-"""Options that reproduce the published runs (issue 11, DESIGN.md section 7), each against a
+"""Options that reproduce the published runs (docs/fidelity.md), each against a
 numpy reference: the SimpleTRON authors' SimpleAttention, LRA's missing padding masks, the
 authors' encoder and heads, the retrieval interaction and LRA's black-pixel mask."""
 

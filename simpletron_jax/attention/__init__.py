@@ -1,4 +1,4 @@
-"""The attention registry: every variant by name, with the call of DESIGN.md section 2.
+"""The attention registry: every variant by name, with the call of :mod:`simpletron_jax.attention.base`.
 
 ``get(name)`` returns an :class:`AttentionSpec`; ``spec.build(...)`` makes the
 Flax module. A spec also tells the encoder block how to wire the variant

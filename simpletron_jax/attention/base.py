@@ -1,6 +1,6 @@
 """Pieces shared by the attention modules: projections, initialisers and masks.
 
-All attention modules in this package share one call (DESIGN.md section 2)::
+All attention modules in this package share one call::
 
     y_BxLxO = Attention(num_heads=H, qkv_dim=D, out_dim=O, ...)(x_BxLxE, mask_BxL,
                                                                 deterministic=True)
@@ -328,7 +328,7 @@ def lra_mask(mask_BxL: jnp.ndarray, lra_masking: bool) -> jnp.ndarray:
   """The key mask a variant uses: ``mask_BxL``, or with ``lra_masking`` all True.
 
   LRA's linear, Performer and Linformer attentions never apply the padding mask
-  (DESIGN.md section 7), so their pads act as keys; ``lra_masking=True`` (config field
+  (docs/lra_parity.md), so their pads act as keys; ``lra_masking=True`` (config field
   ``model.attention_kwargs.lra_masking``) reproduces that.
 
   Args:

@@ -18,7 +18,7 @@ is no causal form. Because N follows the padded input length, the outputs at
 real positions depend on how far the batch is padded (not on what the pads
 hold), as in LRA.
 
-LRA's bugs, reproduced by ``lra_bugs=True`` (DESIGN.md section 7):
+LRA's bugs, reproduced by ``lra_bugs=True`` (docs/lra_parity.md):
 
 * the appended positions are padded into the mask with ``-1e9`` on a bool array,
   i.e. True: they are real keys (zero inputs, so zero keys and values without

@@ -2,7 +2,7 @@
 
 Kitaev et al., "Reformer: The Efficient Transformer" (ICLR 2020, sec. 2), in the form of
 the LRA "Reformer" baseline (``lra_benchmarks/models/reformer/reformer_attention.py``,
-DESIGN.md section 7). Per head and per hash round r = 1..R, over the n real tokens of
+docs/lra_parity.md). Per head and per hash round r = 1..R, over the n real tokens of
 an example:
 
 1. Shared QK: the keys are the queries, ``k_j = q_j`` (LRA's ``length_norm=False``; the
@@ -31,8 +31,7 @@ concatenates the rounds, so for R > 1 its first chunk of round r looks back into
 r - 1; LRA runs R = 1). Memory: logits ``[B, H, R, N, c, 2c]`` with N = num_buckets, i.e.
 ``O(L^2 / N)`` per head as in LRA; no ``L x L`` array.
 
-``lra_bugs=True`` reproduces what LRA's code computes beyond those choices (DESIGN.md
-section 7): the input is padded with ``10 - L % 10`` zero rows (always 1..10, LRA's
+``lra_bugs=True`` reproduces what LRA's code computes beyond those choices (docs/lra_parity.md): the input is padded with ``10 - L % 10`` zero rows (always 1..10, LRA's
 ``chunk_len=10``) and the padding mask is never read, so pads and appended rows are real
 tokens and keys; chunks are cut over that padded length; no self-mask; logits multiplied
 by ``sqrt(K)`` instead of divided; no attention dropout (LRA takes ``dropout_rate`` and

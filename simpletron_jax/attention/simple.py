@@ -11,7 +11,7 @@ cost is O(L d^2) time and O(L d) memory; no softmax and no 1/sqrt(d) term.
 length: padded positions are zeroed in Q, K and V and so drop out of
 ``K^T V`` (the authors' later fixed code masks q, k and v).
 
-The function behind the published numbers is reachable by options (DESIGN.md section 7,
+The function behind the published numbers is reachable by options (docs/fidelity.md;
 the authors' ``SimpleAttention`` in ``vladyorsh/lra_efficient_transformers``,
 ``lra/notebooks/listops_setup_simple_2.ipynb``): ``normalizer="padded"`` divides by
 ``sqrt`` of the padded length ``x.shape[1]`` (a constant ``max_length + 1`` when every

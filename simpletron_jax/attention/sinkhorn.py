@@ -33,7 +33,7 @@ some group with nonzero weight in ``P`` has a real token at slot t. As N follows
 (padded) input length, the outputs at real positions depend on how far the batch is
 padded (not on what the pads hold), as in LRA.
 
-LRA's bugs, reproduced by ``lra_bugs=True`` (DESIGN.md section 7):
+LRA's bugs, reproduced by ``lra_bugs=True`` (docs/lra_parity.md):
 
 * the sorting einsum ``'bskhd,bnhl->bsnhd'`` sums the keys over the groups k and the
   permutation over l separately, so every sorted group is ``(sum_k K_k) * sum_l P_nl``,

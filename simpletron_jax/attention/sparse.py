@@ -30,7 +30,7 @@ summary part (it is already in the local part), so no key is counted twice.
 The summary scores are ``O(L^2 s / l)``: a constant factor ``s / l`` (LRA:
 11/50) below full attention, not linear.
 
-LRA's bugs, reproduced by ``lra_bugs=True`` (DESIGN.md section 7): LRA's
+LRA's bugs, reproduced by ``lra_bugs=True`` (docs/lra_parity.md): LRA's
 ``_build_mask`` AND-s every fixed pattern with a causal mask ``j <= i`` (code
 written for language models, used by LRA's classifiers too; the global row and
 column of ``global_first`` stay whole), and its padding mask masks queries as
