@@ -176,7 +176,7 @@ def test_command_line(tmp_path, capsys):
   assert "is a file, not a folder" in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.paper_cells
 def test_a_cell_stops_resumes_compares_and_copies(tmp_path, monkeypatch, capsys):
   """The command's whole path on a :tiny cell: a time budget stops it (exit 3, nothing copied),
   the same command resumes and finishes it, writes the comparison row and copies the logs."""
