@@ -78,6 +78,46 @@ def clu_interface() -> types.ModuleType:
 MetricWriter = clu_interface().MetricWriter
 
 
+class ScalarWriter(MetricWriter):
+  """A ``MetricWriter`` of scalars and hparams only, the kinds this project writes: tensor
+  summaries, images, videos, audio and histograms are skipped, with one warning per kind and
+  writer. Subclasses implement ``write_scalars``, ``write_hparams``, ``flush`` and ``close``."""
+
+  def _skip(self, kind: str) -> None:
+    """Warns, once per kind and writer, that ``kind`` is not written."""
+    warned = self.__dict__.setdefault("_skipped_kinds", set())
+    if kind not in warned:
+      warned.add(kind)
+      logging.warning("%s does not write %s; skipped", type(self).__name__, kind)
+
+  def write_summaries(self, step: int, values: Mapping[str, Any],
+                      metadata: Optional[Mapping[str, Any]] = None) -> None:
+    """Not written (skipped with a warning)."""
+    del step, values, metadata
+    self._skip("tensor summaries")
+
+  def write_images(self, step: int, images: Mapping[str, Any]) -> None:
+    """Not written (skipped with a warning)."""
+    del step, images
+    self._skip("images")
+
+  def write_videos(self, step: int, videos: Mapping[str, Any]) -> None:
+    """Not written (skipped with a warning)."""
+    del step, videos
+    self._skip("videos")
+
+  def write_audios(self, step: int, audios: Mapping[str, Any], *, sample_rate: int) -> None:
+    """Not written (skipped with a warning)."""
+    del step, audios, sample_rate
+    self._skip("audio")
+
+  def write_histograms(self, step: int, arrays: Mapping[str, Any],
+                       num_buckets: Optional[Mapping[str, int]] = None) -> None:
+    """Not written (skipped with a warning)."""
+    del step, arrays, num_buckets
+    self._skip("histograms")
+
+
 def _crc32c_table() -> tuple[int, ...]:
   """The byte table of CRC-32C (Castagnoli; reflected polynomial 0x82F63B78)."""
   table = []
@@ -118,7 +158,7 @@ def encode_record(data: bytes) -> bytes:
 _file_counter = itertools.count()
 
 
-class TensorBoardWriter(MetricWriter):
+class TensorBoardWriter(ScalarWriter):
   """Writes one new TensorBoard event file in ``logdir``; synchronous, no TensorFlow.
 
   The file is ``events.out.tfevents.<10-digit unix time>.<host>.<pid>.<n>.v2`` (the name
@@ -145,7 +185,7 @@ class TensorBoardWriter(MetricWriter):
   """
 
   def __init__(self, logdir: str, *, start_step: int | None = None):
-    self._file, self._size, self._warned = None, 0, set()
+    self._file, self._size = None, 0
     try:
       os.makedirs(logdir, exist_ok=True)
     except OSError as e:
@@ -254,40 +294,6 @@ class TensorBoardWriter(MetricWriter):
     """
     summary = hparams_summary.hparams_pb(dict(hparams))
     self._write([self._summary_event(0, summary)], "the events before these are kept")
-
-  def _skip(self, kind: str) -> None:
-    """Warns, once per kind and writer, that ``kind`` is not written (the project writes
-    none)."""
-    if kind not in self._warned:
-      self._warned.add(kind)
-      logging.warning("TensorBoardWriter does not write %s; skipped", kind)
-
-  def write_summaries(self, step: int, values: Mapping[str, Any],
-                      metadata: Optional[Mapping[str, Any]] = None) -> None:
-    """Not written (skipped with a warning)."""
-    del step, values, metadata
-    self._skip("tensor summaries")
-
-  def write_images(self, step: int, images: Mapping[str, Any]) -> None:
-    """Not written (skipped with a warning)."""
-    del step, images
-    self._skip("images")
-
-  def write_videos(self, step: int, videos: Mapping[str, Any]) -> None:
-    """Not written (skipped with a warning)."""
-    del step, videos
-    self._skip("videos")
-
-  def write_audios(self, step: int, audios: Mapping[str, Any], *, sample_rate: int) -> None:
-    """Not written (skipped with a warning)."""
-    del step, audios, sample_rate
-    self._skip("audio")
-
-  def write_histograms(self, step: int, arrays: Mapping[str, Any],
-                       num_buckets: Optional[Mapping[str, int]] = None) -> None:
-    """Not written (skipped with a warning)."""
-    del step, arrays, num_buckets
-    self._skip("histograms")
 
   def flush(self) -> None:
     """Nothing to do: every ``write_*`` call has handed its events to the OS already."""

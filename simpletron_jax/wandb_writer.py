@@ -16,17 +16,15 @@ is created.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
-
-from absl import logging
+from typing import Any, Mapping
 
 from simpletron_jax import errors
-from simpletron_jax.tensorboard_writer import MetricWriter
+from simpletron_jax.tensorboard_writer import ScalarWriter
 
 STEP_KEY = "step"   # the x-axis of every logged metric
 
 
-class WandbWriter(MetricWriter):
+class WandbWriter(ScalarWriter):
   """Logs scalars, texts and hyperparameters to a W&B run; other kinds are skipped with a
   warning (the project writes none).
 
@@ -97,37 +95,6 @@ class WandbWriter(MetricWriter):
     run's config; a resumed run may change them (``allow_val_change``)."""
     if self._run is not None:
       self._run.config.update(dict(hparams), allow_val_change=True)
-
-  def _skip(self, kind: str) -> None:
-    """Warns, once per kind, that W&B logging of ``kind`` is not implemented."""
-    logging.log_first_n(logging.WARNING, "WandbWriter does not log %s; skipped", 1, kind)
-
-  def write_summaries(self, step: int, values: Mapping[str, Any],
-                      metadata: Optional[Mapping[str, Any]] = None) -> None:
-    """Not logged (skipped with a warning)."""
-    del step, values, metadata
-    self._skip("tensor summaries")
-
-  def write_images(self, step: int, images: Mapping[str, Any]) -> None:
-    """Not logged (skipped with a warning)."""
-    del step, images
-    self._skip("images")
-
-  def write_videos(self, step: int, videos: Mapping[str, Any]) -> None:
-    """Not logged (skipped with a warning)."""
-    del step, videos
-    self._skip("videos")
-
-  def write_audios(self, step: int, audios: Mapping[str, Any], *, sample_rate: int) -> None:
-    """Not logged (skipped with a warning)."""
-    del step, audios, sample_rate
-    self._skip("audio")
-
-  def write_histograms(self, step: int, arrays: Mapping[str, Any],
-                       num_buckets: Optional[Mapping[str, int]] = None) -> None:
-    """Not logged (skipped with a warning)."""
-    del step, arrays, num_buckets
-    self._skip("histograms")
 
   def flush(self) -> None:
     """Nothing to do: ``run.log`` hands each row to W&B's service process, which writes it."""
