@@ -65,12 +65,17 @@ class Cell:
     config: a config file with its ``:variant`` (``configs/<task>/<model>.py[:variant]``).
     flags: ``--config.<field>=<value>`` flags of the GPU run, after the config's own values.
     note: why the cell exists and what it compares (one sentence).
+    final_only: scored on the final parameters (LRA's protocol), so it validates once, at
+      the last step (``--config.eval_frequency=<num_train_steps>``): the validation frequency
+      changes no reported number there, and LRA's own text config validates on the 25,000
+      test reviews every 100 steps.
   """
 
   name: str
   config: str
   flags: tuple[str, ...]
   note: str
+  final_only: bool = False
 
   @property
   def task(self) -> str:
@@ -78,22 +83,17 @@ class Cell:
     return self.config.split("/")[1]
 
 
-def _final_only(steps: int) -> str:
-  """One validation, at the last step: LRA's protocol scores the final parameters, so the
-  validation frequency changes no reported number (and LRA's text validates on 25,000 test
-  reviews every 100 steps)."""
-  return f"--config.eval_frequency={steps}"
-
-
 # Plan order (issue 43): LRA's Transformer, SimpleTRON's simple (authors' function, then the
 # padding-exact default), LRA's linear and Performer on ListOps, then image and Pathfinder-32.
 CELLS: tuple[Cell, ...] = (
     Cell("listops_transformer_lra_code", "configs/listops/transformer.py:lra_code",
-         (BF16, CLS_ONLY, _final_only(5000)),
-         "LRA's Transformer as LRA's code ran it (LRA Table 1: 36.37, final step)"),
+         (BF16, CLS_ONLY),
+         "LRA's Transformer as LRA's code ran it (LRA Table 1: 36.37, final step)",
+         final_only=True),
     Cell("text_transformer_lra_code", "configs/text/transformer.py:lra_code",
-         (BF16, CLS_ONLY, _final_only(20000)),
-         "LRA's Transformer on bytes, max_length 1000 as LRA's code (LRA Table 1: 64.27)"),
+         (BF16, CLS_ONLY),
+         "LRA's Transformer on bytes, max_length 1000 as LRA's code (LRA Table 1: 64.27)",
+         final_only=True),
     Cell("text_simple_authors", "configs/text/simple.py:authors", (BF16, CLS_ONLY),
          "SimpleTRON as its authors' code computed it (paper: 66.75, best-validation)"),
     Cell("listops_simple_authors", "configs/listops/simple.py:authors", (BF16, CLS_ONLY),
@@ -103,19 +103,23 @@ CELLS: tuple[Cell, ...] = (
     Cell("listops_simple", "configs/listops/simple.py", (BF16, CLS_ONLY, FULL_WIDTH),
          "the padding-exact Simple, beside the authors'"),
     Cell("listops_linear_lra_code", "configs/listops/linear.py:lra_code",
-         (BF16, CLS_ONLY, _final_only(5000)),
-         "LRA's Linear Transformer, no padding mask (LRA Table 1: 16.13)"),
+         (BF16, CLS_ONLY),
+         "LRA's Linear Transformer, no padding mask (LRA Table 1: 16.13)",
+         final_only=True),
     Cell("listops_performer_lra_code", "configs/listops/performer.py:lra_code",
-         (BF16, CLS_ONLY, _final_only(5000)),
-         "LRA's Performer, features redrawn from sum(q) (LRA Table 1: 18.01)"),
+         (BF16, CLS_ONLY),
+         "LRA's Performer, features redrawn from sum(q) (LRA Table 1: 18.01)",
+         final_only=True),
     Cell("image_transformer_lra_code", "configs/image/transformer.py:lra_code",
-         (BF16, CLS_ONLY, _final_only(35000)),
-         "LRA's Transformer on CIFAR-10 gray (LRA Table 1: 42.44)"),
+         (BF16, CLS_ONLY),
+         "LRA's Transformer on CIFAR-10 gray (LRA Table 1: 42.44)",
+         final_only=True),
     Cell("image_simple", "configs/image/simple.py", (BF16, CLS_ONLY),
          "Simple on LRA's image recipe (no published number; beside the Transformer)"),
     Cell("pathfinder_transformer_lra_code", "configs/pathfinder/transformer.py:lra_code",
-         (BF16, _final_only(62400)),
-         "LRA's Transformer on Pathfinder-32 hard, MEAN pooling (LRA Table 1: 71.40)"),
+         (BF16,),
+         "LRA's Transformer on Pathfinder-32 hard, MEAN pooling (LRA Table 1: 71.40)",
+         final_only=True),
     Cell("pathfinder_simple", "configs/pathfinder/simple.py", (BF16,),
          "Simple on LRA's Pathfinder-32 recipe (no published number; beside the Transformer)"),
 )
@@ -137,9 +141,27 @@ def get_cell(name: str) -> Cell:
   raise CellError(f"unknown cell {name!r}; known: {', '.join(c.name for c in CELLS)}")
 
 
+def _load(cell: Cell, args: Sequence[str]):
+  """``overrides.load_config`` of the cell's config file with ``args``; CellError on failure."""
+  from simpletron_jax import overrides as overrides_lib  # pylint: disable=C0415
+  try:
+    return overrides_lib.load_config(cell.config, args)
+  except ValueError as e:
+    raise CellError(f"{cell.name}: {e}") from None
+
+
 def cell_overrides(cell: Cell, overrides: Sequence[str] = ()) -> list[str]:
-  """The cell's flags, then the user's ``--config.*`` overrides (which win)."""
-  return [*cell.flags, *overrides]
+  """The cell's flags (with the one-validation flag of a ``final_only`` cell, at the step
+  count these flags and overrides give), then the user's ``--config.*`` overrides, which win.
+
+  Raises:
+    CellError: the config or an override cannot be loaded (one line).
+  """
+  flags = list(cell.flags)
+  if cell.final_only:
+    steps = _load(cell, [*flags, *overrides]).num_train_steps
+    flags.append(f"--config.eval_frequency={steps}")
+  return [*flags, *overrides]
 
 
 def cell_config(cell: Cell, overrides: Sequence[str] = ()):
@@ -149,15 +171,12 @@ def cell_config(cell: Cell, overrides: Sequence[str] = ()):
   Raises:
     CellError: the config or an override cannot be loaded (one line).
   """
-  import seeds  # pylint: disable=import-outside-toplevel
-  try:
-    return seeds.expected_config(cell.config, cell_overrides(cell, overrides), seed=0)
-  except seeds.SeedError as e:
-    raise CellError(str(e)) from None
+  return _load(cell, cell_overrides(cell, overrides))
 
 
 def train_command(cell: Cell, workdir: str, overrides: Sequence[str] = ()) -> list[str]:
-  """``train.py``'s argument list for the cell (without the interpreter)."""
+  """``train.py``'s argument list for the cell (without the interpreter), relative to the
+  repository root, where :func:`main` runs it."""
   return ["train.py", "--config", cell.config, "--workdir", workdir,
           *cell_overrides(cell, overrides)]
 
@@ -169,6 +188,8 @@ def user_command(cell: Cell, overrides: Sequence[str] = ()) -> str:
 
 def _device() -> dict[str, Any]:
   """``{"device_kind", "device_count", "platform"}`` of this process's JAX backend."""
+  from simpletron_jax import platforms  # pylint: disable=import-outside-toplevel
+  platforms.skip_absent_tpu()   # as train.py: no libtpu start-up on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel
   devices = jax.devices()
   return {"device_kind": devices[0].device_kind, "device_count": len(devices),
@@ -199,7 +220,7 @@ def compare(cell: Cell, workdir: str, overrides: Sequence[str] = ()) -> dict[str
   table = reporting.comparison_markdown([row])
   with open(os.path.join(workdir, "comparison.md"), "w", encoding="utf-8") as f:
     f.write(f"`{user_command(cell, overrides)}`\n\n{table}")
-  record = {"cell": cell.name, "config": cell.config, "flags": list(cell.flags),
+  record = {"cell": cell.name, "config": cell.config, "flags": cell_overrides(cell),
             "overrides": list(overrides), "command": user_command(cell, overrides),
             "train_command": " ".join(["python", *train_command(cell, workdir, overrides)]),
             **_device(), "steps_per_sec": results.get("steps_per_sec"),
@@ -234,6 +255,8 @@ def plan_markdown() -> str:
   lines = ["| cell | config | GPU flags | what |", "|---|---|---|---|"]
   for c in CELLS:
     flags = " ".join(f"`{f}`" for f in c.flags)
+    if c.final_only:
+      flags += " `--config.eval_frequency=<num_train_steps>`"
     lines.append(f"| `{c.name}` | `{c.config}` | {flags} | {c.note} |")
   return "\n".join(lines) + "\n"
 
@@ -267,7 +290,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = cell_config(cell, overrides)   # a bad override fails here, before training
     workdir = args.workdir or os.path.join(ROOT, "runs", "paper", cell.name)
     cmd = [sys.executable, *train_command(cell, workdir, overrides)]
-    cmd[1] = os.path.join(ROOT, "train.py")
     print(f"reproduce.py: {cell.name}: {' '.join(cmd[1:])}", flush=True)
     status = subprocess.call(cmd, cwd=ROOT)
     if status == 75:

@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from simpletron_jax import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
 from simpletron_jax import reporting, run_guard, run_record  # noqa: E402  pylint: disable=C0413
 
 RUN_FILES = ("config.json", "metrics.jsonl", "results.json")
@@ -87,21 +88,13 @@ def expected_config(config: str, overrides: Sequence[str], seed: int):
   Raises:
     SeedError: the file or an override cannot be loaded (one line).
   """
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
   path, colon, variant = config.partition(":")
   spec = (path if os.path.isabs(path) else os.path.join(ROOT, path)) + colon + variant
-  argv = ["train.py", f"--config={spec}", *overrides, f"--config.seed={seed}"]
-  values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True,
-                                  sys_argv=argv)
   try:
-    values(argv)
-  except Exception as e:  # absl, ml_collections and the config file raise many kinds
-    first = (str(e).strip().splitlines() or [""])[0]
+    return overrides_lib.load_config(spec, [*overrides, f"--config.seed={seed}"])
+  except ValueError as e:
     raise SeedError(f"cannot load --config {config} with overrides "
-                    f"{' '.join(overrides) or '(none)'}: {type(e).__name__}: {first}") from e
-  return values.config
+                    f"{' '.join(overrides) or '(none)'}: {e}") from None
 
 
 def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> TrainFn:

@@ -636,10 +636,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       return evaluate(eval_fn, parallel.put_state(best_state.params), data.test, config,
                       test_limit, parallel)
 
-    test = (final_test if best_step == last_step
-            else _test_metrics(earlier, logger, best_step, "test", best_test))
-    if best_step == last_step:
-      _test_metrics(earlier, logger, best_step, "test", lambda: final_test)
+    test = _test_metrics(earlier, logger, best_step, "test",
+                         (lambda: final_test) if best_step == last_step else best_test)
     if val_majority is None:   # a checkpoint from before val_majority_rate was saved in it
       val_majority = _last_val_majority(earlier, last_step, data.val)
     complete = last_step >= config.num_train_steps
