@@ -197,6 +197,7 @@ def lra_text_config(length: int, attention_name: str, attention_kwargs: dict[str
   config.model.last_block_cls_only = False
   config.model.length_multiple = 1
   config.model.dropout_mask_bits = 32
+  config.model.mlp_activation = "gelu_tanh"
   config.model.dtype = dtype
   for field, value in (model_overrides or {}).items():
     if field not in config.model:

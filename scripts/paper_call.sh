@@ -31,20 +31,8 @@ say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 left_min() { echo $(( (deadline - $(date +%s)) / 60 )); }
 
 say "call of $minutes min: $*"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
-  python -c "from simpletron_jax import platforms; platforms.skip_absent_tpu(); import jax; \
-print('jax', jax.__version__, jax.devices())"; } >>"$log" 2>&1
-
 if [ "${SMOKE:-1}" != 0 ]; then   # wheels, imports and 20 train steps on this device
-  say "smoke: train.py :tiny, 20 steps"
-  rm -rf /tmp/paper_smoke   # a fresh run: a finished one would be reported, not rerun
-  if ! python train.py --config configs/listops/simple.py:tiny --workdir /tmp/paper_smoke \
-      --config.num_train_steps=20 --config.eval_frequency=20 --config.num_eval_steps=2 \
-      --config.num_test_steps=2 --config.data.num_train=2000 >>"$log" 2>&1; then
-    say "smoke test failed: see the end of call.log"; tail -n 20 "$log"; exit 1
-  fi
-  python -c "import json; r = json.load(open('/tmp/paper_smoke/results.json')); \
-print('smoke: step', r['final_step'], 'steps/s', round(r['steps_per_sec'], 1))" | tee -a "$log"
+  LOG="$log" bash scripts/gpu_smoke.sh || { tail -n 20 "$log"; exit 1; }
 fi
 
 for cell in "$@"; do
