@@ -92,7 +92,7 @@ _FREE = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "part
          "replica-id", "after-all", "opt-barrier"}
 _SLICES = {"slice", "dynamic-slice"}
 # Model parts, from a kernel's source op (the op_name metadata of its root); first match wins.
-PARTS = (("dropout", re.compile(r"Dropout|PackedDropout|dropout", re.I)),
+PARTS = (("dropout", re.compile(r"Dropout|dropout", re.I)),
          ("layer norm", re.compile(r"LayerNorm|encoder_norm")),
          ("attention projections", re.compile(r"attention/(query|key|value|out)/")),
          ("attention", re.compile(r"/attention/")),

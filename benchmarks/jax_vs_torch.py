@@ -22,8 +22,7 @@ time, on a resident random full-length byte batch; the PyTorch model is
 from the JAX parameters (``torch_step.load_flax_params``), so both train the same function from
 the same point (only ``simple`` and ``softmax`` rows without fallbacks are the same function;
 ``tests/test_torch_reference.py`` checks them). ``--set FIELD=VALUE`` changes ``model.*`` of
-the JAX config (the sizes also reach the PyTorch model, e.g. for tests; ``dropout_mask_bits``
-has no PyTorch counterpart).
+the JAX config (the sizes also reach the PyTorch model, e.g. for tests).
 
 On a GPU both frameworks share the memory, so JAX's preallocation is turned off here
 (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set). Writes ``jax_vs_torch.json`` (settings,

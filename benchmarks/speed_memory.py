@@ -196,7 +196,6 @@ def lra_text_config(length: int, attention_name: str, attention_kwargs: dict[str
   config.model.classifier_pool = "CLS"
   config.model.last_block_cls_only = False
   config.model.length_multiple = 1
-  config.model.dropout_mask_bits = 32
   config.model.mlp_activation = "gelu_tanh"
   config.model.dtype = dtype
   for field, value in (model_overrides or {}).items():
@@ -941,12 +940,6 @@ def _timing_text(settings: dict[str, Any]) -> str:
           "every cell in one process")
 
 
-def _mask_bits_text(model: dict) -> str:
-  """`` (16-bit masks)`` when ``model.dropout_mask_bits`` is not flax's 32, else ``""``."""
-  bits = model.get("dropout_mask_bits", 32)
-  return "" if bits == 32 else f" ({bits}-bit masks)"
-
-
 def markdown_report(payload: dict[str, Any]) -> str:
   """The ``speed_memory.md`` text: LRA Table 2 layout (rows = variants, columns = lengths)."""
   settings, machine = payload["settings"], payload["machine"]
@@ -997,7 +990,7 @@ def markdown_report(payload: dict[str, Any]) -> str:
       f"Model: LRA text classifier, {model['num_layers']} layers, emb {model['emb_dim']}, "
       f"{model['num_heads']} heads, qkv {model['qkv_dim']}, mlp {model['mlp_dim']}, byte "
       f"vocabulary {settings['vocab_size']}, {settings['num_classes']} classes, CLS pooling, "
-      f"sinusoidal positions, dropout {model['dropout_rate']}{_mask_bits_text(model)}; "
+      f"sinusoidal positions, dropout {model['dropout_rate']}; "
       f"batch {settings['batch']}, "
       f"{settings['dtype']}. Each cell is the full pmapped train step (forward, backward, "
       f"AdamW) on random full-length byte sequences: {_timing_text(settings)}.", "",

@@ -77,8 +77,6 @@ OPTIONS = (
            "simple+last_block_cls_only=true"),
     Option("simple+length_multiple=8", "simple", {"length_multiple": 8},
            "simple+length_multiple=8"),
-    Option("simple+dropout_mask_bits=16", "simple", {"dropout_mask_bits": 16},
-           "simple+dropout_mask_bits=16"),
     Option("simple-gelu_recompute", "simple", {"mlp_activation": SAVED_GELU}, inverted=True),
     Option("simple+leading", "simple",
            {"attention_kwargs": _BLOCK, "last_block_cls_only": True, "length_multiple": 8},

@@ -3,7 +3,7 @@
     python benchmarks/step_time.py --configs configs/listops/simple.py:tiny_lra \
         configs/listops/transformer.py:tiny_lra --lengths 1024 2000 --out benchmarks/results/cpu
     python benchmarks/step_time.py --configs configs/text/simple.py \
-        configs/text/simple.py,model.dropout_mask_bits=16 --lengths 1024 --batch 2
+        configs/text/simple.py,model.length_multiple=8 --lengths 1024 --batch 2
 
 A spec is ``path.py[:variant]`` followed by optional ``,dotted.field=value`` overrides of the
 config (values parsed as Python literals, else kept as strings).

@@ -137,7 +137,6 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.model.lra_cls_mask = False    # CLS takes the first token's padding mask
   config.model.last_block_cls_only = False  # CLS pooling: last block on position 0 only
   config.model.length_multiple = 1  # pad L (+ CLS) to a multiple of this with masked positions
-  config.model.dropout_mask_bits = 32  # random bits per dropout mask element: 32 | 16
   config.model.dtype = "float32"
   # Options that reproduce the SimpleTRON authors' code (``_authors``); defaults are LRA's.
   config.model.pos_emb_init = "normal"          # learned positions: normal(0.02) | zeros

@@ -15,95 +15,6 @@ from simpletron_jax.attention import base
 
 LN_EPSILON = 1e-6
 POS_EMB_INITS = {"normal": nn.initializers.normal(stddev=0.02), "zeros": nn.initializers.zeros}
-# Random bits per dropout keep/drop decision (config field model.dropout_mask_bits): 32 is
-# flax's nn.Dropout, 16 is PackedDropout.
-DROPOUT_MASK_BITS = (32, 16)
-MASK_BITS = 16   # PackedDropout's
-
-
-def realised_keep_prob(rate: float) -> float:
-  """The keep probability that :class:`PackedDropout` realises for ``rate``.
-
-  A 16-bit random integer ``u`` keeps its element when ``u < t`` with
-  ``t = round((1 - rate) * 2**16)``, so the keep probability is ``t / 2**16``.
-
-  Args:
-    rate: requested dropout rate in ``[0, 1]``.
-
-  Returns:
-    ``t / 2**16``, within ``2**-17`` (7.6e-6) of ``1 - rate``: 0.9 -> 0.8999939.
-
-  Raises:
-    ValueError: for a rate outside ``[0, 1]``.
-  """
-  if not 0.0 <= rate <= 1.0:
-    raise ValueError(f"dropout rate {rate!r} is outside [0, 1]")
-  return round((1.0 - rate) * 2 ** MASK_BITS) / 2 ** MASK_BITS
-
-
-class PackedDropout(nn.Module):
-  """Inverted dropout whose masks take 16 random bits per element, not 32.
-
-  ``nn.Dropout`` compares a 32-bit uniform float per element with the keep probability;
-  with JAX's default (partitionable) threefry every element costs one threefry2x32 hash.
-  Here each 32-bit word of ``jax.random.bits`` is split into two 16-bit integers along the
-  last axis, which halves the hashes. An element is kept when its integer is below ``t``
-  (see :func:`realised_keep_prob`) and scaled by ``2**16 / t``, so the expectation of the
-  output is exactly the input. The rate is quantised to ``2**-16``: it moves by at most
-  7.6e-6 (0.1 -> 0.1000061). The masks differ from ``nn.Dropout``'s for the same key;
-  otherwise the function is the same. Issue 10 ("cheaper dropout masks"); this project's
-  option, not LRA's. (8-bit masks were tried and not kept: in a run that was not kept they
-  were no faster than 16-bit ones on CPU, and they would move a rate by up to 0.002.)
-
-  Attributes:
-    rate: dropout rate in ``[0, 1]``.
-
-  Call: ``(x [..., D] any float dtype, deterministic) -> same shape and dtype``; draws
-  from the ``"dropout"`` RNG stream unless ``deterministic`` or the rate rounds to 0.
-
-  Raises:
-    ValueError: from :func:`realised_keep_prob`.
-  """
-
-  rate: float
-
-  @nn.compact
-  def __call__(self, x, *, deterministic: bool):
-    keep_prob = realised_keep_prob(self.rate)
-    if deterministic or keep_prob == 1.0:
-      return x
-    if keep_prob == 0.0:
-      return jnp.zeros_like(x)
-    width = x.shape[-1]
-    words = jax.random.bits(self.make_rng("dropout"), x.shape[:-1] + (-(-width // 2),),
-                            jnp.uint32)
-    halves = (words & np.uint32(0xFFFF), words >> np.uint32(MASK_BITS))
-    u = jnp.stack(halves, axis=-1).reshape(words.shape[:-1] + (-1,))[..., :width]
-    threshold = np.uint32(round(keep_prob * 2 ** MASK_BITS))
-    return jnp.where(u < threshold, x / jnp.asarray(keep_prob, x.dtype), 0).astype(x.dtype)
-
-
-def dropout(rate: float, mask_bits: int = 32) -> nn.Module:
-  """The dropout layer for ``config.model.dropout_mask_bits``.
-
-  Args:
-    rate: dropout rate.
-    mask_bits: 32: flax ``nn.Dropout`` (default; the masks and results of earlier runs are
-      unchanged); 16: :class:`PackedDropout`.
-
-  Returns:
-    An unbound module called as ``(x, deterministic=...)``.
-
-  Raises:
-    ValueError: naming ``model.dropout_mask_bits`` for any other value.
-  """
-  if mask_bits == 32:
-    return nn.Dropout(rate)
-  if mask_bits != MASK_BITS:
-    raise ValueError(f"model.dropout_mask_bits={mask_bits!r}; expected one of "
-                     f"{list(DROPOUT_MASK_BITS)}")
-  return PackedDropout(rate)
-
 
 def sinusoidal_table(max_len: int, dim: int) -> np.ndarray:
   """The fixed sin/cos position table of Vaswani et al. (2017).
@@ -218,11 +129,9 @@ MLP_ACTIVATIONS = {"gelu_tanh": gelu, "gelu_exact": gelu_exact}
 class MlpBlock(nn.Module):
   """Dense(mlp_dim) -> GELU -> Dropout -> Dense(out_dim) -> Dropout.
 
-  ``dropout_mask_bits`` picks the dropout layer, see :func:`dropout`.
-
   Attributes:
     mlp_dim, out_dim: widths (``out_dim`` defaults to E).
-    dropout_rate, dropout_mask_bits: see :func:`dropout`.
+    dropout_rate: both Dropouts' rate.
     hidden_dropout: the Dropout after the GELU (LRA, default); False leaves it out, as BERT's
       ``BertIntermediate`` (Devlin et al., 2019; Hugging Face ``modeling_bert.py``), whose only
       MLP dropout follows the second Dense (``model.mlp_hidden_dropout``).
@@ -241,7 +150,6 @@ class MlpBlock(nn.Module):
   mlp_dim: int
   out_dim: int | None = None
   dropout_rate: float = 0.1
-  dropout_mask_bits: int = 32
   activation: str = "gelu_tanh"
   dense_init: str = "lra"
   hidden_dropout: bool = True
@@ -258,12 +166,12 @@ class MlpBlock(nn.Module):
                        dtype=self.dtype)(x_BxLxE)
     y_BxLxM = MLP_ACTIVATIONS[self.activation](y_BxLxM)
     if self.hidden_dropout:
-      y_BxLxM = dropout(self.dropout_rate, self.dropout_mask_bits)(
+      y_BxLxM = nn.Dropout(self.dropout_rate)(
           y_BxLxM, deterministic=deterministic)
     kernel_init, bias_init = base.initializers(self.mlp_dim, self.dense_init)
     y_BxLxO = nn.Dense(out_dim, kernel_init=kernel_init, bias_init=bias_init,
                        dtype=self.dtype)(y_BxLxM)
-    return dropout(self.dropout_rate, self.dropout_mask_bits)(
+    return nn.Dropout(self.dropout_rate)(
         y_BxLxO, deterministic=deterministic)
 
 
@@ -272,7 +180,7 @@ def _block_mlp(block: "EncoderBlock") -> MlpBlock:
   call). A function, not a method: flax records what every module method returns, and a
   module is not an array."""
   return MlpBlock(block.mlp_dim, dropout_rate=block.dropout_rate,
-                  dropout_mask_bits=block.dropout_mask_bits, activation=block.mlp_activation,
+                  activation=block.mlp_activation,
                   dense_init=block.dense_init, hidden_dropout=block.mlp_hidden_dropout,
                   dtype=block.dtype)
 
@@ -302,8 +210,6 @@ class EncoderBlock(nn.Module):
     attention_kwargs: variant options (``config.model.attention_kwargs``).
     num_heads, qkv_dim, mlp_dim: sizes.
     dropout_rate: residual and MLP dropout.
-    dropout_mask_bits: random bits per mask element of the residual and MLP dropout, see
-      :func:`dropout` (attention-internal dropout is always ``nn.Dropout``).
     attention_dropout_rate: dropout inside attention.
     attention_branch_dropout: True (default, LRA) applies ``Dropout`` to the attention
       branch as above; False leaves it out (the SimpleTRON authors' ``TBlock``).
@@ -341,7 +247,6 @@ class EncoderBlock(nn.Module):
   attention_dropout_rate: float = 0.1
   attention_kwargs: Mapping[str, Any] | None = None
   attention_branch_dropout: bool = True
-  dropout_mask_bits: int = 32
   num_queries: int = 0
   attention_bias: bool = False
   mlp_activation: str = "gelu_tanh"
@@ -372,7 +277,7 @@ class EncoderBlock(nn.Module):
     if self.num_queries:
       y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
     if self.attention_branch_dropout:
-      y = dropout(self.dropout_rate, self.dropout_mask_bits)(y, deterministic=deterministic)
+      y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     x1_BxLxE = x0_BxLxE + y
     y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x1_BxLxE)
     y = _block_mlp(self)(y, deterministic=deterministic)
@@ -399,7 +304,7 @@ class EncoderBlock(nn.Module):
     if self.num_queries:
       y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
     if self.attention_branch_dropout:
-      y = dropout(self.dropout_rate, self.dropout_mask_bits)(y, deterministic=deterministic)
+      y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     x1_BxLxE = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x0_BxLxE + y)
     out = x1_BxLxE + _block_mlp(self)(x1_BxLxE, deterministic=deterministic)
     if spec.double_skip:

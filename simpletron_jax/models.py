@@ -93,9 +93,6 @@ class Encoder(nn.Module):
       are unchanged (allowed only for the attentions in :data:`LENGTH_PADDING_EXACT`, see
       :func:`validate_model_config`); dropout masks in the blocks are drawn for the longer
       shape. 1: no padding (LRA).
-    dropout_mask_bits: random bits per element of the embedding, residual and MLP dropout
-      masks: 32 (flax ``nn.Dropout``, default) or 16 (:class:`layers.PackedDropout`: half
-      the threefry hashes, the rate quantised to ``2**-16``).
     mlp_activation: the block MLP's GELU, a key of :data:`layers.MLP_ACTIVATIONS`:
       ``"gelu_tanh"`` (flax's tanh approximation, LRA's; default) or ``"gelu_exact"``
       (torch's ``nn.GELU()``, the SimpleTRON authors' ``TBlock``).
@@ -171,7 +168,6 @@ class Encoder(nn.Module):
   zero_pad_embedding: bool = False
   last_block_cls_only: bool = False
   length_multiple: int = 1
-  dropout_mask_bits: int = 32
   mlp_activation: str = "gelu_tanh"
   cls_position: bool = True
   dense_init: str = "lra"
@@ -217,7 +213,7 @@ class Encoder(nn.Module):
         if self.cls_position:   # LRA's order: CLS at position 0
           x_BxLxE = positions(x_BxLxE)
       if self.embedding_dropout:
-        x_BxLxE = layers.dropout(self.dropout_rate, self.dropout_mask_bits)(
+        x_BxLxE = nn.Dropout(self.dropout_rate)(
             x_BxLxE, deterministic=deterministic)
     x_BxLxE = x_BxLxE.astype(self.dtype)
     pad = -x_BxLxE.shape[1] % self.length_multiple
@@ -233,7 +229,7 @@ class Encoder(nn.Module):
           dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
           attention_branch_dropout=self.attention_branch_dropout,
-          dropout_mask_bits=self.dropout_mask_bits, num_queries=self._block_queries(i),
+          num_queries=self._block_queries(i),
           attention_bias=self.attention_bias, mlp_activation=self.mlp_activation,
           dense_init=self.dense_init, block_norm=self.block_norm,
           layer_norm_epsilon=self.layer_norm_epsilon,
@@ -279,7 +275,7 @@ class Encoder(nn.Module):
       x_BxLxE = x_BxLxE + types_TxE[0]
     x_BxLxE = nn.LayerNorm(epsilon=self.layer_norm_epsilon, name="embed_norm")(x_BxLxE)
     if self.embedding_dropout:
-      x_BxLxE = layers.dropout(self.dropout_rate, self.dropout_mask_bits)(
+      x_BxLxE = nn.Dropout(self.dropout_rate)(
           x_BxLxE, deterministic=deterministic)
     return x_BxLxE
 
@@ -422,7 +418,7 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
       output projection (``simple``, ``simple_res``), or a ``model.attention_per_layer``
       whose length is not ``num_layers`` or that holds an unknown name; an unknown
       ``model.head_activation``, ``model.interaction``, ``model.pos_emb_init``,
-      ``model.dropout_mask_bits``, ``model.mlp_activation``, ``model.cls_position``,
+      ``model.mlp_activation``, ``model.cls_position``,
       ``model.dense_init``, ``model.embedding_type``, ``model.block_norm``, ``model.pooler``
       or ``model.mlp_hidden_dropout``; a ``model.type_vocab_size``, ``model.max_positions``
       or ``model.layer_norm_epsilon`` out of range, or BERT positions shorter than
@@ -497,7 +493,7 @@ OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
                    "attention_branch_dropout": True, "final_layer_norm": True,
                    "zero_pad_embedding": False, "head_activation": "relu",
                    "interaction": "concat", "last_block_cls_only": False,
-                   "length_multiple": 1, "dropout_mask_bits": 32, "attention_bias": False,
+                   "length_multiple": 1, "attention_bias": False,
                    "lra_mean_over_pads": False, "lra_dual_no_cls": False, "lra_cls_mask": False,
                    "head": "mlp", "mlp_activation": "gelu_tanh", "cls_position": True,
                    "dense_init": "lra", "embedding_type": "lra", "type_vocab_size": 2,
@@ -543,7 +539,7 @@ def _validate_choices(model: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming ``model.head_activation``, ``model.interaction``,
   ``model.head``, ``model.attention_bias``, ``model.lra_mean_over_pads``,
   ``model.lra_dual_no_cls``, ``model.lra_cls_mask``, ``model.pos_emb_init``,
-  ``model.dropout_mask_bits``, ``model.mlp_activation``, ``model.cls_position``,
+  ``model.mlp_activation``, ``model.cls_position``,
   ``model.dense_init``, ``model.embedding_type``, ``model.block_norm``, ``model.pooler`` or
   ``model.mlp_hidden_dropout`` when it is not one of the known choices, and see
   :func:`_validate_bert_sizes`."""
@@ -554,7 +550,6 @@ def _validate_choices(model: ml_collections.ConfigDict) -> None:
                          ("lra_dual_no_cls", [False, True]),
                          ("lra_cls_mask", [False, True]),
                          ("pos_emb_init", sorted(layers.POS_EMB_INITS)),
-                         ("dropout_mask_bits", list(layers.DROPOUT_MASK_BITS)),
                          ("mlp_activation", sorted(layers.MLP_ACTIVATIONS)),
                          ("cls_position", [False, True]),
                          ("dense_init", list(base.INITS)),
@@ -634,7 +629,7 @@ def build_encoder(model: ml_collections.ConfigDict, *, vocab_size: int, dual: bo
       **{f: _option(model, f) for f in ("pos_emb_init", "embedding_dropout",
                                         "attention_branch_dropout", "final_layer_norm",
                                         "zero_pad_embedding", "last_block_cls_only",
-                                        "length_multiple", "dropout_mask_bits",
+                                        "length_multiple",
                                         "attention_bias", "lra_mean_over_pads",
                                         "lra_cls_mask", "mlp_activation", "cls_position",
                                         "dense_init", "embedding_type", "type_vocab_size",

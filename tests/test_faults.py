@@ -208,7 +208,7 @@ def test_a_checkpoint_from_before_an_option_existed_resumes(initial_state, tmp_p
   config, state = initial_state
   manager = train_lib.checkpoint_manager(str(tmp_path / "checkpoints"), None)
   saved = train_lib.model_config_dict(config.model)
-  for option in ("length_multiple", "last_block_cls_only", "dropout_mask_bits"):
+  for option in ("length_multiple", "last_block_cls_only"):
     assert saved.pop(option) == models.OPTION_DEFAULTS[option]
   for option in ("heads_first", "block_diagonal"):                 # attention options too
     assert saved["attention_kwargs"].pop(option) is False

@@ -63,10 +63,10 @@ def test_train_step_matches_a_hand_count(name):
 
 def test_step_time_config_spec_overrides_fields_and_names_a_bad_one():
   config = step_time.load_config(
-      "configs/text/simple.py:tiny,model.dropout_mask_bits=16,model.attention_kwargs.normalizer=padded")
-  assert config.model.dropout_mask_bits == 16
+      "configs/text/simple.py:tiny,model.length_multiple=8,model.attention_kwargs.normalizer=padded")
+  assert config.model.length_multiple == 8
   assert config.model.attention_kwargs.normalizer == "padded"
-  for bad in ("model.dropout_mask_bitz=16", "model.dropout_mask_bits"):
+  for bad in ("model.length_multipl=8", "model.length_multiple"):
     with pytest.raises(ValueError, match=f"'{bad}' is not FIELD=VALUE for a field of "
                                          "configs/text/simple.py"):
       step_time.load_config(f"configs/text/simple.py,{bad}")

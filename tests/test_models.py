@@ -67,7 +67,6 @@ def test_sinusoidal_table_matches_formula():
     ("num_heads", 3, "not divisible by model.num_heads=3"),
     ("classifier_pool", "MAX", "model.classifier_pool='MAX'"),
     ("dtype", "float16", "model.dtype='float16'"),
-    ("dropout_mask_bits", 8, r"model.dropout_mask_bits=8; expected one of \[32, 16\]"),
 ])
 def test_config_errors_name_the_field(field, value, message):
   config = _model_config("simple")
@@ -90,49 +89,6 @@ def test_bfloat16_activations_run():
   logits = model.apply(model.init(jax.random.PRNGKey(0), tokens), tokens)
   chex.assert_type(logits, jnp.float32)
   chex.assert_tree_all_finite(logits)
-
-
-def test_packed_dropout_keeps_the_realised_fraction_unbiased_and_independent():
-  x = jnp.ones((64, 1001), jnp.bfloat16)   # odd width: the last word is cut
-  keep = layers.realised_keep_prob(0.1)
-  assert abs(keep - 0.9) <= 2.0 ** -17
-
-  def drop(key, deterministic=False):
-    return layers.PackedDropout(0.1).apply({}, x, deterministic=deterministic,
-                                           rngs={"dropout": key})
-
-  y = drop(jax.random.PRNGKey(0))
-  chex.assert_shape(y, x.shape)
-  chex.assert_type(y, jnp.bfloat16)
-  kept = np.asarray(y != 0)
-  assert set(np.unique(np.asarray(y, np.float32))) == {0.0, float(jnp.bfloat16(1 / keep))}
-  sigma = np.sqrt(keep * (1 - keep) / kept.size)
-  assert abs(kept.mean() - keep) < 5 * sigma
-  # Neighbours share a random word; their decisions must still be independent.
-  lanes = kept[:, :1000].reshape(-1, 2).astype(np.float64)
-  assert abs(np.corrcoef(lanes[:, 0], lanes[:, 1])[0, 1]) < 5 / np.sqrt(len(lanes))
-  np.testing.assert_array_equal(np.asarray(drop(jax.random.PRNGKey(0))), np.asarray(y))
-  assert (np.asarray(drop(jax.random.PRNGKey(1)) != 0) != kept).mean() > 0.1
-  np.testing.assert_array_equal(np.asarray(drop(jax.random.PRNGKey(0), True)), np.asarray(x))
-
-
-def test_dropout_mask_bits_reaches_every_encoder_dropout_and_not_eval():
-  config16 = _model_config("simple")
-  config16.dropout_mask_bits = 16
-  model16 = models.build_classifier(config16, vocab_size=16, num_classes=2)
-  model32 = models.build_classifier(_model_config("simple"), vocab_size=16, num_classes=2)
-  tokens = jnp.ones((3, 20), jnp.int32)
-  params = model32.init(jax.random.PRNGKey(0), tokens)
-  train = lambda model: (lambda p: model.apply(p, tokens, deterministic=False,
-                                               rngs={"dropout": jax.random.PRNGKey(1)}))
-  draws = re.findall(r"random_bits\[bit_width=32 shape=\(([\d, ]+)\)\]",
-                     str(jax.make_jaxpr(train(model16))(params)))
-  # Embedding dropout, then per block the attention branch and the two MLP dropouts, each
-  # drawing one 32-bit word per two elements (emb 16 -> 8 words, mlp 32 -> 16).
-  assert draws == ["3, 21, 8"] + ["3, 21, 8", "3, 21, 16", "3, 21, 8"] * config16.num_layers
-  np.testing.assert_array_equal(np.asarray(model16.apply(params, tokens)),
-                                np.asarray(model32.apply(params, tokens)))
-  assert not np.allclose(np.asarray(train(model16)(params)), np.asarray(train(model32)(params)))
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

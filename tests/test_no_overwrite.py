@@ -174,12 +174,6 @@ def test_spt_table_leaves_out_runs_of_other_settings(tmp_path):
 
 
 def test_benchmark_quick_modes_write_under_runs(tmp_path, monkeypatch, committed_unchanged):
-  # attention_op --quick, as small as it goes; its default folder is <root>/runs/benchmarks.
-  ao = _load("benchmarks/attention_op.py", "attention_op")
-  monkeypatch.setattr(ao, "HERE", str(tmp_path / "benchmarks"))
-  ao.main(["--quick", "--lengths", "16", "--batch", "1", "--heads", "1", "--head-dim", "8",
-           "--ops", "simple", "--dropout", "bernoulli"])
-  assert glob.glob(str(tmp_path / "runs" / "benchmarks" / "*" / "attention_op.md"))
   # speed_memory --quick on a cell that fails validation at once: it still writes its outputs.
   sm = _load("benchmarks/speed_memory.py", "speed_memory")
   monkeypatch.setattr(sm, "ROOT", str(tmp_path))
