@@ -46,7 +46,6 @@ from simpletron_jax import layers, platforms  # noqa: E402  pylint: disable=wron
 SAVED_GELU = "gelu_tanh_saved_for_backward"
 
 _BLOCK = {"block_diagonal": True}
-_FLAT = {"implementation": "flash", "flat_projection": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +82,10 @@ OPTIONS = (
            'simple+attention_kwargs={"block_diagonal":true}+last_block_cls_only=true'
            '+length_multiple=8'),
     Option("softmax_flash", "softmax_flash", {}),
-    Option("softmax_flash+flat_projection", "softmax_flash", {"attention_kwargs": _FLAT}),
     Option("softmax_flash+last_block_cls_only", "softmax_flash",
            {"last_block_cls_only": True}),
     Option("softmax_flash+leading", "softmax_flash",
-           {"attention_kwargs": _FLAT, "last_block_cls_only": True, "length_multiple": 8}),
+           {"last_block_cls_only": True, "length_multiple": 8}),
 )
 DEFAULT_MODEL = os.path.join(HERE, "results", "nvidia-h100-80gb-hbm3", "hlo_cost",
                              "hlo_cost.json")

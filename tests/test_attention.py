@@ -77,13 +77,6 @@ def test_flat_head_projection_is_dense_general():
     loss = lambda p, t: jnp.sum(jnp.sin(module.apply(p, t)))  # noqa: E731
     return jax.jit(lambda p, t: (module.apply(p, t), jax.grad(loss, (0, 1))(p, t)))(params, x)
   chex.assert_trees_all_close(out_and_grads(flat), out_and_grads(dense), rtol=1e-5, atol=1e-6)
-  # Softmax's option: the same parameter tree and outputs as its default projections.
-  mask = jnp.arange(L + 5)[None, :] < jnp.array([L + 5, 7])[:, None]
-  default, flat_softmax = _build("softmax"), _build("softmax", flat_projection=True)
-  params = default.init(jax.random.PRNGKey(1), x, mask)
-  chex.assert_trees_all_equal_shapes(flat_softmax.init(jax.random.PRNGKey(1), x, mask), params)
-  chex.assert_trees_all_close(flat_softmax.apply(params, x, mask), default.apply(params, x, mask),
-                              rtol=1e-5, atol=1e-6)
 
 
 def test_softmax_equals_naive_form():

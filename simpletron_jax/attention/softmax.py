@@ -356,10 +356,6 @@ class SoftmaxAttention(nn.Module):
     num_queries: 0 (default): outputs at every position. N > 0: outputs at the first N
       positions only, ``y_BxNxO``, while keys and values still cover all L positions
       (the encoder's last block with CLS pooling).
-    flat_projection: True computes Q, K and V as :class:`base.HeadProjection` (the same
-      parameters and function, one flat matmul with a flat bias that cuBLAS adds in its
-      epilogue; not bit-identical, so off by default), as Simple's ``block_diagonal`` does:
-      for comparing the two on a GPU with the same projections.
     lra_masking: False (default): a query attends to the real keys, whether or not it is a
       pad itself. True: LRA's mask (flax.deprecated ``SelfAttention`` with ``padding_mask``,
       ``models/transformer/transformer.py``), query AND key, so a pad query has every key
@@ -387,7 +383,6 @@ class SoftmaxAttention(nn.Module):
   causal: bool = False
   implementation: str = "einsum"
   num_queries: int = 0
-  flat_projection: bool = False
   lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
@@ -400,9 +395,8 @@ class SoftmaxAttention(nn.Module):
     if n > length:
       raise ValueError(f"num_queries={n} exceeds the sequence length {length}")
     q = base.head_projection(x_BxLxE[:, :n], self.num_heads, self.qkv_dim, self.dtype,
-                             "query", self.flat_projection, use_bias=self.use_bias)
+                             "query", use_bias=self.use_bias)
     k, v = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name,
-                                 self.flat_projection,
                                  use_bias=self.use_bias) for name in ("key", "value"))
     base.sow_map(self, lambda: softmax_weights(q, k, self._keep_mask(mask_BxL, n, length)))
     backend = base.target_platform()
