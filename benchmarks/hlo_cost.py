@@ -13,7 +13,7 @@
 A spec is a ``speed_memory.py`` row label (the LRA text model of that script) or a config
 file as ``step_time.py`` takes it (``configs/listops/simple.py[:variant][,field=value...]``),
 followed by ``+FIELD=VALUE`` ``model.*`` overrides (values JSON, else strings), e.g.
-``simple+attention_kwargs={"heads_first":true}``.
+``simple+attention_kwargs={"block_diagonal":true}``.
 
 For each spec and length the script compiles the train step (forward, backward and AdamW on
 ``--batch`` full-length examples, 32 by default, in ``--dtype``) and reads the optimized

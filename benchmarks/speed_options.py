@@ -68,8 +68,6 @@ class Option:
 
 OPTIONS = (
     Option("simple", "simple", {}),
-    Option("simple+heads_first", "simple", {"attention_kwargs": {"heads_first": True}},
-           'simple+attention_kwargs={"heads_first":true}'),
     Option("simple+block_diagonal", "simple", {"attention_kwargs": _BLOCK},
            'simple+attention_kwargs={"block_diagonal":true}'),
     Option("simple+last_block_cls_only", "simple", {"last_block_cls_only": True},

@@ -13,7 +13,7 @@ the same arguments: ``scripts/seeds.py`` passes them on to ``train.py``, and
 * :func:`apply_overrides` applies them to a ConfigDict through
   ``config_flags.DEFINE_config_dict``, so a value is parsed by the type of the field it sets,
   exactly as ``train.py`` parses it (``--config.model.max_length=256`` is an int,
-  ``--config.data.data_dir=~/d`` a string, ``--config.model.attention_kwargs.heads_first=True``
+  ``--config.data.data_dir=~/d`` a string, ``--config.model.attention_kwargs.block_diagonal=True``
   a bool);
 * :func:`load_config` loads ``configs/<task>/<model>.py[:variant]`` with overrides: the config
   ``train.py --config ... <overrides>`` trains (so a script can check a finished run's

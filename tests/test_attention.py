@@ -40,8 +40,7 @@ def test_output_shape(name):
   chex.assert_tree_all_finite(y)
 
 
-@pytest.mark.parametrize("pad,layout", [(0, {}), (5, {"heads_first": True}),
-                                        (3, {"block_diagonal": True})])
+@pytest.mark.parametrize("pad,layout", [(0, {}), (5, {}), (3, {"block_diagonal": True})])
 def test_simple_equals_naive_quadratic_form(pad, layout):
   module = _build("simple", **layout)
   x = _inputs(L + pad)

@@ -69,7 +69,6 @@ IMPLICIT_CASES = [
     ("simple", {}, True),
     ("simple", {"causal": True, "chunk_size": 4}, True),
     ("simple", {"block_diagonal": True}, True),
-    ("simple", {"heads_first": True}, True),
     ("simple", {"normalizer": "padded", "mask_pads": False}, False),   # the authors' function
     ("simple_res", {}, True),
     ("simple_resl", {}, True),

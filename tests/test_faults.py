@@ -210,8 +210,7 @@ def test_a_checkpoint_from_before_an_option_existed_resumes(initial_state, tmp_p
   saved = train_lib.model_config_dict(config.model)
   for option in ("length_multiple", "last_block_cls_only"):
     assert saved.pop(option) == models.OPTION_DEFAULTS[option]
-  for option in ("heads_first", "block_diagonal"):                 # attention options too
-    assert saved["attention_kwargs"].pop(option) is False
+  assert saved["attention_kwargs"].pop("block_diagonal") is False   # attention options too
   train_lib.save_checkpoint(manager, 2, state.replace(step=2), {"model_config": saved})
   assert train_lib.restore_checkpoint(manager, state, model_config=config.model)[2] == 2
   other = fault_config(**{"model.length_multiple": 8})

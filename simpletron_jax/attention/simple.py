@@ -47,8 +47,7 @@ def _check_normalizer(normalizer: str) -> None:
 
 
 def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: str = "real",
-                     mask_pads: bool = True, kv_dropout=None, heads_first: bool = False,
-                     block_diagonal: bool = False):
+                     mask_pads: bool = True, kv_dropout=None, block_diagonal: bool = False):
   """Non-causal SimpleAttention on projected heads.
 
   Args:
@@ -59,59 +58,39 @@ def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: s
     mask_pads: True zeroes Q, K and V at pads, so pads stay out of ``K^T V``; False lets
       them in (the authors' code).
     kv_dropout: optional callable applied to ``K^T V`` (``[B, H, K, K]``), e.g. dropout.
-    heads_first: False: both products as ``[B, L, H, K]`` einsums, around which XLA
-      transposes operands and results (their batch dimensions ``B, H`` are not leading).
-      True: the inputs are swapped to ``[B, H, L, K]`` first (XLA fuses the swaps into the
-      pad masking) and the output swapped back. The same function, summed in another order,
-      so not bit-identical: on CPU it made the benchmark's ``simple`` step 1.03x to 1.06x
-      faster (``benchmarks/results/cpu/simple_layout.md``); on an H100 the products alone
-      were 1.03x (``attention_op_bf16.md``, ``simple_bhlk``).
     block_diagonal: True: both products run on the heads side by side, ``[B, L, H*K]``,
       with every head's ``K^T V`` a block of one ``[B, H*K, H*K]`` matrix whose other
       blocks are zeroed. The zero blocks add exact zeros, so the function is the same (not
       bit-identical: the sums group differently). The products cost ``H`` times the FLOPs
       of the per-head ones, but no array of ``L`` rows is transposed, forward or backward.
       With it, :class:`SimpleAttention` projects Q, K and V flat
-      (:class:`base.HeadProjection`). Modelled on an H100 (``benchmarks/hlo_cost.py``; not
-      measured): 1.32x the benchmark's step at 4K, 1.71x with ``last_block_cls_only`` and
-      ``length_multiple=8``; on CPU the step is 1.03x slower
-      (``benchmarks/results/cpu/simple_block_diagonal``).
+      (:class:`base.HeadProjection`). Its speed on a GPU and CPU: docs/fast_paths.md.
 
   Returns:
     ``[B, L, H, K]``; rows at padded positions are 0 when ``mask_pads``. No ``L x L``
     array is built: the largest intermediate is ``K^T V`` of shape ``[B, H, K, K]``.
 
   Raises:
-    ValueError: for an unknown ``normalizer``, or both ``heads_first`` and
-      ``block_diagonal``.
+    ValueError: for an unknown ``normalizer``.
   """
   _check_normalizer(normalizer)
-  if heads_first and block_diagonal:
-    raise ValueError("model.attention_kwargs: heads_first and block_diagonal are two layouts "
-                     "of the same products; set at most one")
   if block_diagonal:
     return _block_diagonal_simple(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, normalizer,
                                   mask_pads, kv_dropout)
   q, k, v = q_BxLxHxK, k_BxLxHxK, v_BxLxHxK
-  if heads_first:   # [B, H, L, K] from here on; "l" and "h" swap places in the einsums
-    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
-    m = mask_BxL[:, None, :, None].astype(q.dtype)
-    kv_spec, y_spec = "bhld,bhle->bhde", "bhld,bhde->bhle"
-  else:
-    m = mask_BxL[:, :, None, None].astype(q.dtype)
-    kv_spec, y_spec = "blhd,blhe->bhde", "blhd,bhde->blhe"
   if mask_pads:
+    m = mask_BxL[:, :, None, None].astype(q.dtype)
     q, k, v = q * m, k * m, v * m
-  kv_BxHxKxK = jnp.einsum(kv_spec, k, v)
+  kv_BxHxKxK = jnp.einsum("blhd,blhe->bhde", k, v)
   if kv_dropout is not None:
     kv_BxHxKxK = kv_dropout(kv_BxHxKxK)
-  y = jnp.einsum(y_spec, q, kv_BxHxKxK)
+  y = jnp.einsum("blhd,bhde->blhe", q, kv_BxHxKxK)
   if normalizer == "padded":
     y = y / jnp.sqrt(jnp.asarray(q_BxLxHxK.shape[1], y.dtype))
   else:
     n_B = jnp.maximum(mask_BxL.sum(axis=-1), 1).astype(y.dtype)
     y = y / jnp.sqrt(n_B)[:, None, None, None]
-  return jnp.swapaxes(y, 1, 2) if heads_first else y
+  return y
 
 
 def _block_diagonal_simple(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, normalizer: str,
@@ -262,13 +241,11 @@ class SimpleAttention(nn.Module):
       as the authors' code did (outputs then depend on the padding).
     kv_dropout_rate: dropout on the entries of ``K^T V`` in training (the authors used
       0.1); 0 (default): none. Non-causal only.
-    heads_first: run the products on ``[B, H, L, K]`` arrays (see :func:`simple_attention`;
-      the same function, fewer transposes, not bit-identical to the default). Non-causal only.
     block_diagonal: run the products on ``[B, L, H*K]`` with the heads' ``K^T V`` as the
       blocks of one block-diagonal matrix (see :func:`simple_attention`; the same function,
       ``H`` times the attention FLOPs, no transposes; not bit-identical), and the Q, K, V
       projections as flat matmuls with a flat bias (:class:`base.HeadProjection`, the same
-      parameters). Non-causal only; at most one of ``heads_first`` and ``block_diagonal``.
+      parameters). Non-causal only.
     dtype: computation dtype.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
@@ -281,9 +258,8 @@ class SimpleAttention(nn.Module):
     ValueError: if ``use_output_proj`` is False and ``qkv_dim != out_dim``
       (config fields ``model.qkv_dim`` and ``model.emb_dim``); for an unknown
       ``normalizer``; for ``kv_dropout_rate > 0`` with ``causal`` (the causal form has
-      one ``K^T V`` state per chunk, not one per sequence), ``heads_first`` or
-      ``block_diagonal`` with ``causal``, or both layouts at once; each naming its
-      ``model.attention_kwargs`` field.
+      one ``K^T V`` state per chunk, not one per sequence), or ``block_diagonal`` with
+      ``causal``; each naming its ``model.attention_kwargs`` field.
   """
 
   num_heads: int
@@ -296,7 +272,6 @@ class SimpleAttention(nn.Module):
   normalizer: str = "real"
   mask_pads: bool = True
   kv_dropout_rate: float = 0.0
-  heads_first: bool = False
   block_diagonal: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
@@ -306,10 +281,9 @@ class SimpleAttention(nn.Module):
     if self.causal and self.kv_dropout_rate > 0:
       raise ValueError("model.attention_kwargs.kv_dropout_rate > 0 needs causal=False: the "
                        "causal form has no single K^T V to drop out")
-    for layout in ("heads_first", "block_diagonal"):
-      if self.causal and getattr(self, layout):
-        raise ValueError(f"model.attention_kwargs.{layout}=True needs causal=False: the "
-                         "causal form keeps its own chunked layout")
+    if self.causal and self.block_diagonal:
+      raise ValueError("model.attention_kwargs.block_diagonal=True needs causal=False: the "
+                       "causal form keeps its own chunked layout")
     if not self.use_output_proj and self.qkv_dim != self.out_dim:
       raise ValueError(
           f"attention 'simple' and 'simple_res' have no output projection, so "
@@ -330,7 +304,6 @@ class SimpleAttention(nn.Module):
                                        deterministic=deterministic)
       y_BxLxHxK = simple_attention(q, k, v, mask_BxL, normalizer=self.normalizer,
                                    mask_pads=self.mask_pads, kv_dropout=kv_dropout,
-                                   heads_first=self.heads_first,
                                    block_diagonal=self.block_diagonal)
     if self.use_output_proj:
       return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
