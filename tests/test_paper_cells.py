@@ -126,6 +126,10 @@ def test_cell_settings(name):
     assert not kwargs.mask_pads and kwargs.normalizer == "padded" and config.data.bucket == 0
   if name in ("text_simple", "listops_simple"):   # padding-exact, so full width is exact
     assert kwargs.mask_pads and kwargs.normalizer != "padded" and config.data.bucket == 0
+  # Simple's GPU options, timed on the text and ListOps models (docs/fast_paths.md).
+  timed = config.task in ("text", "listops") and config.model.attention == "simple"
+  assert bool(kwargs.get("block_diagonal", False)) == timed
+  assert config.model.length_multiple == (8 if timed and kwargs.mask_pads else 1)
   assert config.model.last_block_cls_only == (config.model.classifier_pool == "CLS")
 
 
