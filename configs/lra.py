@@ -1,7 +1,9 @@
 """Config builder for every (task, attention) pair: LRA's settings, SimpleTRON's where it has them.
 
-Each file ``configs/<task>/<model>.py`` is one call to :func:`make_config`. The settings come
-as docs/configs.md gives them:
+Each file ``configs/<task>/<model>.py`` is one call to :func:`make_config`, which builds the
+config from the task's record (:class:`simpletron_jax.tasks.TaskSpec`, which holds every
+number of the task; docs/tasks.md) and the rules below. The settings come as docs/configs.md
+gives them:
 
 * LRA's code configs (``lra_benchmarks/<task>/configs/base_*_config.py`` and
   ``transformer_base.py``) for every task, and for the LRA baselines their per-variant
