@@ -1,7 +1,9 @@
 """Config builder for every (task, attention) pair: LRA's settings, SimpleTRON's where it has them.
 
-Each file ``configs/<task>/<model>.py`` is one call to :func:`make_config`. The settings come
-as docs/configs.md gives them:
+Each file ``configs/<task>/<model>.py`` is one call to :func:`make_config`, which builds the
+config from the task's record (:class:`simpletron_jax.tasks.TaskSpec`, which holds every
+number of the task; docs/tasks.md) and the rules below. The settings come as docs/configs.md
+gives them:
 
 * LRA's code configs (``lra_benchmarks/<task>/configs/base_*_config.py`` and
   ``transformer_base.py``) for every task, and for the LRA baselines their per-variant
@@ -23,31 +25,45 @@ from __future__ import annotations
 
 import ml_collections
 
-TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+from simpletron_jax import tasks
+
 SIMPLE_NAMES = ("simple", "simple_res", "simple_resl")
 # Attentions that size a parameter by the sequence length (CLS included).
 LENGTH_SIZED = ("aft_full", "aft_local", "linformer", "sinkhorn", "synthesizer",
                 "synthesizer_random")
-VARIANTS = {task: ("tiny",) for task in TASKS}
-VARIANTS["listops"] = ("tiny", "tiny_lra")
-# The SimpleTRON authors' function (``_authors``), for simple* on the paper's three tasks.
+# The SimpleTRON authors' function (``_authors``), for simple* on the tasks whose record has
+# SimpleTRON's settings (``TaskSpec.simpletron``).
 AUTHORS_VARIANTS = {"authors": None, "tiny_authors": "tiny"}  # -> the size variant used
-AUTHORS_TASKS = ("listops", "text", "retrieval")
-VARIANTS.update({task: VARIANTS[task] + tuple(AUTHORS_VARIANTS) for task in AUTHORS_TASKS})
 # The function LRA's code computed, bugs included (:func:`apply_lra_code`), for the LRA
-# baselines (:data:`LRA_MODEL_TYPES`) on every task.
+# baselines (:data:`LRA_MODEL_TYPES`) on LRA's tasks.
 LRA_CODE_VARIANTS = {"lra_code": None, "tiny_lra_code": "tiny"}  # -> the size variant used
-VARIANTS.update({task: VARIANTS[task] + tuple(LRA_CODE_VARIANTS) for task in TASKS})
 # Self-pretraining (Amos et al., 2024; simpletron_jax/pretraining.py): the pretraining stage
 # (masked-token denoising on the task's training split) and the fine-tuning stage (the
 # classifier with the [MASK] row reserved, run with --config.init_from=<pretraining run>),
-# at the published size or ``tiny``. Not for retrieval (two documents; not supported yet).
+# at the published size or ``tiny``, on the tasks whose record has a recipe
+# (``TaskSpec.pretraining``; not retrieval: two documents, not supported yet).
 SPT_VARIANTS = {"spt": (None, "mlm"), "tiny_spt": ("tiny", "mlm"),
                 "spt_ft": (None, "none"), "tiny_spt_ft": ("tiny", "none")}
-SPT_TASKS = ("listops", "text", "image", "pathfinder", "pathx")
-VARIANTS.update({task: VARIANTS[task] + tuple(SPT_VARIANTS) for task in SPT_TASKS})
-# AG News (SimpleTRON section 5.3; not an LRA task, so not in TASKS): configs/agnews/.
-VARIANTS["agnews"] = ("tiny", "from_bert", "tiny_from_bert")
+
+
+def task_variants(task: str) -> tuple[str, ...]:
+  """Every ``:variant`` suffix of ``task``: the record's own (``TaskSpec.variants``), then
+  :data:`AUTHORS_VARIANTS` where the record has SimpleTRON's settings,
+  :data:`LRA_CODE_VARIANTS` on LRA's tasks and :data:`SPT_VARIANTS` where it has a
+  self-pretraining recipe.
+
+  Raises:
+    ValueError: for an unknown task (naming the config field ``task``).
+  """
+  spec = tasks.get(task)
+  found = tuple(spec.variants)
+  if spec.simpletron is not None:
+    found += tuple(AUTHORS_VARIANTS)
+  if spec.lra:
+    found += tuple(LRA_CODE_VARIANTS)
+  if spec.pretraining:
+    found += tuple(SPT_VARIANTS)
+  return found
 
 
 def variants(task: str, attention: str) -> tuple[str, ...]:
@@ -59,23 +75,43 @@ def variants(task: str, attention: str) -> tuple[str, ...]:
     skip |= set(AUTHORS_VARIANTS)
   if attention not in LRA_MODEL_TYPES:
     skip |= set(LRA_CODE_VARIANTS)
-  return tuple(v for v in VARIANTS[task] if v not in skip)
+  return tuple(v for v in task_variants(task) if v not in skip)
 
 
-def _common(task: str) -> ml_collections.ConfigDict:
-  """Fields every task shares; the task functions below overwrite them."""
+def _set(config: ml_collections.ConfigDict, field: str, value) -> None:
+  """Sets the dotted ``field`` (``"data.num_images"``) of ``config``; a type (``str``,
+  ``bool``) sets an unset field (None) of that type."""
+  *sections, name = field.split(".")
+  holder = config
+  for section in sections:
+    holder = holder[section]
+  if isinstance(value, type):
+    value = ml_collections.config_dict.placeholder(value)
+  holder[name] = value
+
+
+def _set_all(config: ml_collections.ConfigDict, fields, prefix: str = "") -> None:
+  """:func:`_set` for every ``name: value`` of ``fields``, each name under ``prefix``."""
+  for name, value in fields.items():
+    _set(config, prefix + name, value)
+
+
+def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
+  """Every field of a run config, with the task's published recipe, sizes and
+  ``max_length`` from its record ``spec``; :func:`_task_options` adds the task's own."""
+  recipe, size = spec.recipe, spec.model
   config = ml_collections.ConfigDict()
-  config.task = task
+  config.task = spec.name
   config.seed = 0
 
-  config.batch_size = 32            # examples per optimizer step (global)
+  config.batch_size = recipe.batch_size  # examples per optimizer step (global)
   config.grad_accum_steps = 1       # micro-steps per optimizer step
   config.eval_batch_size = 0        # 0: the micro-batch size
-  config.num_train_steps = 5000     # optimizer steps
+  config.num_train_steps = recipe.num_train_steps  # optimizer steps
   config.num_eval_steps = -1        # batches per validation; -1: the whole split
   config.num_test_steps = -1        # batches of the final test; -1: the whole split
-  config.eval_frequency = 50        # steps between validations
-  config.checkpoint_every = 200     # steps between checkpoints
+  config.eval_frequency = recipe.eval_frequency  # steps between validations
+  config.checkpoint_every = recipe.checkpoint_every  # steps between checkpoints
   config.max_to_keep = 2
   config.log_every = 10             # steps between train-metric records
   config.max_train_minutes = 0.0    # wall-clock budget per invocation; 0: none
@@ -96,14 +132,14 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.lora.alpha = 0.0           # scale alpha / rank; 0: alpha = rank
   config.lora.targets = ("attention/(query|key|value|out)/kernel$",)
 
-  config.learning_rate = 0.05
-  config.factors = "constant * linear_warmup * rsqrt_decay"
-  config.warmup = 1000              # steps
-  config.weight_decay = 0.1
-  config.grad_clip_norm = 0.0       # global-norm clipping; 0: none
-  config.adam_b1 = 0.9
-  config.adam_b2 = 0.98
-  config.adam_eps = 1e-9
+  config.learning_rate = recipe.learning_rate
+  config.factors = recipe.factors
+  config.warmup = recipe.warmup     # steps
+  config.weight_decay = recipe.weight_decay
+  config.grad_clip_norm = recipe.grad_clip_norm  # global-norm clipping; 0: none
+  config.adam_b1 = recipe.adam_b1
+  config.adam_b2 = recipe.adam_b2
+  config.adam_eps = recipe.adam_eps
 
   config.data = ml_collections.ConfigDict()
   config.data.data_dir = ml_collections.config_dict.placeholder(str)
@@ -120,12 +156,12 @@ def _common(task: str) -> ml_collections.ConfigDict:
   config.model.attention = "softmax"
   config.model.attention_kwargs = ml_collections.ConfigDict()
   config.model.attention_per_layer = ()  # one name per block; empty: model.attention in all
-  config.model.emb_dim = 512
-  config.model.num_heads = 8
-  config.model.qkv_dim = 512
-  config.model.mlp_dim = 1024
-  config.model.num_layers = 4
-  config.model.max_length = 2000    # tokens, CLS excluded
+  config.model.emb_dim = size.emb_dim
+  config.model.num_heads = size.num_heads
+  config.model.qkv_dim = size.qkv_dim
+  config.model.mlp_dim = size.mlp_dim
+  config.model.num_layers = size.num_layers
+  config.model.max_length = spec.max_length  # tokens, CLS excluded
   config.model.dropout_rate = 0.1
   config.model.attention_dropout_rate = 0.1
   config.model.learn_pos_emb = False
@@ -151,222 +187,12 @@ def _common(task: str) -> ml_collections.ConfigDict:
   return config
 
 
-def _model(config, emb_dim, num_heads, num_layers, qkv_dim, mlp_dim):
-  m = config.model
-  m.emb_dim, m.num_heads, m.num_layers, m.qkv_dim, m.mlp_dim = (
-      emb_dim, num_heads, num_layers, qkv_dim, mlp_dim)
-
-
-def _listops(config):
-  """LRA ``listops/configs/base_listops_config.py``: batch 32, lr 0.05 rsqrt, warmup 1000,
-  5000 steps, 4 x 512 model, max_length 2000; data from the seeded generator."""
-  data = config.data
-  data.task_name = "basic"          # files are {task_name}_{train,val,test}.tsv
-  data.num_train = 96000
-  data.num_val = 2000
-  data.num_test = 2000
-  data.min_tokens = 500             # the generator keeps min_tokens < length < max_tokens
-  data.max_tokens = 2000
-  data.max_depth = 10
-  data.max_args = 10
-
-
-def _text(config):
-  """LRA ``text_classification/configs/base_tc_config.py``: IMDB bytes, 20000 steps,
-  warmup 8000, 4 x 256 model, validation every 100 steps. max_length 4000 as in the LRA
-  paper and SimpleTRON; :func:`_lra_variant_settings` sets LRA's code value, 1000, for every
-  attention but the simple ones."""
-  config.num_train_steps = 20000
-  config.warmup = 8000
-  config.eval_frequency = 100
-  config.checkpoint_every = 500
-  config.data.tfds_data_dir = ml_collections.config_dict.placeholder(str)
-  # IMDB has no validation split: hold out a seeded 10% of train, so the best-validation
-  # checkpoint is not chosen on test. 0: LRA's code, which validates on the test split.
-  config.data.val_fraction = 0.1
-  _model(config, 256, 4, 4, 256, 1024)
-  config.model.max_length = 4000
-
-
-def _retrieval(config):
-  """LRA ``matching/configs/base_match_config.py``: AAN pairs, 5000 steps, warmup 8000,
-  4 x 128 model, 4000 bytes per document; ``data.data_dir`` must name the folder with
-  ``new_aan_pairs.{train,eval,test}.tsv``."""
-  config.num_train_steps = 5000
-  config.warmup = 8000
-  config.eval_frequency = 100
-  config.checkpoint_every = 500
-  config.data.unescape = False      # True decodes the b'...' literals of the TSV (not LRA's)
-  config.data.drop_last_eval_batch = False  # True: LRA drops the last partial val/test batch
-  _model(config, 128, 4, 4, 128, 512)
-  config.model.max_length = 4000
-  # LRA's code: classifier_head_dual(interaction=None), i.e. [u, v]; "nli" is the LRA
-  # paper's [u, v, u * v, u - v].
-  config.model.interaction = "concat"
-  # True: LRA's TransformerDualEncoder, whose encoders have no CLS token, so "CLS" pooling
-  # reads the first real token (a bug; docs/lra_parity.md).
-  config.model.lra_dual_no_cls = False
-
-
-def _image_recipe(config, batch_size, train_examples, epochs, learning_rate):
-  """LRA's image recipe: cosine decay over ``epochs`` epochs after a one-epoch warmup,
-  validation once an epoch, no weight decay."""
-  steps_per_epoch = train_examples // batch_size
-  config.batch_size = batch_size
-  config.learning_rate = learning_rate
-  config.factors = "constant * linear_warmup * cosine_decay"
-  config.warmup = steps_per_epoch
-  config.num_train_steps = steps_per_epoch * epochs
-  config.eval_frequency = steps_per_epoch
-  config.checkpoint_every = steps_per_epoch
-  config.weight_decay = 0.0
-  config.data.bucket = 0            # every image is a full sequence
-
-
-def _image(config):
-  """LRA ``image/configs/cifar10/{base_cifar10_config,transformer_base}.py``: CIFAR-10
-  grayscale, batch 256, 200 epochs of 45,000 images, lr 5e-4 cosine, 1 x 128 model with
-  8 heads, qkv 64, mlp 128, dropout 0.3 / 0.2, CLS pooling, learned positions."""
-  _image_recipe(config, 256, 45000, 200, 5e-4)
-  config.data.tfds_data_dir = ml_collections.config_dict.placeholder(str)
-  config.data.val_fraction = 0.1
-  _model(config, 128, 8, 1, 64, 128)
-  config.model.max_length = 1024
-  config.model.dropout_rate = 0.3
-  config.model.attention_dropout_rate = 0.2
-  config.model.learn_pos_emb = True
-  config.data.lra_pixel_mask = False  # True: LRA's mask token > 0 (black pixels are padding)
-  # True: LRA's train[:90%] / train[90%:] in source order (exact with tfds cifar10; with the
-  # npz copy LRA's sizes only); False: a seeded 90/10 draw.
-  config.data.lra_split = False
-  # True: LRA's batch(drop_remainder=True) on val/test (10,000 test images -> 9,984 at 256).
-  config.data.drop_last_eval_batch = False
-
-
-def _pathfinder_data(config, resolution, num_images):
-  data = config.data
-  data.resolution = resolution      # pixels per side
-  data.level = "hard"               # easy | intermediate | hard (contour length 6 / 9 / 14)
-  data.num_images = num_images      # images to generate when data_dir is unset
-  # dashed: LRA's images (the algorithm of drewlinsley/pathfinder, contours of separate
-  # paddles) | solid: connected paths, whose label a connected-component labelling reads off
-  data.generator = "dashed"
-  data.split_fractions = (0.8, 0.1, 0.1)
-  data.lra_pixel_mask = False       # True: LRA's mask token > 0 (black pixels are padding)
-  data.split_hash = "blake2b"       # blake2b (seeded) | lra: LRA's tfds members (MD5 of keys)
-  data.drop_last_eval_batch = False  # True: LRA drops the last partial val/test batch
-
-
-def _pathfinder(config):
-  """LRA ``image/configs/pathfinder32/{base_pathfinder32_config,transformer_base}.py``:
-  batch 512, 200 epochs of 160,000 images, lr 1e-3 cosine, 4 x 32 model with 4 heads, qkv 16,
-  mlp 32, dropout 0.2 / 0.1, MEAN pooling, sinusoidal positions."""
-  _image_recipe(config, 512, 160000, 200, 1e-3)
-  _pathfinder_data(config, 32, 200000)
-  _model(config, 32, 4, 4, 16, 32)
-  config.model.max_length = 1024
-  config.model.dropout_rate = 0.2
-  config.model.classifier_pool = "MEAN"
-
-
-def _pathx(config):
-  """LRA ``image/configs/pathfinder128/base_pathfinder128_config.py`` (Path-X): batch 64,
-  200 epochs of 160,000 images, lr 1e-3 cosine, gradient clipping 1.0, 1 x 32 model with
-  2 heads, qkv 16, mlp 32, MEAN pooling, learned positions, 16,384 tokens."""
-  _image_recipe(config, 64, 160000, 200, 1e-3)
-  config.grad_clip_norm = 1.0
-  _pathfinder_data(config, 128, 200000)
-  _model(config, 32, 2, 1, 16, 32)
-  config.model.max_length = 16384
-  config.model.classifier_pool = "MEAN"
-  config.model.learn_pos_emb = True
-
-
-# --- AG News with BERT's encoder: SimpleTRON section 5.3, Table 2 (docs/bert.md) -------------
-AGNEWS_FROM_BERT = ("set --config.init_from to the folder written by python -m "
-                    "simpletron_jax.bert_import BERT_DIR OUT_DIR (docs/bert.md)")
-
-
-def _agnews(config):
-  """SimpleTRON section 5.3: AG News with a BERT-base-sized encoder, from scratch (Table 2)
-  or from BERT's weights (``:from_bert``).
-
-  From the paper: 12 blocks, width 768, 12 heads, MLP 3072, CLS pooling, learned positions,
-  GELU. Not in the paper, each value from the SimpleTRON authors' AG News code (``ag/``,
-  docs/bert.md) where it has one, else BERT's (Devlin et al., 2019):
-
-  * BERT's encoder (the authors' too): post-LN blocks, BERT's embeddings with 512 positions,
-    the pooler (dense + tanh on ``[CLS]``), one Dense classifier without dropout before it,
-    biases on q/k/v/out, exact GELU, no dropout inside the MLP; LayerNorm epsilon 1e-12
-    (BERT's; the authors' code has 1e-6) and 2 token types (BERT's; the authors dropped them);
-  * the authors': dropout 0.2 (here on the attention weights of softmax too, a model they
-    logged no run of), AdamW lr 5e-5, betas (0.9, 0.999), eps 1e-8, weight decay 1e-3, batch
-    32 (theirs: 8 x 4 accumulated), about 10 epochs with a 10% warmup (here 35,625 steps =
-    10 epochs of the 114,000 training articles);
-  * this project's: ``max_length`` 128 WordPiece tokens (the authors padded to 512, with no
-    truncation), a seeded 5% of train for validation (the authors: the last 30%), cosine decay
-    after the warmup (the authors: linear to lr/32; the project's schedules have no linear
-    decay), no layer-wise lr decay (the authors: 0.9 per layer), validation every 1,000 steps.
-
-  ``data.vocab_path`` must name a BERT checkpoint folder (or its ``vocab.txt``): the paper
-  tokenized with ``bert-base-cased``'s.
-  """
-  config.num_train_steps = 35625
-  config.warmup = 3562
-  config.eval_frequency = 1000
-  config.checkpoint_every = 1000
-  config.learning_rate = 5e-5
-  config.factors = "constant * linear_warmup * cosine_decay"
-  config.weight_decay = 1e-3
-  config.adam_b2 = 0.999
-  config.adam_eps = 1e-8
-  data = config.data
-  data.tfds_data_dir = ml_collections.config_dict.placeholder(str)  # tfds ag_news_subset
-  data.vocab_path = ml_collections.config_dict.placeholder(str)     # BERT folder or vocab.txt
-  data.lowercase = ml_collections.config_dict.placeholder(bool)     # None: as the checkpoint
-  data.val_fraction = 0.05
-  data.bucket = 32
-  _model(config, 768, 12, 12, 768, 3072)
-  model = config.model
-  model.max_length = 128            # WordPiece tokens, [CLS] and [SEP] included
-  model.max_positions = 512         # BERT's position table
-  model.dropout_rate = 0.2
-  model.attention_dropout_rate = 0.2
-  model.learn_pos_emb = True
-  model.classifier_pool = "CLS"     # BERT's [CLS] token, position 0
-  model.head = "dense"
-  model.embedding_type = "bert"
-  model.type_vocab_size = 2
-  model.block_norm = "post"
-  model.pooler = True
-  model.final_layer_norm = False
-  model.layer_norm_epsilon = 1e-12
-  model.mlp_hidden_dropout = False
-  model.attention_bias = True
-  model.mlp_activation = "gelu_exact"
-
-
-def _agnews_variant(config, variant: str) -> ml_collections.ConfigDict:
-  """AG News variants: ``tiny`` (a CPU smoke test: 2 blocks, width 64, 2 heads, MLP 128,
-  64 tokens, batch 32, lr 1e-3, 500 steps with a 50-step warmup, validation every 250 steps
-  on 16 batches); ``from_bert`` and ``tiny_from_bert`` (the same, started from BERT's
-  weights: ``init_from`` must be set to a folder written by ``simpletron_jax.bert_import``,
-  and until it is the run stops, naming it)."""
-  if variant in ("tiny", "tiny_from_bert"):
-    _tiny_model(config)
-    config.model.max_length = 64
-    config.model.max_positions = 64
-    config.batch_size = 32
-    config.learning_rate = 1e-3
-    _tiny_schedule(config, 500, 50, 250, eval_batches=16, test_batches=-1)
-  if variant.endswith("from_bert"):
-    config.init_from = AGNEWS_FROM_BERT
-  return config
-
-
-_TASK_SETTINGS = {"listops": _listops, "text": _text, "retrieval": _retrieval,
-                  "image": _image, "pathfinder": _pathfinder, "pathx": _pathx,
-                  "agnews": _agnews}
+def _task_options(config: ml_collections.ConfigDict, spec: tasks.TaskSpec) -> None:
+  """The task's own fields from its record: the reader's ``config.data`` options
+  (``TaskSpec.data_options``) and the published config's other ``config.model`` fields
+  (``TaskSpec.model_options``)."""
+  _set_all(config, spec.data_options, "data.")
+  _set_all(config, spec.model_options, "model.")
 
 
 def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
@@ -377,20 +203,16 @@ def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
   * Text: 4 blocks, 4 heads, 256 / 256 / 1024, lr 0.05, warmup 8000, 20000 steps, L 4000.
   * Matching: 4 blocks, 4 heads, 128 / 128 / 512, lr 0.05, warmup 8000, 15000 steps, L 4000.
 
-  Other tasks are left unchanged (the paper has no settings for them).
+  The per-task values are the record's ``TaskSpec.simpletron``; tasks whose record has none
+  are left unchanged (the paper has no settings for them).
   """
-  if config.task not in ("listops", "text", "retrieval"):
+  settings = tasks.get(config.task).simpletron
+  if settings is None:
     return
   config.adam_b2 = 0.999
   config.adam_eps = 1e-8
   config.model.learn_pos_emb = True
-  if config.task == "listops":
-    config.learning_rate = 0.005
-    config.num_train_steps = 15000
-    config.model.num_layers = 6
-    config.model.mlp_dim = 2048
-  elif config.task == "retrieval":
-    config.num_train_steps = 15000
+  _set_all(config, settings)
 
 
 # --- LRA's per-variant settings (read from lra_benchmarks/*/configs/ at commit cd31e5c) -----
@@ -401,75 +223,16 @@ LRA_MODEL_TYPES = {"softmax": "transformer", "linear": "linear_transformer",
                    "bigbird": "bigbird", "sinkhorn": "sinkhorn", "synthesizer": "synthesizer",
                    "synthesizer_random": "synthesizer", "reformer": "reformer"}
 
-# image/configs/cifar10/<model_type>_base.py over base_cifar10_config.py (emb 32, 1 head,
-# 1 layer, qkv 32, mlp 64, dropout 0.3, CLS). model fields, then attention_kwargs.
-_LRA_CIFAR10 = {
-    "transformer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 128, "qkv_dim": 64,
-                     "mlp_dim": 128}, {}),
-    # bigbird_base.py sets ``config.model.num_head = 4``, a misspelt field that LRA's image
-    # train.py passes to the model, which raises (TypeError), so LRA's image BigBird never ran
-    # from that config; these are its sizes with the misspelt field dropped (1 head).
-    "bigbird": ({"num_layers": 1, "num_heads": 1, "emb_dim": 128, "qkv_dim": 64,
-                 "mlp_dim": 128}, {"block_size": 64}),
-    "linear_transformer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 128, "qkv_dim": 64,
-                            "mlp_dim": 128}, {}),
-    "linformer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 128, "qkv_dim": 64,
-                   "mlp_dim": 128}, {}),
-    "local": ({"num_layers": 1, "num_heads": 2, "emb_dim": 128, "qkv_dim": 64, "mlp_dim": 128,
-               "classifier_pool": "MEAN"}, {"block_size": 64}),
-    "longformer": ({"num_layers": 4, "num_heads": 4, "emb_dim": 128, "qkv_dim": 64,
-                    "mlp_dim": 128, "classifier_pool": "MEAN"}, {}),
-    "performer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 128, "qkv_dim": 64,
-                   "mlp_dim": 128}, {}),
-    "reformer": ({"num_layers": 4, "num_heads": 8, "emb_dim": 64, "qkv_dim": 32,
-                  "mlp_dim": 64}, {}),
-    # sinkhorn_base.py keeps the base sizes, sets dropout 0.1 and weight_decay 0.7.
-    "sinkhorn": ({"num_layers": 1, "num_heads": 1, "emb_dim": 32, "qkv_dim": 32,
-                  "mlp_dim": 64, "dropout_rate": 0.1}, {"block_size": 64}),
-    "sparse_transformer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 128, "qkv_dim": 64,
-                            "mlp_dim": 128}, {}),
-    "synthesizer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 128, "qkv_dim": 64,
-                     "mlp_dim": 128}, {}),
-}
 
-# image/configs/pathfinder32/<model_type>_base.py over base_pathfinder32_config.py (emb 32,
-# 2 heads, 1 layer, qkv 16, mlp 32, dropout 0.1, MEAN, sinusoidal positions).
-_LRA_PATHFINDER32 = {
-    "transformer": ({"num_layers": 4, "num_heads": 4, "emb_dim": 32, "qkv_dim": 16,
-                     "mlp_dim": 32, "dropout_rate": 0.2}, {}),
-    "bigbird": ({"num_layers": 4, "num_heads": 2, "emb_dim": 64, "qkv_dim": 32, "mlp_dim": 64,
-                 "dropout_rate": 0.2}, {"block_size": 64}),
-    "linear_transformer": ({"num_layers": 1, "num_heads": 2, "emb_dim": 128, "qkv_dim": 64,
-                            "mlp_dim": 128, "dropout_rate": 0.2}, {}),
-    "linformer": ({"num_layers": 1, "num_heads": 2, "emb_dim": 32, "qkv_dim": 16,
-                   "mlp_dim": 32, "dropout_rate": 0.2}, {}),
-    "local": ({"num_layers": 2, "num_heads": 4, "emb_dim": 64, "qkv_dim": 32, "mlp_dim": 64,
-               "dropout_rate": 0.1}, {"block_size": 64}),
-    "longformer": ({"num_layers": 2, "num_heads": 2, "emb_dim": 32, "qkv_dim": 16,
-                    "mlp_dim": 32, "dropout_rate": 0.1}, {}),
-    "performer": ({"num_layers": 4, "num_heads": 8, "emb_dim": 32, "qkv_dim": 16,
-                   "mlp_dim": 32, "dropout_rate": 0.2}, {}),
-    "reformer": ({"num_layers": 2, "num_heads": 8, "emb_dim": 64, "qkv_dim": 32,
-                  "mlp_dim": 64, "dropout_rate": 0.2}, {}),
-    "sinkhorn": ({"num_layers": 2, "num_heads": 4, "emb_dim": 32, "qkv_dim": 16,
-                  "mlp_dim": 64, "dropout_rate": 0.2}, {"block_size": 64}),
-    "sparse_transformer": ({"num_layers": 1, "num_heads": 8, "emb_dim": 32, "qkv_dim": 16,
-                            "mlp_dim": 32, "dropout_rate": 0.2}, {}),
-    "synthesizer": ({"num_layers": 2, "num_heads": 4, "emb_dim": 64, "qkv_dim": 32,
-                     "mlp_dim": 64, "dropout_rate": 0.2}, {}),
-}
+def _lra_attention_kwargs(attention: str) -> dict:
+  """The attention options LRA's code ran for ``attention`` on every task; a task's record
+  may set others for a baseline (``TaskSpec.lra_baselines``), which win.
 
-_LRA_SIZED_TASKS = {"image": _LRA_CIFAR10, "pathfinder": _LRA_PATHFINDER32}
-
-
-def _lra_attention_kwargs(config, attention: str) -> dict:
-  """The attention options LRA's code ran for ``attention`` on ``config.task``.
-
-  * Performer: ``listops/configs/performer_base.py`` asks for FAVOR+ softmax with
-    ``nb_features=2`` (``ortho_scaling=0``, redrawn every call: ``redraw_features=True``,
-    seeded by the sum of the queries: option ``attention_kwargs.lra_bugs``);
-    every other task runs the default of ``models/performer/performer.py``,
-    ``make_fast_generalized_attention``: deterministic ``relu(x) + 0.001``.
+  * Performer: the default of ``models/performer/performer.py``,
+    ``make_fast_generalized_attention``: deterministic ``relu(x) + 0.001`` (ListOps's record
+    has ``listops/configs/performer_base.py``'s FAVOR+ softmax with ``nb_features=2``,
+    ``ortho_scaling=0``, redrawn every call: ``redraw_features=True``, seeded by the sum of
+    the queries: option ``attention_kwargs.lra_bugs``).
   * Linformer: ``low_rank_features=16`` (``models/linformer/linformer_attention.py``
     default; the text config's 32 is a top-level field its train.py never passes).
   * Synthesizer: ``models/synthesizer/synthesizer.py`` defaults to random logits plus the dot
@@ -490,8 +253,6 @@ def _lra_attention_kwargs(config, attention: str) -> dict:
   missing padding mask.
   """
   if attention == "performer":
-    if config.task == "listops":
-      return {"kernel": "softmax", "num_features": 2, "redraw": True, "lra_masking": False}
     return {"kernel": "relu_deterministic", "lra_masking": False}
   if attention == "linformer":
     return {"k": 16, "lra_masking": False}
@@ -511,37 +272,38 @@ def _lra_attention_kwargs(config, attention: str) -> dict:
 def _lra_variant_settings(config) -> None:
   """LRA's per-variant settings for the LRA baselines (:data:`LRA_MODEL_TYPES`).
 
-  * Attention options: :func:`_lra_attention_kwargs`.
-  * Text: ``max_length`` 1000 (``text_classification/configs/base_tc_config.py``) for
-    every attention but :data:`SIMPLE_NAMES`, which keep SimpleTRON's 4000.
-  * Image and Pathfinder-32: each baseline's own sizes, dropout, pooling and block size
-    (``image/configs/{cifar10,pathfinder32}/<model_type>_base.py``); CIFAR-10 Sinkhorn
-    also weight decay 0.7. Path-X has only a Transformer config in LRA: every variant uses
-    its base sizes.
+  * Attention options: :func:`_lra_attention_kwargs`, under the record's own for the
+    baseline.
+  * ``max_length`` in LRA's code where the record has one of its own
+    (``TaskSpec.lra_baseline_max_length``: text's 1000,
+    ``text_classification/configs/base_tc_config.py``) for every attention but
+    :data:`SIMPLE_NAMES`, which keep SimpleTRON's (text: 4000).
+  * Each baseline's own sizes, dropout, pooling, block size and other fields where the
+    task's record has them (``TaskSpec.lra_baselines``: image and Pathfinder-32,
+    ``image/configs/{cifar10,pathfinder32}/<model_type>_base.py``; ListOps's Performer).
+    Path-X has only a Transformer config in LRA: every variant uses its base sizes.
   """
+  spec = tasks.get(config.task)
   attention = config.model.attention
-  if config.task == "text" and attention not in SIMPLE_NAMES:
-    config.model.max_length = 1000
+  if spec.lra_baseline_max_length is not None and attention not in SIMPLE_NAMES:
+    config.model.max_length = spec.lra_baseline_max_length
   model_type = LRA_MODEL_TYPES.get(attention)
   if model_type is None:
     return
-  table = _LRA_SIZED_TASKS.get(config.task, {})
-  if model_type in table:
-    fields, kwargs = table[model_type]
-    for key, value in fields.items():
-      config.model[key] = value
-    for key, value in kwargs.items():
-      config.model.attention_kwargs[key] = value
-  if config.task == "image" and model_type == "sinkhorn":
-    config.weight_decay = 0.7
-  if model_type == "sinkhorn" and config.task != "retrieval":
+  baseline = spec.lra_baselines.get(model_type, tasks.LraBaseline())
+  _set_all(config, baseline.model, "model.")
+  for key, value in baseline.attention_kwargs.items():
+    config.model.attention_kwargs[key] = value
+  _set_all(config, baseline.options)
+  if model_type == "sinkhorn" and not spec.dual:
     # SinkhornTransformerEncoder: no CLS, MEAN pooling, one Dense head on emb_dim. For CLS it
     # raises "Pooling method not supported yet", so LRA's text and image configs never ran;
     # its dual encoder (retrieval) pools CLS through classifier_head_dual like the others.
     config.model.classifier_pool = "MEAN"
     config.model.head = "dense"
-  for key, value in _lra_attention_kwargs(config, attention).items():
-    config.model.attention_kwargs[key] = value
+  for key, value in _lra_attention_kwargs(attention).items():
+    if key not in baseline.attention_kwargs:
+      config.model.attention_kwargs[key] = value
 
 
 # --- The SimpleTRON authors' function (docs/fidelity.md) ------------------------------------
@@ -583,7 +345,7 @@ def _authors(config, paper_size: bool = True) -> None:
   model.cls_position = False
   model.dense_init = "torch"
   model.head_activation = "gelu"
-  if config.task == "retrieval":
+  if tasks.get(config.task).dual:
     model.head_activation = "relu"
     model.final_layer_norm = False
     model.interaction = "concat"
@@ -591,62 +353,55 @@ def _authors(config, paper_size: bool = True) -> None:
       model.num_heads = 8
 
 
-def _tiny_model(config):
-  """The CPU size of the Nystromformer LRA setup: 2 layers, emb 64, 2 heads, qkv 64, mlp 128."""
-  _model(config, 64, 2, 2, 64, 128)
-
-
-def _tiny_schedule(config, steps, warmup, eval_every, eval_batches, test_batches):
-  config.num_train_steps = steps
-  config.warmup = warmup
-  config.eval_frequency = eval_every
-  config.checkpoint_every = eval_every
-  config.num_eval_steps = eval_batches
-  config.num_test_steps = test_batches
+def _apply_task_variant(config: ml_collections.ConfigDict, variant: tasks.Variant) -> None:
+  """Sets the fields a task's own variant (``TaskSpec.variants``) changes; ``eval_frequency``
+  sets ``checkpoint_every`` too."""
+  _set_all(config, variant.model, "model.")
+  if variant.max_length is not None:
+    config.model.max_length = variant.max_length
+  for field in ("batch_size", "learning_rate", "num_train_steps", "warmup", "eval_frequency",
+                "num_eval_steps", "num_test_steps"):
+    if getattr(variant, field) is not None:
+      config[field] = getattr(variant, field)
+  if variant.eval_frequency is not None:
+    config.checkpoint_every = variant.eval_frequency
+  _set_all(config, variant.options)
 
 
 def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
-  """Applies a ``:variant`` suffix; every task has ``tiny``, a CPU run of minutes.
+  """Applies a ``:variant`` suffix (:func:`task_variants`); every task has ``tiny``, a CPU run
+  of minutes.
 
-  * ListOps ``tiny``: the tiny model on generated ListOps of 20 < tokens < 200 (the range of
-    the original ListOps, Nangia & Bowman 2018), max_length 200, lr 0.05 with warmup 1000,
-    5000 steps, validation every 200 steps.
-  * ListOps ``tiny_lra``: the same model on LRA-length ListOps (500 < tokens < 2000). On a
-    CPU it stays at the majority class for the first thousands of steps.
-  * Text ``tiny``: the tiny model on the first 512 bytes of each review, 500 steps (warmup
-    100), validation every 250 steps on 512 test reviews; the final test reads a fixed random
-    4,096 of the 25,000 test reviews.
-  * Retrieval ``tiny``: the tiny model on 512 bytes per document, as text.
-  * Image ``tiny``: 1 layer, emb 64, 2 heads, qkv 64, mlp 128, batch 32, lr 1e-3 cosine,
-    500 steps (warmup 100), validation every 250 steps on 512 images, test on all 10,000.
-  * Pathfinder ``tiny``: LRA's model cut to 1 layer and 2 heads (emb 32, qkv 16, mlp 32),
-    so that its softmax has as many L x L scores per example as the image ``tiny`` model,
-    on 10,000 generated images (8,000 train), batch 32, 500 steps (warmup 100), validation
-    every 250 steps.
-  * Path-X ``tiny``: LRA's Path-X model on 2,000 generated 128 x 128 images, batch 8,
-    200 steps: a smoke test of 16,384-token training, not a result.
-  * ``spt`` and ``tiny_spt`` (every task but retrieval): self-pretraining (Amos et al.,
-    ICLR 2024), the paper size or ``tiny`` with ``config.pretrain`` (masked-token denoising
-    at rate 0.5 on the training split; :mod:`simpletron_jax.pretraining`); ``spt_ft`` and
-    ``tiny_spt_ft``: the classifier that fine-tunes from it (``--config.init_from=<spt
-    run>``), with the [MASK] embedding row reserved so the embedding transfers. ``spt`` and
-    ``spt_ft`` train with the SPT code's recipe for the task and stage
-    (:func:`simpletron_jax.pretraining.apply_paper_recipe`: lr, weight decay, warmup then
-    constant, batch, epochs, no dropout) on LRA's encoder; the ``tiny`` ones keep ``tiny``'s
-    schedule.
-  * ``authors`` and ``tiny_authors`` (ListOps, text, retrieval; ``simple``, ``simple_res``,
-    ``simple_resl`` only): the paper size or ``tiny``, computing the SimpleTRON authors'
-    function (:func:`_authors`), to compare with the published numbers.
+  * A task's own variants (``tiny``, ListOps's ``tiny_lra``, AG News's ``from_bert`` and
+    ``tiny_from_bert``): the fields of its record's :class:`simpletron_jax.tasks.Variant`
+    (docs/tasks.md describes each).
+  * ``spt`` and ``tiny_spt`` (the tasks with a self-pretraining recipe): self-pretraining
+    (Amos et al., ICLR 2024), the paper size or ``tiny`` with ``config.pretrain``
+    (masked-token denoising at rate 0.5 on the training split;
+    :mod:`simpletron_jax.pretraining`); ``spt_ft`` and ``tiny_spt_ft``: the classifier that
+    fine-tunes from it (``--config.init_from=<spt run>``), with the [MASK] embedding row
+    reserved so the embedding transfers. ``spt`` and ``spt_ft`` train with the SPT code's
+    recipe for the task and stage (:func:`simpletron_jax.pretraining.apply_paper_recipe`: lr,
+    weight decay, warmup then constant, batch, epochs, no dropout) on LRA's encoder; the
+    ``tiny`` ones keep ``tiny``'s schedule.
+  * ``authors`` and ``tiny_authors`` (the tasks with SimpleTRON's settings: ListOps, text,
+    retrieval; ``simple``, ``simple_res``, ``simple_resl`` only): the paper size or ``tiny``,
+    computing the SimpleTRON authors' function (:func:`_authors`), to compare with the
+    published numbers.
+  * ``lra_code`` and ``tiny_lra_code`` (LRA's tasks; the baselines of
+    :data:`LRA_MODEL_TYPES`): the paper size or ``tiny`` with LRA's bugs
+    (:func:`apply_lra_code`).
 
   Raises:
-    ValueError: for a variant the task does not have, or an ``authors`` variant for an
-      attention outside :data:`SIMPLE_NAMES`.
+    ValueError: for a variant the task does not have, or an ``authors`` (``lra_code``)
+      variant for an attention outside :data:`SIMPLE_NAMES` (:data:`LRA_MODEL_TYPES`).
   """
   if variant in (None, ""):
     return config
-  if variant not in VARIANTS[config.task]:
+  known = task_variants(config.task)
+  if variant not in known:
     raise ValueError(f"unknown config variant {variant!r} for task {config.task!r}; "
-                     f"known: {VARIANTS[config.task]}")
+                     f"known: {known}")
   if variant in AUTHORS_VARIANTS:
     if config.model.attention not in SIMPLE_NAMES:
       raise ValueError(f"config variant {variant!r} is the SimpleTRON authors' function: "
@@ -671,37 +426,7 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     if size is None:   # the paper size: the SPT code's optimisation for the task and stage
       pretraining.apply_paper_recipe(config, "ft" if objective == "none" else "spt")
     return config
-  if config.task == "agnews":
-    return _agnews_variant(config, variant)
-  if config.task == "listops":
-    _tiny_model(config)
-    config.learning_rate = 0.05
-    _tiny_schedule(config, 5000, 1000, 200, eval_batches=-1, test_batches=-1)
-    if variant == "tiny":
-      config.data.min_tokens = 20
-      config.data.max_tokens = 200
-      config.model.max_length = 200
-      config.data.bucket = 32
-  elif config.task in ("text", "retrieval"):
-    _tiny_model(config)
-    config.learning_rate = 0.05
-    config.model.max_length = 512
-    _tiny_schedule(config, 500, 100, 250, eval_batches=16, test_batches=128)
-  elif config.task == "image":
-    _model(config, 64, 2, 1, 64, 128)
-    config.batch_size = 32
-    config.learning_rate = 1e-3
-    _tiny_schedule(config, 500, 100, 250, eval_batches=16, test_batches=-1)
-  elif config.task == "pathfinder":
-    config.model.num_layers = 1
-    config.model.num_heads = 2
-    config.batch_size = 32
-    config.data.num_images = 10000
-    _tiny_schedule(config, 500, 100, 250, eval_batches=-1, test_batches=-1)
-  elif config.task == "pathx":
-    config.batch_size = 8
-    config.data.num_images = 2000
-    _tiny_schedule(config, 200, 50, 100, eval_batches=25, test_batches=25)
+  _apply_task_variant(config, tasks.get(config.task).variants[variant])
   return config
 
 
@@ -721,7 +446,7 @@ def set_pooling_options(config: ml_collections.ConfigDict) -> None:
   """
   model = config.model
   cls = model.classifier_pool == "CLS"
-  with_cls = cls and not (config.task == "retrieval" and model.get("lra_dual_no_cls", False))
+  with_cls = cls and not (tasks.get(config.task).dual and model.get("lra_dual_no_cls", False))
   if model.attention in LENGTH_SIZED + ("bigbird",):
     model.attention_kwargs.max_length = model.get_ref("max_length") + int(with_cls)
   if model.attention == "sparse":
@@ -758,7 +483,7 @@ def apply_lra_model_bugs(config: ml_collections.ConfigDict) -> None:
     model.attention_kwargs[key] = value
   model.lra_mean_over_pads = model.classifier_pool == "MEAN"
   model.lra_cls_mask = True
-  if config.task == "retrieval":
+  if tasks.get(config.task).dual:
     model.lra_dual_no_cls = True
   set_pooling_options(config)
 
@@ -780,8 +505,7 @@ def apply_lra_code(config: ml_collections.ConfigDict) -> None:
   config.data.bucket = 0
   if "lra_pixel_mask" in config.data:
     config.data.lra_pixel_mask = True
-  if config.task == "text":
-    config.data.val_fraction = 0.0
+  _set_all(config, tasks.get(config.task).lra_code)
   if "lra_split" in config.data:
     config.data.lra_split = True
   if "split_hash" in config.data:
@@ -795,9 +519,9 @@ def make_config(task: str, attention: str, variant: str | None = None,
   """The config of ``attention`` on ``task``.
 
   Args:
-    task: one of :data:`TASKS`.
+    task: a registered task (``simpletron_jax.tasks.names()``).
     attention: a registered attention name (``simpletron_jax.attention.names()``).
-    variant: ``None`` (the published size) or a name in ``VARIANTS[task]``.
+    variant: ``None`` (the published size) or a name in ``task_variants(task)``.
     **attention_kwargs: fixed options of this config's attention, stored in
       ``model.attention_kwargs``.
 
@@ -807,12 +531,12 @@ def make_config(task: str, attention: str, variant: str | None = None,
     so it follows command-line overrides of ``model.max_length``.
 
   Raises:
-    ValueError: for an unknown task or variant.
+    ValueError: for an unknown task (naming the config field ``task`` and the known ones) or
+      variant.
   """
-  if task not in _TASK_SETTINGS:
-    raise ValueError(f"unknown task {task!r}; known: {TASKS}")
-  config = _common(task)
-  _TASK_SETTINGS[task](config)
+  spec = tasks.get(task)
+  config = _common(spec)
+  _task_options(config, spec)
   config.model.attention = attention
   if attention in SIMPLE_NAMES:
     apply_simpletron_paper(config)

@@ -37,7 +37,7 @@ from typing import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import published, reporting, run_guard  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import published, reporting, run_guard, tasks as task_registry  # noqa: E402  pylint: disable=wrong-import-position
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
 # Folders a run writes that hold no run of their own (not searched).
@@ -132,7 +132,7 @@ def references_markdown(tasks: Sequence[str]) -> str:
   lines = [f"- {task}: " + "; ".join(
       f"{model} {accuracy:.2f}" + (" (unchecked)" if model in unchecked else "")
       for model, accuracy, _ in published.references(task))
-           for task in dict.fromkeys(tasks) if task in published.TASKS]
+           for task in dict.fromkeys(tasks) if task in task_registry.lra_tasks()]
   if not lines:
     return ""
   sources = "; ".join(f"{r.model}: {r.source} ({r.checked})" for r in published.REFERENCES)

@@ -58,9 +58,7 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
       unknown attention, pooling or dtype with the known ones, ``qkv_dim`` not divisible by
       ``num_heads``, ...).
   """
-  if config.task not in tasks._LOADERS:  # pylint: disable=protected-access
-    raise ValueError(f"task={config.task!r} is not a task; known: "
-                     f"{', '.join(sorted(tasks._LOADERS))}")  # pylint: disable=protected-access
+  tasks.get(config.task)   # an unknown task: the field and the known tasks
   if config.get("parallelism", "pmap") not in ("pmap", "jit"):
     raise ValueError(f"parallelism={config.parallelism!r} is not 'pmap' (LRA's) or 'jit' "
                      "(jax.jit over a device mesh; docs/scaling.md)")
@@ -148,9 +146,8 @@ def check_position_table(max_length: int, emb_dim: int,
     raise ValueError(
         f"model.max_length={max_length} makes a position table of {int(max_length) + 1} x "
         f"{emb_dim} float32 values ({size / 2**30:.1f} GiB), over the {limit / 2**30:g} GiB "
-        "limit: set model.max_length to the longest input the task has (LRA: 2000 for "
-        "ListOps, 4000 for text and retrieval, 1024 for image and Pathfinder, 16384 for "
-        "Path-X)")
+        "limit: set model.max_length to the longest input the task has (the published: "
+        f"{', '.join(f'{t} {tasks.get(t).max_length}' for t in tasks.names())})")
 
 
 def check_regexes(config: Any) -> None:

@@ -24,8 +24,9 @@ LRA's gaps between architectures. What is taken from them, and from their code
   ``l_output=None``). ``"mlp"`` is BERT's Dense(E) -> GELU -> LayerNorm before it, the head
   of this module before 2026-11-26 and of the committed ``:tiny`` grid; ``tie_head`` ties
   the output weights to the input embedding (not theirs);
-* the optimisation of each stage, per task (:data:`PAPER_RECIPES`, applied by the paper-size
-  ``:spt`` / ``:spt_ft`` configs): AdamW (0.9, 0.999), linear warmup then a constant rate,
+* the optimisation of each stage, per task (each task record's ``pretraining``,
+  :class:`simpletron_jax.tasks.SptRecipe`, applied by the paper-size ``:spt`` / ``:spt_ft``
+  configs): AdamW (0.9, 0.999), linear warmup then a constant rate,
   no dropout, their learning rate, weight decay, batch and epochs.
 
 What stays LRA's, not theirs: the encoder of each task (their Transformer is 6 x 512 on
@@ -67,7 +68,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simpletron_jax import models
+from simpletron_jax import models, tasks
 
 # Objectives (config field ``pretrain.objective``): "none" (classification; the fine-tuning
 # stage), "mlm" (masked-token denoising) or "causal" (next-token prediction).
@@ -77,27 +78,14 @@ PAPER_MASK_RATE = 0.5
 # LM heads (config field ``pretrain.lm_head``): "linear" (Amos et al.'s code: one Dense to
 # the vocabulary) or "mlp" (BERT's Dense -> GELU -> LayerNorm first).
 LM_HEADS = ("linear", "mlp")
-# The SPT code's recipe per task and stage, read from github.com/IdoAmos/not-from-scratch at
-# commit f919137 (configs/experiment/lra/transformer-lra-<task>[-mlm].yaml; Path-X:
-# transformer-lra-pathx[-mlm]-small.yaml): (learning rate, weight decay, warmup steps,
-# batch size, epochs). Every stage: AdamW (0.9, 0.999), warmup then constant, dropout 0.
-# Retrieval is left out (two documents: not supported here).
-PAPER_RECIPES = {
-    "listops": {"spt": (0.05, 0.0, 2000, 32, 100), "ft": (0.05, 0.0, 2000, 32, 100)},
-    "text": {"spt": (0.05, 0.1, 5000, 32, 32), "ft": (0.05, 0.1, 2000, 32, 65)},
-    "image": {"spt": (1e-3, 0.0, 2500, 32, 50), "ft": (1e-3, 0.0, 2000, 50, 200)},
-    "pathfinder": {"spt": (5e-4, 0.0, 2500, 32, 50), "ft": (5e-4, 0.0, 5000, 32, 200)},
-    "pathx": {"spt": (5e-4, 0.0, 5000, 32, 200), "ft": (5e-4, 0.0, 5000, 32, 200)},
-}
-# Training examples per epoch, for the recipes' epochs: LRA's splits as this project builds
-# them (ListOps 96,000; IMDB 25,000; CIFAR-10 45,000 after the 10% validation; Pathfinder
-# and Path-X 80% of 200,000).
-TRAIN_EXAMPLES = {"listops": 96000, "text": 25000, "image": 45000, "pathfinder": 160000,
-                  "pathx": 160000}
 
 
 def apply_paper_recipe(config: ml_collections.ConfigDict, stage: str) -> None:
-  """Sets the optimisation of Amos et al.'s code for ``config.task`` (:data:`PAPER_RECIPES`).
+  """Sets the optimisation of Amos et al.'s code for ``config.task``: its record's
+  ``pretraining[stage]`` (:class:`simpletron_jax.tasks.SptRecipe`: the SPT code's
+  ``configs/experiment/lra/transformer-lra-<task>[-mlm].yaml`` at commit f919137; Path-X:
+  ``transformer-lra-pathx[-mlm]-small.yaml``), its epochs counted in the record's
+  ``train_examples``. Every stage: AdamW (0.9, 0.999), warmup then constant, dropout 0.
 
   Args:
     config: a run config (its ``task``); changed in place: ``learning_rate``,
@@ -109,18 +97,20 @@ def apply_paper_recipe(config: ml_collections.ConfigDict, stage: str) -> None:
   Raises:
     ValueError: naming ``config.task`` when the code has no recipe for it, or ``stage``.
   """
-  if config.task not in PAPER_RECIPES:
+  spec = tasks.get(config.task)
+  if not spec.pretraining:
+    known = [t for t in tasks.names() if tasks.get(t).pretraining]
     raise ValueError(f"config.task={config.task!r}: no self-pretraining recipe; known: "
-                     f"{sorted(PAPER_RECIPES)}")
+                     f"{known}")
   if stage not in ("spt", "ft"):
     raise ValueError(f"stage={stage!r}; expected 'spt' or 'ft'")
-  lr, weight_decay, warmup, batch_size, epochs = PAPER_RECIPES[config.task][stage]
-  steps_per_epoch = TRAIN_EXAMPLES[config.task] // batch_size
-  config.learning_rate = lr
-  config.weight_decay = weight_decay
-  config.warmup = warmup
-  config.batch_size = batch_size
-  config.num_train_steps = steps_per_epoch * epochs
+  recipe = spec.pretraining[stage]
+  steps_per_epoch = spec.train_examples // recipe.batch_size
+  config.learning_rate = recipe.learning_rate
+  config.weight_decay = recipe.weight_decay
+  config.warmup = recipe.warmup
+  config.batch_size = recipe.batch_size
+  config.num_train_steps = steps_per_epoch * recipe.epochs
   config.factors = "constant * linear_warmup"
   config.adam_b1, config.adam_b2, config.adam_eps = 0.9, 0.999, 1e-8
   config.grad_clip_norm = 0.0       # theirs clips no gradient (LRA's Path-X clips at 1.0)

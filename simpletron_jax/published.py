@@ -12,6 +12,9 @@ Sources:
   (the authors' notebooks, docs/fidelity.md). The paper has no image, Pathfinder
   or Path-X numbers.
 
+The accuracies of :data:`PUBLISHED` are in each task's record (``published``,
+:mod:`simpletron_jax.tasks`); this module names their models, sources and protocols.
+
 * :data:`REFERENCES`: self-pretraining (Amos et al., ICLR 2024) and the state of the art
   (S4, S5, Mega, LRU), each with its paper and table and how its cells were checked
   (``Reference.checked``); kept out of :data:`PUBLISHED`.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
-TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+from simpletron_jax import tasks
 
 PROTOCOLS = {"LRA": ("final", "mean"), "SimpleTRON": ("best_val", "best")}
 """source -> (protocol, statistic over seeds) that reproduces how it was reported."""
@@ -38,7 +41,7 @@ class Published:
   Attributes:
     model: the model's name in the source.
     attention: our registry name for it.
-    task: one of :data:`TASKS`.
+    task: one of LRA's tasks (:func:`simpletron_jax.tasks.lra_tasks`).
     accuracy: test accuracy in %, None for FAIL.
     source: a key of :data:`PROTOCOLS`.
   """
@@ -50,27 +53,29 @@ class Published:
   source: str
 
 
-# (model, attention, source): accuracies in the order of TASKS.
-_TABLE = [
-    ("Transformer", "softmax", "LRA", (36.37, 64.27, 57.46, 42.44, 71.40, None)),
-    ("Local Attention", "local", "LRA", (15.82, 52.98, 53.39, 41.46, 66.63, None)),
-    ("Sparse Trans.", "sparse", "LRA", (17.07, 63.58, 59.59, 44.24, 71.71, None)),
-    ("Longformer", "longformer", "LRA", (35.63, 62.85, 56.89, 42.22, 69.71, None)),
-    ("Linformer", "linformer", "LRA", (35.70, 53.94, 52.27, 38.56, 76.34, None)),
-    ("Reformer", "reformer", "LRA", (37.27, 56.10, 53.40, 38.07, 68.50, None)),
-    ("Sinkhorn Trans.", "sinkhorn", "LRA", (33.67, 61.20, 53.83, 41.23, 67.45, None)),
-    ("Synthesizer", "synthesizer", "LRA", (36.99, 61.68, 54.67, 41.61, 69.45, None)),
-    ("BigBird", "bigbird", "LRA", (36.05, 64.02, 59.29, 40.83, 74.87, None)),
-    ("Linear Trans.", "linear", "LRA", (16.13, 65.90, 53.09, 42.34, 75.30, None)),
-    ("Performer", "performer", "LRA", (18.01, 65.40, 53.82, 42.77, 77.05, None)),
-    ("Simple", "simple", "SimpleTRON", (37.45, 66.75, 73.92)),
-    ("Simple-Res", "simple_res", "SimpleTRON", (37.10, 66.65, 74.83)),
-    ("Simple-ResL", "simple_resl", "SimpleTRON", (37.55, 66.71, 73.59)),
+# (the source's model name, our attention, source), in the source's row order; the cells
+# are in each task record's ``published``.
+_MODELS = [
+    ("Transformer", "softmax", "LRA"),
+    ("Local Attention", "local", "LRA"),
+    ("Sparse Trans.", "sparse", "LRA"),
+    ("Longformer", "longformer", "LRA"),
+    ("Linformer", "linformer", "LRA"),
+    ("Reformer", "reformer", "LRA"),
+    ("Sinkhorn Trans.", "sinkhorn", "LRA"),
+    ("Synthesizer", "synthesizer", "LRA"),
+    ("BigBird", "bigbird", "LRA"),
+    ("Linear Trans.", "linear", "LRA"),
+    ("Performer", "performer", "LRA"),
+    ("Simple", "simple", "SimpleTRON"),
+    ("Simple-Res", "simple_res", "SimpleTRON"),
+    ("Simple-ResL", "simple_resl", "SimpleTRON"),
 ]
 
 PUBLISHED: tuple[Published, ...] = tuple(
-    Published(model, attention, task, acc, source)
-    for model, attention, source, accs in _TABLE for task, acc in zip(TASKS, accs))
+    Published(model, attention, task, tasks.get(task).published[attention], source)
+    for model, attention, source in _MODELS for task in tasks.lra_tasks()
+    if attention in tasks.get(task).published)
 
 SIMPLE_MEAN_OF_5 = {"listops": 37.15, "text": 66.61, "retrieval": 73.74}
 """The SimpleTRON paper's 5-seed mean for Simple (docs/reporting.md); the ListOps
@@ -98,7 +103,8 @@ class Reference:
   Attributes:
     model: the model's name in the source.
     source: the paper and table the numbers come from.
-    accuracies: test accuracy in % per task, in the order of :data:`TASKS`.
+    accuracies: test accuracy in % per task, in the order of LRA's tasks
+      (:func:`simpletron_jax.tasks.lra_tasks`).
     note: how it was trained (e.g. self-pretrained) and what makes it unlike LRA's setting.
     checked: how the cells were checked against the source, and when they were not.
   """
@@ -170,9 +176,10 @@ def references(task: str) -> list[tuple[str, float, str]]:
   """``(model, accuracy %, source)`` of every :data:`REFERENCES` row for ``task``.
 
   Raises:
-    ValueError: ``task`` is not in :data:`TASKS`.
+    ValueError: ``task`` is not one of LRA's tasks.
   """
-  if task not in TASKS:
-    raise ValueError(f"task {task!r}; expected one of {TASKS}")
-  i = TASKS.index(task)
+  lra = tasks.lra_tasks()
+  if task not in lra:
+    raise ValueError(f"task {task!r}; expected one of {lra}")
+  i = lra.index(task)
   return [(r.model, r.accuracies[i], r.source) for r in REFERENCES]

@@ -134,23 +134,23 @@ def hbm_bytes(device) -> int | None:
 
 
 def task_sizes(config: ml_collections.ConfigDict) -> tuple[int, int, bool]:
-  """``(vocab_size, num_classes, dual)`` of ``config.task`` without loading its data.
+  """``(vocab_size, num_classes, dual)`` of ``config.task`` from its record
+  (:func:`simpletron_jax.tasks.get`), without loading its data.
 
   Raises:
-    TpuCheckError: for an unknown task (naming the config field ``task``).
+    TpuCheckError: for an unknown task (naming the config field ``task`` and the known
+      ones), or a task whose vocabulary only its data gives (``agnews``: the tokenizer's).
   """
-  # pylint: disable=import-outside-toplevel
-  from simpletron_jax.data import image, listops, pathfinder, retrieval, text
-  sizes = {"listops": (listops.VOCAB_SIZE, listops.NUM_CLASSES, False),
-           "text": (text.VOCAB_SIZE, text.NUM_CLASSES, False),
-           "image": (image.VOCAB_SIZE, image.NUM_CLASSES, False),
-           "retrieval": (retrieval.VOCAB_SIZE, retrieval.NUM_CLASSES, True),
-           "pathfinder": (pathfinder.VOCAB_SIZE, pathfinder.NUM_CLASSES, False),
-           "pathx": (pathfinder.VOCAB_SIZE, pathfinder.NUM_CLASSES, False)}
-  if config.task not in sizes:
-    raise TpuCheckError(f"unknown task {config.task!r} (config field task); known: "
-                        f"{sorted(sizes)}")
-  return sizes[config.task]
+  try:
+    spec = tasks.get(config.task)
+  except ValueError as e:
+    raise TpuCheckError(str(e)) from None
+  if spec.vocab_size is None:
+    known = [t for t in tasks.names() if tasks.get(t).vocab_size is not None]
+    raise TpuCheckError(f"task={config.task!r}: its vocabulary size comes from its data (the "
+                        f"tokenizer), so it cannot be checked without loading them; tasks "
+                        f"with a fixed vocabulary: {', '.join(known)}")
+  return spec.vocab_size, spec.num_classes, spec.dual
 
 
 def abstract_batch(n_devices: int, rows: int, width: int, dual: bool) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax import bert_import, layers, models, transfer
+from simpletron_jax import bert_import, layers, models, tasks, transfer
 from simpletron_jax.attention.simple import SimpleAttention
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.
@@ -300,5 +300,5 @@ def test_agnews_configs_are_bert_base():
     assert (m.embedding_type, m.block_norm, m.pooler, m.classifier_pool, m.learn_pos_emb,
             m.mlp_activation) == ("bert", "post", True, "CLS", True, "gelu_exact")
     assert config.init_from == ""
-    assert lra.make_config("agnews", attention, "from_bert").init_from == lra.AGNEWS_FROM_BERT
+    assert lra.make_config("agnews", attention, "from_bert").init_from == tasks.AGNEWS_FROM_BERT
   assert lra.variants("agnews", "simple_resl") == ("tiny", "from_bert", "tiny_from_bert")

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from configs import lra
-from simpletron_jax import attention, models, train_lib
+from simpletron_jax import attention, models, tasks, train_lib
 from tests.conftest import ROOT
 
 CONFIG_FILES = sorted(f for f in glob.glob(os.path.join(ROOT, "configs", "*", "*.py"))
@@ -51,7 +51,7 @@ def test_config_builds_and_validates(path, variant):
 
 def test_every_attention_has_a_config_for_every_task():
   names = {"transformer" if n == "softmax" else n for n in attention.names()}
-  for task in lra.TASKS:
+  for task in tasks.lra_tasks():
     files = {os.path.basename(f)[:-3] for f in glob.glob(os.path.join(ROOT, "configs", task,
                                                                       "*.py"))}
     assert names <= files, (task, sorted(names - files))

@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import lra
-from simpletron_jax import cli, config_checks, run_guard, train_lib
+from simpletron_jax import cli, config_checks, run_guard, tasks, train_lib
 from simpletron_jax.data import common, listops, retrieval, text
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
@@ -305,7 +305,7 @@ def test_validation_runs_before_any_work(tmp_path, presence_task):
 
 
 def test_every_shipped_config_passes_validation():
-  for task in lra.TASKS:
+  for task in tasks.lra_tasks():
     for name in ("simple", "softmax", "performer"):
       for variant in (None,) + lra.variants(task, name):
         config = lra.make_config(task, name, variant)

@@ -5,7 +5,10 @@
 import pytest
 
 from configs import lra
-from simpletron_jax import models
+from simpletron_jax import models, tasks
+
+# The tasks with SimpleTRON's appendix A settings, which have the :authors variants.
+AUTHORS_TASKS = tuple(t for t in tasks.names() if tasks.get(t).simpletron is not None)
 
 # image/configs/cifar10/<file>: (layers, heads, emb, qkv, mlp, dropout, pool, block_size).
 # bigbird_base.py writes ``num_head = 4`` (sic), so num_heads is the base file's 1;
@@ -58,7 +61,7 @@ def test_image_and_pathfinder_sizes_per_variant(task, table):
 
 
 def test_attention_options_per_task():
-  for task in lra.TASKS:
+  for task in tasks.lra_tasks():
     kwargs = dict(lra.make_config(task, "performer").model.attention_kwargs)
     if task == "listops":  # listops/configs/performer_base.py
       assert (kwargs["kernel"], kwargs["num_features"], kwargs["redraw"]) == ("softmax", 2, True)
@@ -75,7 +78,7 @@ def test_sinkhorn_config_is_lras_encoder():
   """SinkhornTransformerEncoder: MEAN pooling and one Dense head on every task but
   retrieval (its dual encoder pools CLS with classifier_head_dual); sinkhorn_attention.py's
   25 sort outputs and row-softmax sort; LRA's bugs off."""
-  for task in lra.TASKS:
+  for task in tasks.lra_tasks():
     m = lra.make_config(task, "sinkhorn").model
     kwargs = dict(m.attention_kwargs)
     expected = ("CLS", "mlp") if task == "retrieval" else ("MEAN", "dense")
@@ -84,7 +87,7 @@ def test_sinkhorn_config_is_lras_encoder():
             kwargs["lra_bugs"]) == (25, "softmax", False, False), task
 
 
-@pytest.mark.parametrize("task", lra.TASKS)
+@pytest.mark.parametrize("task", tasks.lra_tasks())
 @pytest.mark.parametrize("variant", [None, "tiny"])
 def test_reformer_config_is_lras_structure(task, variant):
   """reformer_attention.py: 10 buckets = 10 chunks per round (module defaults), no output
@@ -109,7 +112,7 @@ def test_text_length_and_retrieval_interaction():
 
 def test_other_configs_keep_the_default_function():
   """Outside the authors variants, every option is at the default (correct) value."""
-  for task in lra.TASKS:
+  for task in tasks.lra_tasks():
     for name in ("simple", "simple_resl", "softmax", "linear", "performer", "linformer"):
       for variant in (None, "tiny"):
         config = lra.make_config(task, name, variant)
@@ -122,7 +125,7 @@ def test_other_configs_keep_the_default_function():
         assert config.data.get("lra_pixel_mask", False) is False
 
 
-@pytest.mark.parametrize("task", lra.AUTHORS_TASKS)
+@pytest.mark.parametrize("task", AUTHORS_TASKS)
 def test_authors_variants(task):
   for variant in ("authors", "tiny_authors"):
     config = lra.make_config(task, "simple", variant)
@@ -148,7 +151,7 @@ def test_authors_variants(task):
   assert "authors" not in lra.variants(task, "linear")
 
 
-@pytest.mark.parametrize("task", lra.TASKS)
+@pytest.mark.parametrize("task", tasks.lra_tasks())
 def test_lra_code_variant_sets_lras_bugs_and_data(task):
   """``:lra_code`` = the LRA config (LRA's design choices) + every option of LRA's bugs
   (the same options the golden tests use, tests/test_lra_golden.py) + LRA's data handling."""

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from configs import lra
-from simpletron_jax import models, pretraining, steps, train_lib, transfer
+from simpletron_jax import models, pretraining, steps, tasks, train_lib, transfer
 from simpletron_jax.data.common import make_batch
 from tests.test_train import Killed, _final_params, tiny_config
 
@@ -242,10 +242,10 @@ def test_paper_size_spt_configs_train_with_the_spt_codes_recipe():
   paper = lra.make_config("listops", "softmax")
   assert spt.model.num_layers == paper.model.num_layers   # LRA's encoder is kept
   for config, stage in ((spt, "spt"), (ft, "ft")):
-    lr, wd, warmup, batch, epochs = pretraining.PAPER_RECIPES["listops"][stage]
+    recipe = tasks.get("listops").pretraining[stage]
     assert (config.learning_rate, config.weight_decay, config.warmup, config.batch_size) == (
-        lr, wd, warmup, batch)
-    assert config.num_train_steps == 96000 // batch * epochs == 300000
+        recipe.learning_rate, recipe.weight_decay, recipe.warmup, recipe.batch_size)
+    assert config.num_train_steps == 96000 // recipe.batch_size * recipe.epochs == 300000
     assert config.factors == "constant * linear_warmup" and config.grad_clip_norm == 0
     assert config.model.dropout_rate == config.model.attention_dropout_rate == 0
   text = lra.make_config("text", "simple", "spt_ft")
@@ -293,7 +293,7 @@ def test_reference_rows_match_their_papers_averages():
               "S4": 86.09, "S5": 87.46, "Mega": 88.21, "LRU": 86.3}
   assert sorted(averages) == sorted(r.model for r in published.REFERENCES)
   for ref in published.REFERENCES:
-    assert len(ref.accuracies) == len(published.TASKS)
+    assert len(ref.accuracies) == len(tasks.lra_tasks())
     assert round(ref.average, 2) == averages[ref.model], ref.model
     assert ref.checked, f"{ref.model}: say how its cells were checked"
   assert published.references("pathx")[0][1] == 92.98

@@ -1,6 +1,7 @@
 """Tests for simpletron_jax.data.text (IMDB bytes) and simpletron_jax.data.image (CIFAR-10
-grayscale): on the real copies in ../shared/data when present, and on tiny files and tiny
-fake tfds data sets written per test."""
+grayscale): on the real copies where ``python -m simpletron_jax.data prepare`` puts them
+(``~/data``, or the folder ``$SIMPLETRON_JAX_TEST_DATA`` names) when present, and on tiny files
+and tiny fake tfds data sets written per test."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import time
 import numpy as np
 import pytest
 
+from simpletron_jax import tasks
 from simpletron_jax.data import image, text
 from simpletron_jax.data.common import make_batch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(ROOT, "..", "shared", "data")
-IMDB_DIR = os.path.join(SHARED, "imdb")
-CIFAR_NPZ = os.path.join(SHARED, "cifar10", image.NPZ_NAME)
+DATA_ROOT = os.path.expanduser(os.environ.get("SIMPLETRON_JAX_TEST_DATA")
+                               or tasks.DEFAULT_DATA_ROOT)
+IMDB_DIR = os.path.join(DATA_ROOT, "imdb")
+CIFAR_NPZ = os.path.join(DATA_ROOT, "cifar10", image.NPZ_NAME)
 HAS_IMDB = all(os.path.isfile(os.path.join(IMDB_DIR, f)) for f in text.JSONL_FILES.values())
 needs_imdb = pytest.mark.skipif(not HAS_IMDB, reason=f"IMDB copy not found in {IMDB_DIR}")
 needs_cifar = pytest.mark.skipif(not os.path.isfile(CIFAR_NPZ),

@@ -22,5 +22,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``simple_resl`` on task ``agnews``; ``variant`` in ``lra.VARIANTS["agnews"]``."""
+  """Attention ``simple_resl`` on task ``agnews``; ``variant`` in ``lra.task_variants("agnews")``."""
   return lra.make_config("agnews", "simple_resl", variant)

@@ -19,5 +19,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``softmax`` on task ``agnews``; ``variant`` in ``lra.VARIANTS["agnews"]``."""
+  """Attention ``softmax`` on task ``agnews``; ``variant`` in ``lra.task_variants("agnews")``."""
   return lra.make_config("agnews", "softmax", variant)

@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``simple_res`` on task ``image``; ``variant`` in ``lra.VARIANTS["image"]``."""
+  """Attention ``simple_res`` on task ``image``; ``variant`` in ``lra.task_variants("image")``."""
   return lra.make_config("image", "simple_res", variant)

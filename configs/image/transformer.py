@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``softmax`` on task ``image``; ``variant`` in ``lra.VARIANTS["image"]``."""
+  """Attention ``softmax`` on task ``image``; ``variant`` in ``lra.task_variants("image")``."""
   return lra.make_config("image", "softmax", variant)

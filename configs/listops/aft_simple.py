@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``aft_simple`` on task ``listops``; ``variant`` in ``lra.VARIANTS["listops"]``."""
+  """Attention ``aft_simple`` on task ``listops``; ``variant`` in ``lra.task_variants("listops")``."""
   return lra.make_config("listops", "aft_simple", variant)

@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``longformer`` on task ``listops``; ``variant`` in ``lra.VARIANTS["listops"]``."""
+  """Attention ``longformer`` on task ``listops``; ``variant`` in ``lra.task_variants("listops")``."""
   return lra.make_config("listops", "longformer", variant)

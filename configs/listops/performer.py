@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``performer`` on task ``listops``; ``variant`` in ``lra.VARIANTS["listops"]``."""
+  """Attention ``performer`` on task ``listops``; ``variant`` in ``lra.task_variants("listops")``."""
   return lra.make_config("listops", "performer", variant)

@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``simple`` on task ``listops``; ``variant`` in ``lra.VARIANTS["listops"]``."""
+  """Attention ``simple`` on task ``listops``; ``variant`` in ``lra.task_variants("listops")``."""
   return lra.make_config("listops", "simple", variant)

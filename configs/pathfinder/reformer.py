@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``reformer`` on task ``pathfinder``; ``variant`` in ``lra.VARIANTS["pathfinder"]``."""
+  """Attention ``reformer`` on task ``pathfinder``; ``variant`` in ``lra.task_variants("pathfinder")``."""
   return lra.make_config("pathfinder", "reformer", variant)

@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``aft_full`` on task ``pathx``; ``variant`` in ``lra.VARIANTS["pathx"]``."""
+  """Attention ``aft_full`` on task ``pathx``; ``variant`` in ``lra.task_variants("pathx")``."""
   return lra.make_config("pathx", "aft_full", variant)

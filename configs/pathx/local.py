@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``local`` on task ``pathx``; ``variant`` in ``lra.VARIANTS["pathx"]``."""
+  """Attention ``local`` on task ``pathx``; ``variant`` in ``lra.task_variants("pathx")``."""
   return lra.make_config("pathx", "local", variant)

@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``simple_resl`` on task ``pathx``; ``variant`` in ``lra.VARIANTS["pathx"]``."""
+  """Attention ``simple_resl`` on task ``pathx``; ``variant`` in ``lra.task_variants("pathx")``."""
   return lra.make_config("pathx", "simple_resl", variant)

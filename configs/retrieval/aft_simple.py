@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``aft_simple`` on task ``retrieval``; ``variant`` in ``lra.VARIANTS["retrieval"]``."""
+  """Attention ``aft_simple`` on task ``retrieval``; ``variant`` in ``lra.task_variants("retrieval")``."""
   return lra.make_config("retrieval", "aft_simple", variant)

@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``aft_local`` on task ``text``; ``variant`` in ``lra.VARIANTS["text"]``."""
+  """Attention ``aft_local`` on task ``text``; ``variant`` in ``lra.task_variants("text")``."""
   return lra.make_config("text", "aft_local", variant)

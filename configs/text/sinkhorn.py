@@ -8,5 +8,5 @@ from configs import lra
 
 
 def get_config(variant=None):
-  """Attention ``sinkhorn`` on task ``text``; ``variant`` in ``lra.VARIANTS["text"]``."""
+  """Attention ``sinkhorn`` on task ``text``; ``variant`` in ``lra.task_variants("text")``."""
   return lra.make_config("text", "sinkhorn", variant)

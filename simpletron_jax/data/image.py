@@ -64,12 +64,9 @@ CLASSES: tuple[str, ...] = ("airplane", "automobile", "bird", "cat", "deer", "do
 TFDS_NAME = "cifar10"
 NPZ_NAME = "cifar10_gray_uint8.npz"
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_DATA_DIRS: tuple[str, ...] = (
-    os.path.normpath(os.path.join(_REPO_ROOT, "..", "shared", "data", "cifar10")),
-    os.path.join("~", "data", "cifar10"),
-)
-"""Folders :func:`load_image` searches, in order, when ``data_dir`` is None."""
+DEFAULT_DATA_DIRS: tuple[str, ...] = (os.path.join("~", "data", "cifar10"),)
+"""Folders :func:`load_image` searches, in order, when ``data_dir`` is None: where
+``python -m simpletron_jax.data prepare --task image`` writes (docs/data.md)."""
 
 _RGB_WEIGHTS = np.asarray([0.2989, 0.5870, 0.1140], dtype=np.float32)
 

@@ -50,12 +50,9 @@ CLASSES: tuple[str, ...] = ("neg", "pos")
 TFDS_NAME = "imdb_reviews/plain_text"
 JSONL_FILES = {"train": "imdb_train.jsonl.gz", "test": "imdb_test.jsonl.gz"}
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_DATA_DIRS: tuple[str, ...] = (
-    os.path.normpath(os.path.join(_REPO_ROOT, "..", "shared", "data", "imdb")),
-    os.path.join("~", "data", "imdb"),
-)
-"""Folders :func:`load_text` searches, in order, when ``data_dir`` is None."""
+DEFAULT_DATA_DIRS: tuple[str, ...] = (os.path.join("~", "data", "imdb"),)
+"""Folders :func:`load_text` searches, in order, when ``data_dir`` is None: where
+``python -m simpletron_jax.data prepare --task text`` writes (docs/data.md)."""
 
 _ACL_NAME_RE = re.compile(r"^(\d+)_(\d+)\.txt$")
 
