@@ -23,7 +23,7 @@ from simpletron_jax.attention.softmax import SoftmaxAttention
 
 # Constructor arguments the encoder block passes to every variant (not config options).
 ENCODER_ARGS = ("num_heads", "qkv_dim", "out_dim", "dropout_rate", "dtype", "num_queries",
-                "use_bias")
+                "use_bias", "dense_init")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +62,14 @@ class AttentionSpec:
             if f.name not in skip and f.default is not dataclasses.MISSING}
 
   def build(self, *, num_heads: int, qkv_dim: int, out_dim: int, dropout_rate: float,
-            dtype, name: str | None = None, use_bias: bool = True, **kwargs) -> nn.Module:
+            dtype, name: str | None = None, use_bias: bool = True, dense_init: str = "lra",
+            **kwargs) -> nn.Module:
     """Instantiates the module.
 
     Args:
       num_heads, qkv_dim, out_dim, dropout_rate, dtype: the shared interface.
       use_bias: biases on the attention's projections (``model.attention_bias``).
+      dense_init: their init, ``"lra"`` or ``"torch"`` (``model.dense_init``).
       name: Flax submodule name.
       **kwargs: variant options from ``config.model.attention_kwargs``; they
         may not override ``fixed_kwargs``.
@@ -95,6 +97,7 @@ class AttentionSpec:
                        f"{self.name!r}; its options are {sorted(fields - {'parent', 'name'})}")
     return self.module(num_heads=num_heads, qkv_dim=qkv_dim, out_dim=out_dim,
                        dropout_rate=dropout_rate, dtype=dtype, name=name, use_bias=use_bias,
+                       dense_init=dense_init,
                        **self.fixed_kwargs, **kwargs)
 
 
