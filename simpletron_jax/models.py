@@ -90,7 +90,7 @@ class Encoder(nn.Module):
       multiple of this before the blocks. LRA's lengths with CLS are odd (2001, 4001, 1025),
       and on Ampere and newer GPUs XLA pads both matrix dimensions of each bfloat16 cuBLAS
       matmul to a multiple of 8 (``CublasPadForGemms``) in every step instead. The outputs
-      are unchanged (allowed only for the attentions in :data:`LENGTH_PADDING_EXACT`, see
+      are unchanged (allowed only for the attentions whose ``AttentionSpec.length_padding_exact``, see
       :func:`validate_model_config`); dropout masks in the blocks are drawn for the longer
       shape. 1: no padding (LRA).
     mlp_activation: the block MLP's GELU, a key of :data:`layers.MLP_ACTIVATIONS`:
@@ -456,32 +456,23 @@ def validate_model_config(model: ml_collections.ConfigDict) -> None:
   _check_length_multiple(model, names)
 
 
-# Attentions whose output at a real position is a masked sum over all keys, so masked
-# positions appended after the last token change nothing (model.length_multiple). Attentions
-# with blocks, chunks, hashing or random blocks laid out over the length, or with weights sized
-# by max_length, are left out.
-LENGTH_PADDING_EXACT = ("softmax", "simple", "simple_res", "simple_resl", "linear", "performer",
-                        "aft_simple")
-
-
 def _check_length_multiple(model: ml_collections.ConfigDict, names: tuple[str, ...]) -> None:
   """Raises ValueError naming ``model.length_multiple`` when it is not a positive int, or when
-  padding the length could change the function (an attention outside
-  :data:`LENGTH_PADDING_EXACT`, or Simple's published ``normalizer="padded"`` /
+  padding the length could change the function (an attention whose
+  ``AttentionSpec.length_padding_exact`` is False, or Simple's published ``normalizer="padded"`` /
   ``mask_pads=False``, which let the pads in)."""
   multiple = _option(model, "length_multiple")
   if not isinstance(multiple, int) or multiple < 1:
     raise ValueError(f"model.length_multiple={multiple!r} must be a positive int (1: off)")
   if multiple == 1:
     return
-  inexact = sorted(set(names) - set(LENGTH_PADDING_EXACT))
+  exact = [n for n in attention.names() if attention.get(n).length_padding_exact]
+  inexact = sorted(set(names) - set(exact))
   if inexact:
     raise ValueError(f"model.length_multiple={multiple} would change what attention "
-                     f"{inexact[0]!r} computes; it is exact only for "
-                     f"{list(LENGTH_PADDING_EXACT)}")
+                     f"{inexact[0]!r} computes; it is exact only for {exact}")
   kwargs = dict(model.get("attention_kwargs") or {})
-  if model.attention.startswith("simple") and (kwargs.get("normalizer", "real") != "real"
-                                               or not kwargs.get("mask_pads", True)):
+  if attention.get(model.attention).padding_inexact_options(kwargs):
     raise ValueError(f"model.length_multiple={multiple} with model.attention_kwargs "
                      f"{kwargs} lets the padding into Simple attention; use "
                      "normalizer='real' and mask_pads=True, or length_multiple=1")

@@ -275,7 +275,7 @@ def test_num_queries_is_not_a_user_option():
 
 def test_length_multiple_keeps_the_logits_of_every_attention_it_allows():
   tokens = _tokens()   # 12 tokens + CLS = 13 positions, padded to 16
-  for name in models.LENGTH_PADDING_EXACT:
+  for name in [n for n in attention.names() if attention.get(n).length_padding_exact]:
     reference, padded = _classifier(name, False), _classifier(name, False, length_multiple=8)
     params = reference.init(jax.random.PRNGKey(0), tokens)
     chex.assert_trees_all_close(padded.apply(params, tokens), reference.apply(params, tokens),

@@ -515,7 +515,7 @@ def test_attention_option_overrides_work_on_the_command_line(model, option, valu
                         f"--config.model.attention_kwargs.{option}={value}",
                         "--config.model.max_length=50")
   assert config.model.attention_kwargs[option] == value
-  if model == "aft_full":  # LENGTH_SIZED: still follows model.max_length (+1 for CLS)
+  if model == "aft_full":  # follows_max_length: still follows model.max_length (+1 for CLS)
     assert config.model.attention_kwargs.max_length == 51
   classifier = models.build_classifier(config.model, vocab_size=16, num_classes=2)
   assert classifier.encoder.attention_kwargs[option] == value

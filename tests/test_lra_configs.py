@@ -5,6 +5,7 @@
 import pytest
 
 from configs import lra
+from simpletron_jax import attention as attention_registry
 from simpletron_jax import models, tasks
 
 # The tasks with SimpleTRON's appendix A settings, which have the :authors variants.
@@ -155,7 +156,8 @@ def test_authors_variants(task):
 def test_lra_code_variant_sets_lras_bugs_and_data(task):
   """``:lra_code`` = the LRA config (LRA's design choices) + every option of LRA's bugs
   (the same options the golden tests use, tests/test_lra_golden.py) + LRA's data handling."""
-  for attention, bugs in lra.LRA_BUG_KWARGS.items():
+  for attention in lra.lra_baselines():
+    bugs = attention_registry.get(attention).lra_bug_options
     config = lra.make_config(task, attention, "tiny_lra_code")
     m = config.model
     for key, value in bugs.items():
