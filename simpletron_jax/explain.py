@@ -375,8 +375,7 @@ def explain(model: nn.Module, apply_fn: Callable, params, batch: Mapping[str, np
   """
   logits, sown = sown_maps(apply_fn, params, batch)
   encoder = model.encoder
-  names = models.layer_attentions(encoder.attention, encoder.attention_per_layer,
-                                  encoder.num_layers)
+  names = encoder.config.layer_attentions()
   shapes = _probe_shapes(apply_fn, params, model_args(batch))
   keys = sorted(shapes.heads_out)
   missing = [k for k in keys if k not in sown]
@@ -394,8 +393,8 @@ def explain(model: nn.Module, apply_fn: Callable, params, batch: Mapping[str, np
   relevance = gradient_x_input(apply_fn, params, batch, target)
   # A CLS token is prepended under CLS pooling, except with BERT's embeddings (whose [CLS] is
   # an input token) and in LRA's dual encoder (``prepend_cls=False``).
-  offset = int(getattr(encoder, "embedding_type", "lra") != "bert"
-               and encoder.classifier_pool == "CLS" and encoder.prepend_cls)
+  offset = int(encoder.config.embedding_type != "bert"
+               and encoder.config.classifier_pool == "CLS" and encoder.prepend_cls)
   return Explanation(logits, predicted, target, relevance, maps, offset)
 
 
