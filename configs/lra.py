@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import ml_collections
 
+from simpletron_jax import attention as attention_registry
 from simpletron_jax import tasks
 
 SIMPLE_NAMES = ("simple", "simple_res", "simple_resl")
-# Attentions that size a parameter by the sequence length (CLS included).
-LENGTH_SIZED = ("aft_full", "aft_local", "linformer", "sinkhorn", "synthesizer",
-                "synthesizer_random")
 # The SimpleTRON authors' function (``_authors``), for simple* on the tasks whose record has
 # SimpleTRON's settings (``TaskSpec.simpletron``).
 AUTHORS_VARIANTS = {"authors": None, "tiny_authors": "tiny"}  # -> the size variant used
 # The function LRA's code computed, bugs included (:func:`apply_lra_code`), for the LRA
-# baselines (:data:`LRA_MODEL_TYPES`) on LRA's tasks.
+# baselines (:func:`lra_baselines`) on LRA's tasks.
 LRA_CODE_VARIANTS = {"lra_code": None, "tiny_lra_code": "tiny"}  # -> the size variant used
 # Self-pretraining (Amos et al., 2024; simpletron_jax/pretraining.py): the pretraining stage
 # (masked-token denoising on the task's training split) and the fine-tuning stage (the
@@ -68,12 +66,12 @@ def task_variants(task: str) -> tuple[str, ...]:
 
 def variants(task: str, attention: str) -> tuple[str, ...]:
   """The ``:variant`` suffixes valid for ``attention`` on ``task`` (the ``AUTHORS_VARIANTS``
-  only for :data:`SIMPLE_NAMES`, the ``LRA_CODE_VARIANTS`` only for the LRA baselines of
-  :data:`LRA_MODEL_TYPES`)."""
+  only for :data:`SIMPLE_NAMES`, the ``LRA_CODE_VARIANTS`` only for the LRA baselines,
+  :func:`lra_baselines`)."""
   skip = set()
   if attention not in SIMPLE_NAMES:
     skip |= set(AUTHORS_VARIANTS)
-  if attention not in LRA_MODEL_TYPES:
+  if attention not in lra_baselines():
     skip |= set(LRA_CODE_VARIANTS)
   return tuple(v for v in task_variants(task) if v not in skip)
 
@@ -216,64 +214,22 @@ def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
 
 
 # --- LRA's per-variant settings (read from lra_benchmarks/*/configs/ at commit cd31e5c) -----
-# The registry name of each LRA baseline -> LRA's ``config.model_type``.
-LRA_MODEL_TYPES = {"softmax": "transformer", "linear": "linear_transformer",
-                   "performer": "performer", "linformer": "linformer", "local": "local",
-                   "sparse": "sparse_transformer", "longformer": "longformer",
-                   "bigbird": "bigbird", "sinkhorn": "sinkhorn", "synthesizer": "synthesizer",
-                   "synthesizer_random": "synthesizer", "reformer": "reformer"}
-
-
-def _lra_attention_kwargs(attention: str) -> dict:
-  """The attention options LRA's code ran for ``attention`` on every task; a task's record
-  may set others for a baseline (``TaskSpec.lra_baselines``), which win.
-
-  * Performer: the default of ``models/performer/performer.py``,
-    ``make_fast_generalized_attention``: deterministic ``relu(x) + 0.001`` (ListOps's record
-    has ``listops/configs/performer_base.py``'s FAVOR+ softmax with ``nb_features=2``,
-    ``ortho_scaling=0``, redrawn every call: ``redraw_features=True``, seeded by the sum of
-    the queries: option ``attention_kwargs.lra_bugs``).
-  * Linformer: ``low_rank_features=16`` (``models/linformer/linformer_attention.py``
-    default; the text config's 32 is a top-level field its train.py never passes).
-  * Synthesizer: ``models/synthesizer/synthesizer.py`` defaults to random logits plus the dot
-    product (``synthesizer_mode='random'``, ``ignore_dot_product=False``); the text config's
-    factorized settings are top-level fields, never passed.
-  * Reformer: ``models/reformer/reformer_attention.py``'s ``n_buckets=10`` chunks per round
-    and no output projection are the module's defaults; ``lra_bugs=False`` is present so
-    that ``--config.model.attention_kwargs.lra_bugs=True`` can switch on LRA's bugs. Its
-    ``qkv_dim`` is ``emb_dim`` (set in :func:`make_config`): LRA's ``ReformerAttention``
-    takes ``qkv_features`` from the input width, whatever ``qkv_dim`` says.
-
-  * BigBird: ``max_length`` is ``model.max_length`` (+ 1 with CLS), the length LRA pads every
-    batch to, so the block pattern (global last block, random blocks) is LRA's whatever
-    the batch's bucket; ``lra_bugs=False`` is present for the command line.
-
-  Linear, Performer and Linformer also get ``lra_masking=False`` (the correct function),
-  present so that ``--config.model.attention_kwargs.lra_masking=True`` can switch on LRA's
-  missing padding mask.
-  """
-  if attention == "performer":
-    return {"kernel": "relu_deterministic", "lra_masking": False}
-  if attention == "linformer":
-    return {"k": 16, "lra_masking": False}
-  if attention == "linear":
-    return {"lra_masking": False}
-  if attention == "synthesizer_random":
-    return {"dot_product": True}
-  if attention == "local":
-    return {"lra_bugs": False}
-  if attention in ("sparse", "bigbird"):   # + the pooling's options, set_pooling_options
-    return {"lra_bugs": False}
-  if attention == "reformer":
-    return {"lra_bugs": False}
-  return {}
+def lra_baselines() -> tuple[str, ...]:
+  """The registered attentions that reproduce an LRA baseline (those with an
+  ``AttentionSpec.lra_model_type``, LRA's ``config.model_type``), sorted."""
+  return tuple(name for name in attention_registry.names()
+               if attention_registry.get(name).lra_model_type is not None)
 
 
 def _lra_variant_settings(config) -> None:
-  """LRA's per-variant settings for the LRA baselines (:data:`LRA_MODEL_TYPES`).
+  """LRA's per-variant settings for the LRA baselines (:func:`lra_baselines`).
 
-  * Attention options: :func:`_lra_attention_kwargs`, under the record's own for the
-    baseline.
+  * Attention options: the options LRA's code ran for the variant on every task
+    (``AttentionSpec.lra_options``), under the record's own for the baseline. The
+    ``lra_masking=False`` of linear, Performer and Linformer and the ``lra_bugs=False`` of
+    local, sparse, BigBird and Reformer are present so that
+    ``--config.model.attention_kwargs.lra_masking=True`` (``lra_bugs=True``) can switch on
+    LRA's missing padding mask (its bugs).
   * ``max_length`` in LRA's code where the record has one of its own
     (``TaskSpec.lra_baseline_max_length``: text's 1000,
     ``text_classification/configs/base_tc_config.py``) for every attention but
@@ -287,7 +243,8 @@ def _lra_variant_settings(config) -> None:
   attention = config.model.attention
   if spec.lra_baseline_max_length is not None and attention not in SIMPLE_NAMES:
     config.model.max_length = spec.lra_baseline_max_length
-  model_type = LRA_MODEL_TYPES.get(attention)
+  attention_spec = attention_registry.get(attention)
+  model_type = attention_spec.lra_model_type
   if model_type is None:
     return
   baseline = spec.lra_baselines.get(model_type, tasks.LraBaseline())
@@ -301,7 +258,7 @@ def _lra_variant_settings(config) -> None:
     # its dual encoder (retrieval) pools CLS through classifier_head_dual like the others.
     config.model.classifier_pool = "MEAN"
     config.model.head = "dense"
-  for key, value in _lra_attention_kwargs(attention).items():
+  for key, value in attention_spec.lra_options.items():
     if key not in baseline.attention_kwargs:
       config.model.attention_kwargs[key] = value
 
@@ -389,12 +346,12 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     computing the SimpleTRON authors' function (:func:`_authors`), to compare with the
     published numbers.
   * ``lra_code`` and ``tiny_lra_code`` (LRA's tasks; the baselines of
-    :data:`LRA_MODEL_TYPES`): the paper size or ``tiny`` with LRA's bugs
+    :func:`lra_baselines`): the paper size or ``tiny`` with LRA's bugs
     (:func:`apply_lra_code`).
 
   Raises:
     ValueError: for a variant the task does not have, or an ``authors`` (``lra_code``)
-      variant for an attention outside :data:`SIMPLE_NAMES` (:data:`LRA_MODEL_TYPES`).
+      variant for an attention outside :data:`SIMPLE_NAMES` (:func:`lra_baselines`).
   """
   if variant in (None, ""):
     return config
@@ -412,9 +369,9 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     _authors(config, paper_size=size is None)
     return config
   if variant in LRA_CODE_VARIANTS:
-    if config.model.attention not in LRA_MODEL_TYPES:
+    if config.model.attention not in lra_baselines():
       raise ValueError(f"config variant {variant!r} is LRA's code: attention must be one of "
-                       f"{sorted(LRA_MODEL_TYPES)}, not {config.model.attention!r}")
+                       f"{list(lra_baselines())}, not {config.model.attention!r}")
     apply_variant(config, LRA_CODE_VARIANTS[variant])
     apply_lra_code(config)
     return config
@@ -437,7 +394,8 @@ def set_pooling_options(config: ml_collections.ConfigDict) -> None:
   ``model.attention_kwargs.max_length``).
 
   * ``max_length`` of the attentions that size a weight or a pattern by the length
-    (:data:`LENGTH_SIZED`, and BigBird, which lays its pattern out on LRA's padded length):
+    (``AttentionSpec.follows_max_length``; BigBird lays its pattern out on LRA's padded
+    length):
     a reference to ``model.max_length``, plus 1 when a CLS token is prepended (CLS pooling,
     not the dual encoder of ``model.lra_dual_no_cls``), so the weights have LRA's shapes;
   * Sparse's ``global_first``: the first position is global under CLS pooling
@@ -447,39 +405,23 @@ def set_pooling_options(config: ml_collections.ConfigDict) -> None:
   model = config.model
   cls = model.classifier_pool == "CLS"
   with_cls = cls and not (tasks.get(config.task).dual and model.get("lra_dual_no_cls", False))
-  if model.attention in LENGTH_SIZED + ("bigbird",):
+  if attention_registry.get(model.attention).follows_max_length:
     model.attention_kwargs.max_length = model.get_ref("max_length") + int(with_cls)
   if model.attention == "sparse":
     model.attention_kwargs.global_first = cls
 
 
-# LRA's bugs per attention (docs/lra_parity.md): the attention_kwargs under which our module
-# computes what LRA's module computed. Each is checked against LRA's own logits by
-# tests/test_lra_golden.py. LRA's design choices need no entry: they are the defaults.
-LRA_BUG_KWARGS = {
-    "softmax": {"lra_masking": True},       # query AND key mask: pad rows uniform
-    "linear": {"lra_masking": True},        # no padding mask at all
-    "performer": {"lra_masking": True, "lra_bugs": True},  # + features seeded from sum(q)
-    "linformer": {"lra_masking": True},
-    "local": {"lra_bugs": True},
-    "sparse": {"lra_bugs": True},
-    "longformer": {"lra_bugs": True},   # pad query rows uniform over every position
-    "bigbird": {"lra_bugs": True},      # appended keys real, pad rows zero, no dropout
-    "sinkhorn": {"lra_bugs": True},
-    "synthesizer": {},                      # the dense form: LRA never ran it
-    "synthesizer_random": {"lra_bugs": True},
-    "reformer": {"lra_bugs": True},
-}
-
-
 def apply_lra_model_bugs(config: ml_collections.ConfigDict) -> None:
   """The model options of LRA's bugs for ``config.model.attention`` on ``config.task``:
-  :data:`LRA_BUG_KWARGS`, MEAN pooling over the pads (``model.lra_mean_over_pads``), CLS
+  its ``AttentionSpec.lra_bug_options`` (the attention_kwargs under which our module computes
+  what LRA's module computed, each checked against LRA's logits by
+  tests/test_lra_golden.py; LRA's design choices need none: they are the defaults), MEAN
+  pooling over the pads (``model.lra_mean_over_pads``), CLS
   taking the first token's padding mask (``model.lra_cls_mask``), and on retrieval the dual
   encoder without CLS (``model.lra_dual_no_cls``). The data are not touched (see
   :func:`apply_lra_code`)."""
   model = config.model
-  for key, value in LRA_BUG_KWARGS.get(model.attention, {}).items():
+  for key, value in attention_registry.get(model.attention).lra_bug_options.items():
     model.attention_kwargs[key] = value
   model.lra_mean_over_pads = model.classifier_pool == "MEAN"
   model.lra_cls_mask = True
@@ -526,7 +468,7 @@ def make_config(task: str, attention: str, variant: str | None = None,
       ``model.attention_kwargs``.
 
   Returns:
-    A ConfigDict. For the attentions in :data:`LENGTH_SIZED`,
+    A ConfigDict. For the attentions whose ``AttentionSpec.follows_max_length``,
     ``model.attention_kwargs.max_length`` is a reference to ``model.max_length + 1`` (CLS),
     so it follows command-line overrides of ``model.max_length``.
 
@@ -560,8 +502,7 @@ def add_attention_defaults(config: ml_collections.ConfigDict) -> None:
   ``--config.model.attention_kwargs.<option>=...`` works for each option the variant has
   (ml_collections overrides only existing fields). The values equal the defaults, so the
   model is unchanged; set options and references (``max_length``) are kept."""
-  from simpletron_jax import attention  # pylint: disable=import-outside-toplevel
   kwargs = config.model.attention_kwargs
-  for key, value in attention.get(config.model.attention).options().items():
+  for key, value in attention_registry.get(config.model.attention).options().items():
     if key not in kwargs:
       kwargs[key] = value

@@ -251,7 +251,8 @@ def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
           "classifier_pool": "CLS"}
 
 
-def check_model_config(config: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
+def check_model_config(config: Mapping[str, Any],
+                       model: models.ModelConfig | Mapping[str, Any]) -> list[str]:
   """Where ``config.model`` differs from the BERT of ``config`` (a ``config.json`` dict).
 
   Sizes that differ make the copy fail (:func:`import_bert` names the paths) or leave
@@ -261,16 +262,19 @@ def check_model_config(config: Mapping[str, Any], model: Mapping[str, Any]) -> l
 
   Args:
     config: the checkpoint's ``config.json``.
-    model: ``config.model`` (a ConfigDict or dict); a field it lacks has its
-      :data:`simpletron_jax.models.OPTION_DEFAULTS` value.
+    model: the :class:`simpletron_jax.models.ModelConfig`, or ``config.model`` (a
+      ConfigDict or dict, read through :meth:`~simpletron_jax.models.ModelConfig.from_config_dict`,
+      so a field it lacks has its default).
 
   Returns:
     One ``model.<field>: config <value>, checkpoint <value>`` line per difference, sorted;
     empty when the model is BERT's (up to its depth).
   """
+  if not isinstance(model, models.ModelConfig):
+    model = models.ModelConfig.from_config_dict(model)
   out = []
   for field, want in sorted(model_fields(config).items()):
-    have = model.get(field, models.OPTION_DEFAULTS.get(field))
+    have = getattr(model, field)
     if field == "num_layers" and have is not None and have <= want:
       continue
     if field == "layer_norm_epsilon" and have is not None and np.isclose(have, want,

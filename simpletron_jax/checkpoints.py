@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from simpletron_jax import distributed, errors, models, run_guard, run_record
+from simpletron_jax import distributed, errors, run_guard, run_record
 from simpletron_jax.steps import TrainState
 
 
@@ -321,8 +321,7 @@ def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: i
   meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
   diff = []
   if model_config is not None and "model_config" in meta:
-    diff = run_record.flat_diff(models.with_option_defaults(meta["model_config"], saved=True),
-                               models.with_option_defaults(model_config_dict(model_config)))
+    diff = run_record.flat_diff(meta["model_config"], model_config_dict(model_config))
   if resume_check is not None:
     resume_check(where, meta, diff)
   elif diff:

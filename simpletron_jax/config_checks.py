@@ -54,7 +54,7 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
       ``data.val_fraction`` outside [0, 1); ``lora.rank`` or ``lora.alpha`` < 0; a position
       table of ``model.max_length + 1`` rows of ``model.emb_dim`` float32 values over
       :data:`MAX_POSITION_TABLE_BYTES`; or any
-      ``model.*`` problem found by :func:`simpletron_jax.models.validate_model_config` (an
+      ``model.*`` problem found by :meth:`simpletron_jax.models.ModelConfig.from_config_dict` (an
       unknown attention, pooling or dtype with the known ones, ``qkv_dim`` not divisible by
       ``num_heads``, ...).
   """
@@ -96,7 +96,7 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
                      f"{model.num_heads}: each head gets qkv_dim / num_heads features; set "
                      f"model.num_heads to a divisor of {model.qkv_dim} "
                      f"({', '.join(map(str, divisors))}, ...) or change model.qkv_dim")
-  models.validate_model_config(model)
+  models.ModelConfig.from_config_dict(model)
   if config.batch_size % (config.grad_accum_steps * n_devices):
     hosts = (f" of all hosts ({n_hosts} host(s) x {n_devices // n_hosts} local device(s))"
              if n_hosts > 1 else "")

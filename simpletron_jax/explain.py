@@ -55,13 +55,11 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from simpletron_jax import layers, models
+from simpletron_jax import attention, layers, models
 from simpletron_jax.attention import base
 
-# Which method gives each variant's map (module docstring).
-SOWN_METHOD = {"softmax": "softmax_weights", "simple": "implicit_exact",
-               "simple_res": "implicit_exact", "simple_resl": "implicit_exact",
-               "linear": "implicit_exact", "performer": "implicit_exact"}
+# The map methods (``attention.EXPLAIN_METHODS``; each variant's is its
+# ``AttentionSpec.explain_method``) and what each computes.
 METHODS = {
     "softmax_weights": "the softmax weights (sown by the module)",
     "implicit_exact": ("the exact implicit map A with y = A V, never formed in training "
@@ -83,8 +81,13 @@ _JVP_CHUNK = 64   # value tangents pushed through at once
 
 
 def method_of(attention_name: str) -> str:
-  """The map method of a registered variant: a key of :data:`METHODS`."""
-  return SOWN_METHOD.get(attention_name, "value_jacobian")
+  """The map method of a registered variant (its ``AttentionSpec.explain_method``): a key of
+  :data:`METHODS`.
+
+  Raises:
+    ValueError: for an unknown name (naming ``model.attention``).
+  """
+  return attention.get(attention_name).explain_method
 
 
 def model_args(batch: Mapping[str, np.ndarray]) -> tuple:
@@ -372,8 +375,7 @@ def explain(model: nn.Module, apply_fn: Callable, params, batch: Mapping[str, np
   """
   logits, sown = sown_maps(apply_fn, params, batch)
   encoder = model.encoder
-  names = models.layer_attentions(encoder.attention, encoder.attention_per_layer,
-                                  encoder.num_layers)
+  names = encoder.config.layer_attentions()
   shapes = _probe_shapes(apply_fn, params, model_args(batch))
   keys = sorted(shapes.heads_out)
   missing = [k for k in keys if k not in sown]
@@ -391,8 +393,8 @@ def explain(model: nn.Module, apply_fn: Callable, params, batch: Mapping[str, np
   relevance = gradient_x_input(apply_fn, params, batch, target)
   # A CLS token is prepended under CLS pooling, except with BERT's embeddings (whose [CLS] is
   # an input token) and in LRA's dual encoder (``prepend_cls=False``).
-  offset = int(getattr(encoder, "embedding_type", "lra") != "bert"
-               and encoder.classifier_pool == "CLS" and encoder.prepend_cls)
+  offset = int(encoder.config.embedding_type != "bert"
+               and encoder.config.classifier_pool == "CLS" and encoder.prepend_cls)
   return Explanation(logits, predicted, target, relevance, maps, offset)
 
 

@@ -218,8 +218,8 @@ class EncoderBlock(nn.Module):
     mlp_activation: the MLP's GELU, see :class:`MlpBlock` (``model.mlp_activation``).
     dense_init: ``"lra"`` or ``"torch"`` (``model.dense_init``): the MLP's Dense layers, and
       the attention's projections made through ``base.head_projection`` /
-      ``base.output_projection`` (set by ``base.projection_init`` around the attention
-      call); other variant-specific weights keep their own init.
+      ``base.output_projection`` (passed to the variant, ``AttentionSpec.build``); other
+      variant-specific weights keep their own init.
     block_norm: ``"pre"`` (default) or ``"post"``, see above (``model.block_norm``).
     layer_norm_epsilon: the LayerNorms' epsilon (``model.layer_norm_epsilon``; LRA's 1e-6,
       BERT's 1e-12).
@@ -269,11 +269,10 @@ class EncoderBlock(nn.Module):
     if self.num_queries and "num_queries" in spec.module_fields():
       kwargs["num_queries"] = self.num_queries
     y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x0_BxLxE)
-    with base.projection_init(self.dense_init):
-      y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=emb_dim,
-                     dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-                     use_bias=self.attention_bias, name="attention", **kwargs)(
-          y, mask_BxL, deterministic=deterministic)
+    y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=emb_dim,
+                   dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+                   use_bias=self.attention_bias, dense_init=self.dense_init,
+                   name="attention", **kwargs)(y, mask_BxL, deterministic=deterministic)
     if self.num_queries:
       y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
     if self.attention_branch_dropout:
@@ -296,11 +295,11 @@ class EncoderBlock(nn.Module):
     kwargs = dict(self.attention_kwargs or {})
     if self.num_queries and "num_queries" in spec.module_fields():
       kwargs["num_queries"] = self.num_queries
-    with base.projection_init(self.dense_init):
-      y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim,
-                     out_dim=x0_BxLxE.shape[-1], dropout_rate=self.attention_dropout_rate,
-                     dtype=self.dtype, use_bias=self.attention_bias, name="attention",
-                     **kwargs)(x0_BxLxE, mask_BxL, deterministic=deterministic)
+    y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim,
+                   out_dim=x0_BxLxE.shape[-1], dropout_rate=self.attention_dropout_rate,
+                   dtype=self.dtype, use_bias=self.attention_bias,
+                   dense_init=self.dense_init, name="attention",
+                   **kwargs)(x0_BxLxE, mask_BxL, deterministic=deterministic)
     if self.num_queries:
       y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
     if self.attention_branch_dropout:

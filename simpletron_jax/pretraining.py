@@ -132,16 +132,18 @@ def default_config(objective: str = "mlm") -> ml_collections.ConfigDict:
                                     "lm_head": "linear"})
 
 
-def validate(pretrain: Mapping[str, Any], model: ml_collections.ConfigDict,
-             dual: bool = False) -> None:
-  """Checks ``config.pretrain`` against ``config.model``.
+def validate(pretrain: Mapping[str, Any],
+             model: models.ModelConfig | ml_collections.ConfigDict, dual: bool = False) -> None:
+  """Checks ``config.pretrain`` against the model config (a ``models.ModelConfig``, or
+  ``config.model``, read through ``models.ModelConfig.from_config_dict``).
 
   Raises:
     ValueError: naming ``pretrain.lm_head`` (unknown), ``pretrain.objective`` (unknown; an
       LM objective on the two-document
       retrieval task, or with ``model.last_block_cls_only``, which leaves the token states
       stale; ``"causal"`` with an attention that is not causal), ``pretrain.mask_rate``
-      (not in ``(0, 1]``) or ``pretrain.mask_token`` (``"mlm"`` without a [MASK] row).
+      (not in ``(0, 1]``) or ``pretrain.mask_token`` (``"mlm"`` without a [MASK] row);
+      naming ``model.<field>`` for a bad model config.
   """
   objective = pretrain.get("objective", "none")
   if objective not in OBJECTIVES:
@@ -151,7 +153,9 @@ def validate(pretrain: Mapping[str, Any], model: ml_collections.ConfigDict,
   if dual:
     raise ValueError(f"pretrain.objective={objective!r} is not supported on the two-document "
                      "retrieval task yet; use 'none'")
-  if model.get("last_block_cls_only", False):
+  if not isinstance(model, models.ModelConfig):
+    model = models.ModelConfig.from_config_dict(model)
+  if model.last_block_cls_only:
     raise ValueError(f"pretrain.objective={objective!r} needs every token's state, but "
                      "model.last_block_cls_only=True updates only CLS in the last block")
   if pretrain.get("lm_head", "linear") not in LM_HEADS:
@@ -165,9 +169,8 @@ def validate(pretrain: Mapping[str, Any], model: ml_collections.ConfigDict,
       raise ValueError("pretrain.objective='mlm' needs the [MASK] id: set "
                        "pretrain.mask_token=True")
   if objective == "causal":
-    names = models.layer_attentions(model.attention, model.get("attention_per_layer", ()),
-                                    model.num_layers)
-    kwargs = dict(model.get("attention_kwargs") or {})
+    names = model.layer_attentions()
+    kwargs = dict(model.attention_kwargs)
     if any(n != model.attention for n in names) or not kwargs.get("causal", False):
       raise ValueError(f"pretrain.objective='causal' (next-token prediction) needs a causal "
                        f"attention in every block, but model.attention={model.attention!r} "
@@ -268,7 +271,8 @@ class MaskedLMEncoder(nn.Module):
     h_BxLxE = self.encoder(inputs_BxL, mask_BxL, deterministic=deterministic)
     if self.lm_head == "mlp":
       h_BxLxE = nn.gelu(nn.Dense(h_BxLxE.shape[-1], name="lm_transform")(h_BxLxE))
-      h_BxLxE = nn.LayerNorm(epsilon=self.encoder.layer_norm_epsilon, name="lm_norm")(h_BxLxE)
+      h_BxLxE = nn.LayerNorm(epsilon=self.encoder.config.layer_norm_epsilon,
+                             name="lm_norm")(h_BxLxE)
     elif self.lm_head != "linear":
       raise ValueError(f"pretrain.lm_head={self.lm_head!r}; expected one of {list(LM_HEADS)}")
     if self.tie_head:
@@ -297,7 +301,7 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, num_class
     :func:`models.build_classifier` with the [MASK] row reserved (fine-tuning).
 
   Raises:
-    ValueError: see :func:`validate` and :func:`models.validate_model_config`.
+    ValueError: see :func:`validate` and :meth:`models.ModelConfig.from_config_dict`.
   """
   pretrain = config.pretrain
   validate(pretrain, config.model, dual)
@@ -306,8 +310,8 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, num_class
   if objective == "none":
     return models.build_classifier(config.model, vocab_size=rows, num_classes=num_classes,
                                    dual=dual)
-  models.validate_model_config(config.model)
-  encoder = models.build_encoder(config.model, vocab_size=rows, return_states=True)
+  encoder = models.build_encoder(models.ModelConfig.from_config_dict(config.model),
+                                 vocab_size=rows, return_states=True)
   return MaskedLMEncoder(encoder=encoder, vocab_size=rows, objective=objective,
                          mask_rate=float(pretrain.get("mask_rate", PAPER_MASK_RATE)),
                          mask_id=vocab_size, tie_head=bool(pretrain.get("tie_head", False)),

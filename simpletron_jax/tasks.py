@@ -416,7 +416,7 @@ class TaskSpec:
     data_options: the reader's ``config.data`` fields with their defaults; a type (``str``,
       ``bool``) makes an unset field (None) of that type.
     variants: the task's own ``:variant`` suffixes (``tiny``, ...) by name, in order.
-    lra_baselines: per LRA ``model_type`` (``configs/lra.LRA_MODEL_TYPES``), the baseline's
+    lra_baselines: per LRA ``model_type`` (``AttentionSpec.lra_model_type``), the baseline's
       own settings on this task.
     lra_baseline_max_length: ``model.max_length`` in LRA's code for every attention but
       SimpleTRON's (text: 1000); None: ``max_length``.

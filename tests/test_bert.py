@@ -288,7 +288,7 @@ def test_bad_bert_fields_are_named(field, value, match):
   model = tiny_bert_config().model.to_dict()
   model[field] = value
   with pytest.raises(ValueError, match=match):
-    models.validate_model_config(ml_collections.ConfigDict(model))
+    models.ModelConfig.from_config_dict(ml_collections.ConfigDict(model))
 
 
 def test_agnews_configs_are_bert_base():

@@ -38,9 +38,9 @@ def test_config_builds_and_validates(path, variant):
   train_lib.validate_config(config, n_devices=2)
   model = models.build_classifier(config.model, vocab_size=16, num_classes=10,
                                   dual=config.task == "retrieval")
-  assert model.encoder.attention == config.model.attention
+  assert model.encoder.config.attention == config.model.attention
   kwargs = dict(config.model.attention_kwargs)
-  if config.model.attention in lra.LENGTH_SIZED:   # + 1 for a prepended CLS token only
+  if attention.get(config.model.attention).follows_max_length:   # + 1 for a prepended CLS token only
     with_cls = config.model.classifier_pool == "CLS" and not (
         config.task == "retrieval" and config.model.lra_dual_no_cls)
     assert kwargs["max_length"] == config.model.max_length + with_cls

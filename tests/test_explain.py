@@ -180,10 +180,10 @@ def test_maps_come_out_only_when_asked():
 
 
 def _classifier(per_layer, dual=False, **attention_kwargs):
-  encoder = models.Encoder(vocab_size=16, emb_dim=E, num_heads=H, qkv_dim=E, mlp_dim=16,
-                           num_layers=len(per_layer), max_length=12, attention=per_layer[0],
-                           attention_per_layer=tuple(per_layer),
-                           attention_kwargs=attention_kwargs, learn_pos_emb=True)
+  encoder = models.Encoder(config=models.ModelConfig(
+      emb_dim=E, num_heads=H, qkv_dim=E, mlp_dim=16, num_layers=len(per_layer), max_length=12,
+      attention=per_layer[0], attention_per_layer=tuple(per_layer),
+      attention_kwargs=attention_kwargs, learn_pos_emb=True), vocab_size=16)
   if dual:
     return models.DualEncoderClassifier(encoder=encoder, num_classes=3)
   return models.ClassificationEncoder(encoder=encoder, num_classes=3)

@@ -205,10 +205,10 @@ def test_flash_equals_einsum_on_gpu_bfloat16_with_padding(fresh_log, caplog):
 
 def _classifier(attention_name, cls_only, pool="CLS", num_layers=1, length_multiple=1,
                 **attention_kwargs):
-  encoder = models.Encoder(vocab_size=20, emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32,
-                           num_layers=num_layers, max_length=12, attention=attention_name,
-                           attention_kwargs=attention_kwargs, classifier_pool=pool,
-                           last_block_cls_only=cls_only, length_multiple=length_multiple)
+  encoder = models.Encoder(config=models.ModelConfig(
+      emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=num_layers, max_length=12,
+      attention=attention_name, attention_kwargs=attention_kwargs, classifier_pool=pool,
+      last_block_cls_only=cls_only, length_multiple=length_multiple), vocab_size=20)
   return models.ClassificationEncoder(encoder=encoder, num_classes=3)
 
 
@@ -266,7 +266,7 @@ def test_num_queries_is_not_a_user_option():
   model = lra.make_config("listops", "softmax", "tiny").model
   model.attention_kwargs.num_queries = 1
   with pytest.raises(ValueError, match="model.last_block_cls_only"):
-    models.validate_model_config(model)
+    models.ModelConfig.from_config_dict(model)
 
 
 # ----------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_num_queries_is_not_a_user_option():
 
 def test_length_multiple_keeps_the_logits_of_every_attention_it_allows():
   tokens = _tokens()   # 12 tokens + CLS = 13 positions, padded to 16
-  for name in models.LENGTH_PADDING_EXACT:
+  for name in [n for n in attention.names() if attention.get(n).length_padding_exact]:
     reference, padded = _classifier(name, False), _classifier(name, False, length_multiple=8)
     params = reference.init(jax.random.PRNGKey(0), tokens)
     chex.assert_trees_all_close(padded.apply(params, tokens), reference.apply(params, tokens),
@@ -301,6 +301,6 @@ def test_length_multiple_is_refused_where_it_would_change_the_function(attention
   model.attention_kwargs.update(kwargs)
   model.length_multiple = multiple
   with pytest.raises(ValueError, match=message):
-    models.validate_model_config(model)
+    models.ModelConfig.from_config_dict(model)
   model.length_multiple = 1
-  models.validate_model_config(model)
+  models.ModelConfig.from_config_dict(model)

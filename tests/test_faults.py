@@ -203,34 +203,26 @@ def test_resume_with_another_model_config_lists_the_fields(initial_state, tmp_pa
     train_lib.restore_checkpoint(manager, state, model_config=other.model)
 
 
-def test_a_checkpoint_from_before_an_option_existed_resumes(initial_state, tmp_path):
-  # Saved by an older version: its model config lacks the options added since.
+def test_a_checkpoint_from_before_an_option_existed_is_refused_in_one_line(initial_state,
+                                                                         tmp_path):
+  # Saved by an older version: its model config lacks options added since (the model
+  # attention_bias=True computed then among them). Such checkpoints do not resume: the
+  # refusal is one line naming each missing field.
   config, state = initial_state
   manager = train_lib.checkpoint_manager(str(tmp_path / "checkpoints"), None)
   saved = train_lib.model_config_dict(config.model)
-  for option in ("length_multiple", "last_block_cls_only"):
-    assert saved.pop(option) == models.OPTION_DEFAULTS[option]
-  assert saved["attention_kwargs"].pop("block_diagonal") is False   # attention options too
+  for option in ("attention_bias", "length_multiple"):
+    saved.pop(option)
+  saved["attention_kwargs"].pop("block_diagonal")   # attention options too
   train_lib.save_checkpoint(manager, 2, state.replace(step=2), {"model_config": saved})
-  assert train_lib.restore_checkpoint(manager, state, model_config=config.model)[2] == 2
-  other = fault_config(**{"model.length_multiple": 8})
-  with pytest.raises(run_guard.ConfigMismatchError,
-                     match=r"model.length_multiple: checkpoint 1, config 8"):
-    train_lib.restore_checkpoint(manager, state, model_config=other.model)
-
-
-def test_a_checkpoint_with_attention_biases_names_the_option(initial_state, tmp_path):
-  # Saved before model.attention_bias existed, when every attention projection had a bias:
-  # the missing field reads as True, so resuming under LRA's default (no biases) is refused,
-  # naming the option that resumes it.
-  config, state = initial_state
-  manager = train_lib.checkpoint_manager(str(tmp_path / "checkpoints"), None)
-  saved = train_lib.model_config_dict(config.model)
-  assert saved.pop("attention_bias") is False
-  train_lib.save_checkpoint(manager, 2, state.replace(step=2), {"model_config": saved})
-  with pytest.raises(run_guard.ConfigMismatchError,
-                     match=r"model.attention_bias: checkpoint True, config False"):
+  with pytest.raises(run_guard.ConfigMismatchError) as raised:
     train_lib.restore_checkpoint(manager, state, model_config=config.model)
+  message = str(raised.value)
+  assert "\n" not in message
+  for line in ("model.attention_bias: checkpoint '<absent>', config False",
+               "model.attention_kwargs.block_diagonal: checkpoint '<absent>', config False",
+               "model.length_multiple: checkpoint '<absent>', config 1"):
+    assert line in message
 
 
 def test_a_skipped_save_stops_with_path_and_reason(initial_state, tmp_path):
@@ -515,10 +507,10 @@ def test_attention_option_overrides_work_on_the_command_line(model, option, valu
                         f"--config.model.attention_kwargs.{option}={value}",
                         "--config.model.max_length=50")
   assert config.model.attention_kwargs[option] == value
-  if model == "aft_full":  # LENGTH_SIZED: still follows model.max_length (+1 for CLS)
+  if model == "aft_full":  # follows_max_length: still follows model.max_length (+1 for CLS)
     assert config.model.attention_kwargs.max_length == 51
   classifier = models.build_classifier(config.model, vocab_size=16, num_classes=2)
-  assert classifier.encoder.attention_kwargs[option] == value
+  assert classifier.encoder.config.attention_kwargs[option] == value
 
 
 @pytest.mark.parametrize("name", attention.names())

@@ -2,9 +2,12 @@
 (google-research/long-range-arena at cd31e5c, ``lra_benchmarks/*/configs/``), and the
 ``:authors`` variants against the SimpleTRON authors' notebooks (docs/fidelity.md)."""
 
+import dataclasses
+
 import pytest
 
 from configs import lra
+from simpletron_jax import attention as attention_registry
 from simpletron_jax import models, tasks
 
 # The tasks with SimpleTRON's appendix A settings, which have the :authors variants.
@@ -98,7 +101,7 @@ def test_reformer_config_is_lras_structure(task, variant):
   assert (kwargs["num_buckets"], kwargs["num_hashes"], kwargs["lra_bugs"]) == (10, 1, False)
   assert "chunk_length" not in kwargs
   assert config.model.qkv_dim == config.model.emb_dim
-  models.validate_model_config(config.model)
+  models.ModelConfig.from_config_dict(config.model)
 
 
 def test_text_length_and_retrieval_interaction():
@@ -116,8 +119,12 @@ def test_other_configs_keep_the_default_function():
     for name in ("simple", "simple_resl", "softmax", "linear", "performer", "linformer"):
       for variant in (None, "tiny"):
         config = lra.make_config(task, name, variant)
-        for field, default in models.OPTION_DEFAULTS.items():
-          assert config.model.get(field, default) == default, (task, name, field)
+        typed = models.ModelConfig.from_config_dict(config.model)
+        for field in dataclasses.fields(models.ModelConfig):
+          if field.name not in models.SIZES and field.name not in (
+              "attention", "attention_kwargs", "dropout_rate", "attention_dropout_rate",
+              "learn_pos_emb", "classifier_pool", "head", "interaction", "dtype"):
+            assert getattr(typed, field.name) == field.default, (task, name, field.name)
         kwargs = dict(config.model.attention_kwargs)
         assert kwargs.get("lra_masking", False) is False
         assert (kwargs.get("normalizer", "real"), kwargs.get("mask_pads", True),
@@ -155,7 +162,8 @@ def test_authors_variants(task):
 def test_lra_code_variant_sets_lras_bugs_and_data(task):
   """``:lra_code`` = the LRA config (LRA's design choices) + every option of LRA's bugs
   (the same options the golden tests use, tests/test_lra_golden.py) + LRA's data handling."""
-  for attention, bugs in lra.LRA_BUG_KWARGS.items():
+  for attention in lra.lra_baselines():
+    bugs = attention_registry.get(attention).lra_bug_options
     config = lra.make_config(task, attention, "tiny_lra_code")
     m = config.model
     for key, value in bugs.items():

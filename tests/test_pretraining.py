@@ -214,7 +214,7 @@ def test_bad_pretrain_fields_are_named():
 
 def test_encoder_states_are_one_per_token():
   config = tiny_config()
-  models.validate_model_config(config.model)
+  models.ModelConfig.from_config_dict(config.model)
   encoder = models.build_encoder(config.model, vocab_size=16, return_states=True)
   tokens, mask = _batch(np.random.default_rng(2))
   params = encoder.init(jax.random.PRNGKey(0), tokens, mask)

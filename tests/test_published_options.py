@@ -220,7 +220,8 @@ def _encoder(**kwargs):
   base = dict(vocab_size=12, emb_dim=E, num_heads=H, qkv_dim=E, mlp_dim=16, num_layers=1,
               max_length=L, attention="simple", dropout_rate=0.5, learn_pos_emb=True)
   base.update(kwargs)
-  return models.Encoder(**base)
+  vocab_size = base.pop("vocab_size")
+  return models.Encoder(config=models.ModelConfig(**base), vocab_size=vocab_size)
 
 
 def _tokens():
@@ -284,7 +285,7 @@ def _gelu_exact(t):
 
 def test_gelu_head_matches_numpy():
   tokens = _tokens()
-  model = models.ClassificationEncoder(encoder=_encoder(), num_classes=3, head_activation="gelu")
+  model = models.ClassificationEncoder(encoder=_encoder(head_activation="gelu"), num_classes=3)
   params = model.init(jax.random.PRNGKey(0), tokens)
   logits, state = model.apply(params, tokens, capture_intermediates=True)
   pooled = np.asarray(state["intermediates"]["encoder"]["__call__"][0], np.float64)
@@ -298,8 +299,8 @@ def test_gelu_head_matches_numpy():
 @pytest.mark.parametrize("interaction,width", [("concat", 2), ("nli", 4)])
 def test_dual_interaction_matches_numpy(interaction, width):
   tokens = _tokens()
-  model = models.DualEncoderClassifier(encoder=_encoder(), num_classes=2,
-                                       interaction=interaction)
+  model = models.DualEncoderClassifier(encoder=_encoder(interaction=interaction),
+                                       num_classes=2)
   params = model.init(jax.random.PRNGKey(0), tokens, None, tokens[::-1], None)
   p = params["params"]
   chex.assert_shape(p["head_hidden"]["kernel"], (width * E, 16))

@@ -121,14 +121,14 @@ def test_attention_per_layer_errors():
   config = tiny_config("softmax")
   config.model.attention_per_layer = ("linear",)
   with pytest.raises(ValueError, match=r"attention_per_layer has 1 names .*num_layers=2"):
-    models.validate_model_config(config.model)
+    models.ModelConfig.from_config_dict(config.model)
   config.model.attention_per_layer = ("linear", "nope")
   with pytest.raises(ValueError, match=r"attention_per_layer\[1\]: unknown attention 'nope'"):
-    models.validate_model_config(config.model)
+    models.ModelConfig.from_config_dict(config.model)
   config.model.qkv_dim = 8
   config.model.attention_per_layer = ("softmax", "simple")
   with pytest.raises(ValueError, match="'simple' has no output projection"):
-    models.validate_model_config(config.model)
+    models.ModelConfig.from_config_dict(config.model)
 
 
 def test_lora_zero_b_is_the_base_model_and_merge_is_w_plus_scaled_ab(presence_task):

@@ -208,6 +208,8 @@ class AFTAttention(nn.Module):
       and cast back.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``pos_bias``
   ``[max_length, max_length]`` (full) or ``pos_bias_band``
@@ -233,6 +235,7 @@ class AFTAttention(nn.Module):
   window: int = 32
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -249,7 +252,7 @@ class AFTAttention(nn.Module):
       raise ValueError(f"model.attention_kwargs.window={self.window} must be >= 1 for aft_local")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     head_shape = q.shape[2:]
     q_BxLxD, k_BxLxD, v_BxLxD = (t.reshape(b, length, self.qkv_dim).astype(jnp.float32)
                                  for t in (q, k, v))
@@ -267,4 +270,4 @@ class AFTAttention(nn.Module):
     gate_BxLxD = jax.nn.sigmoid(q_BxLxD) if self.activation == "sigmoid" else jax.nn.relu(q_BxLxD)
     y_BxLxD = (gate_BxLxD * context_BxLxD).astype(self.dtype)
     return base.output_projection(y_BxLxD.reshape(b, length, *head_shape), self.out_dim,
-                                  self.dtype, use_bias=self.use_bias)
+                                  self.dtype, use_bias=self.use_bias, dense_init=self.dense_init)

@@ -9,9 +9,9 @@ All attention modules in this package share one call::
 ``models/transformer/transformer.py``: Xavier-uniform kernels and normal(1e-6)
 biases. Under ``model.dense_init="torch"`` (the SimpleTRON authors' ``nn.Linear`` layers,
 ``lra/notebooks/listops_setup_simple_2.ipynb``) the projections made here take torch's
-defaults instead: the encoder block sets the scheme with :func:`projection_init` around
-its attention, and :func:`initializers` reads it, so every variant that projects through
-:func:`head_projection` / :func:`output_projection` follows without a field of its own.
+defaults instead: each variant has a ``dense_init`` field, which the encoder block sets
+(``AttentionSpec.build``) and the variant passes to :func:`head_projection` /
+:func:`output_projection`.
 :func:`compiling_for` / :func:`target_platform` tell modules which platform a trace is for.
 """
 
@@ -37,7 +37,6 @@ TORCH_KERNEL_INIT = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "unifo
 Dtype = Any
 Initializer = Callable[..., jnp.ndarray]
 
-_SCHEME: contextvars.ContextVar[str] = contextvars.ContextVar("projection_init", default="lra")
 # Platforms a module may be compiled for (jax.default_backend()'s names).
 PLATFORMS = ("cpu", "gpu", "tpu")
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target_platform",
@@ -87,33 +86,6 @@ def compiling_for(platform: str) -> Iterator[None]:
     _TARGET.reset(token)
 
 
-def _check_init(init: str) -> None:
-  if init not in INITS:
-    raise ValueError(f"model.dense_init={init!r}; expected one of {list(INITS)}")
-
-
-@contextlib.contextmanager
-def projection_init(init: str) -> Iterator[None]:
-  """Sets the init scheme of the projections :func:`head_projection`,
-  :func:`output_projection` and :class:`HeadProjection` create inside the block.
-
-  Initialisers run only when parameters are created (``Module.init``), inside the
-  module's call, so the encoder block wraps its attention call in this context.
-
-  Args:
-    init: ``"lra"`` (default outside any context) or ``"torch"``.
-
-  Raises:
-    ValueError: naming ``model.dense_init`` for another value.
-  """
-  _check_init(init)
-  token = _SCHEME.set(init)
-  try:
-    yield
-  finally:
-    _SCHEME.reset(token)
-
-
 def torch_bias_init(fan_in: int) -> Initializer:
   """torch ``nn.Linear``'s bias init, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
 
@@ -131,14 +103,14 @@ def torch_bias_init(fan_in: int) -> Initializer:
   return init
 
 
-def initializers(fan_in: int, init: str | None = None) -> tuple[Initializer, Initializer]:
+def initializers(fan_in: int, init: str) -> tuple[Initializer, Initializer]:
   """The ``(kernel_init, bias_init)`` of a Dense layer with input width ``fan_in``.
 
   Args:
     fan_in: input width (the flat width for a ``DenseGeneral`` over several axes).
     init: ``"lra"`` (Xavier-uniform kernel, normal(1e-6) bias: LRA's block layers) or
       ``"torch"`` (kernel and bias ``U(+-1/sqrt(fan_in))``: torch ``nn.Linear``, the
-      SimpleTRON authors' code); None: the scheme set by :func:`projection_init`.
+      SimpleTRON authors' code; ``model.dense_init``).
 
   Returns:
     Two flax initialisers. Kernels are drawn on the flat ``[fan_in, out]`` shape.
@@ -146,8 +118,8 @@ def initializers(fan_in: int, init: str | None = None) -> tuple[Initializer, Ini
   Raises:
     ValueError: naming ``model.dense_init`` for an unknown scheme.
   """
-  init = _SCHEME.get() if init is None else init
-  _check_init(init)
+  if init not in INITS:
+    raise ValueError(f"model.dense_init={init!r}; expected one of {list(INITS)}")
   if init == "torch":
     return TORCH_KERNEL_INIT, torch_bias_init(fan_in)
   return KERNEL_INIT, BIAS_INIT
@@ -169,7 +141,7 @@ def check_head_dims(qkv_dim: int, num_heads: int) -> int:
 
 
 def project_qkv(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: Dtype,
-                flat: bool = False, *, use_bias: bool = True
+                flat: bool = False, *, use_bias: bool = True, dense_init: str
                 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Projects the input to per-head queries, keys and values.
 
@@ -184,17 +156,19 @@ def project_qkv(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: Dtype
     dtype: computation dtype.
     flat: see :func:`head_projection`.
     use_bias: see :func:`head_projection`.
+    dense_init: see :func:`head_projection`.
 
   Returns:
     ``(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)`` with ``K = D // H``.
   """
   return tuple(head_projection(x_BxLxE, num_heads, qkv_dim, dtype, name, flat,
-                               use_bias=use_bias)
+                               use_bias=use_bias, dense_init=dense_init)
                for name in ("query", "key", "value"))
 
 
 def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: Dtype,
-                    name: str, flat: bool = False, *, use_bias: bool = True) -> jnp.ndarray:
+                    name: str, flat: bool = False, *, use_bias: bool = True,
+                    dense_init: str) -> jnp.ndarray:
   """One per-head projection (``DenseGeneral`` to ``(H, D/H)``) named ``name``.
 
   For variants that need only some of ``query``/``key``/``value`` (Reformer's shared QK,
@@ -208,23 +182,24 @@ def head_projection(x_BxLxE: jnp.ndarray, num_heads: int, qkv_dim: int, dtype: D
     name: the submodule name, e.g. ``"value"``.
     flat: compute it as :class:`HeadProjection` (the same parameters and function, one
       flat matmul and bias; not bit-identical).
-    use_bias: add a learned bias. The kernel and bias initialisers are those of
-      :func:`initializers` under the scheme of :func:`projection_init` (LRA's by default).
-      LRA's attentions have none (``bias=False`` in
+    use_bias: add a learned bias. LRA's attentions have none (``bias=False`` in
       ``models/transformer/transformer.py`` and every variant built like it; config field
       ``model.attention_bias``, default False); the SimpleTRON authors' ``nn.Linear`` layers
       have one.
+    dense_init: the kernel and bias initialisers, :func:`initializers` of this scheme
+      (``"lra"`` or ``"torch"``; ``model.dense_init``).
 
   Returns:
     ``[B, L, H, D // H]``.
 
   Raises:
-    ValueError: see :func:`check_head_dims`.
+    ValueError: see :func:`check_head_dims` and :func:`initializers`.
   """
   head_dim = check_head_dims(qkv_dim, num_heads)
   if flat:
-    return HeadProjection(num_heads, head_dim, dtype, use_bias, name=name)(x_BxLxE)
-  kernel_init, bias_init = initializers(x_BxLxE.shape[-1])
+    return HeadProjection(num_heads, head_dim, dtype, use_bias, dense_init,
+                          name=name)(x_BxLxE)
+  kernel_init, bias_init = initializers(x_BxLxE.shape[-1], dense_init)
   return nn.DenseGeneral(features=(num_heads, head_dim), kernel_init=kernel_init,
                          bias_init=bias_init, use_bias=use_bias, dtype=dtype,
                          name=name)(x_BxLxE)
@@ -235,7 +210,7 @@ class HeadProjection(nn.Module):
 
   The parameters are DenseGeneral's: ``kernel`` ``[E, H, K]`` and ``bias`` ``[H, K]``,
   float32, initialised as DenseGeneral does (on the flat ``[E, H*K]`` and ``[H*K]`` shapes,
-  then reshaped, with :func:`initializers` of the current :func:`projection_init` scheme),
+  then reshaped, with :func:`initializers` of ``dense_init``),
   so checkpoints and initial values are unchanged. The product is taken
   with the kernel as ``[E, H*K]`` and the bias added as ``[H*K]``, then split into heads.
   DenseGeneral adds its ``[H, K]`` bias over the 4-D result, which XLA's GPU compiler could
@@ -251,6 +226,7 @@ class HeadProjection(nn.Module):
     head_dim: K.
     dtype: computation dtype.
     use_bias: with the bias (``DenseGeneral``'s ``use_bias``).
+    dense_init: the initialisers' scheme, ``"lra"`` or ``"torch"`` (:func:`initializers`).
 
   Call: ``x [..., E] -> [..., H, K]`` in ``dtype``.
   """
@@ -259,6 +235,7 @@ class HeadProjection(nn.Module):
   head_dim: int
   dtype: Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x):
@@ -267,7 +244,7 @@ class HeadProjection(nn.Module):
     def flat_init(init, flat_shape):
       return lambda rng, shape, dtype=jnp.float32: init(rng, flat_shape, dtype).reshape(shape)
 
-    kernel_init, bias_init = initializers(e)
+    kernel_init, bias_init = initializers(e, self.dense_init)
     kernel = self.param("kernel", flat_init(kernel_init, (e, width)),
                         (e, self.num_heads, self.head_dim), jnp.float32)
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
@@ -298,20 +275,21 @@ def check_max_length(variant: str, length: int, max_length: int) -> None:
 
 
 def output_projection(y_BxLxHxK: jnp.ndarray, out_dim: int, dtype: Dtype, *,
-                      use_bias: bool = True) -> jnp.ndarray:
+                      use_bias: bool = True, dense_init: str) -> jnp.ndarray:
   """Merges heads with a learned ``DenseGeneral`` named ``out``.
 
   Args:
     y_BxLxHxK: per-head outputs.
     out_dim: O.
     dtype: computation dtype.
-    use_bias: add a learned bias (see :func:`head_projection`; the initialisers follow
-      :func:`projection_init` with fan-in ``H * K``).
+    use_bias: add a learned bias (see :func:`head_projection`).
+    dense_init: the initialisers' scheme (:func:`initializers`, with fan-in ``H * K``).
 
   Returns:
     ``[B, L, O]``.
   """
-  kernel_init, bias_init = initializers(y_BxLxHxK.shape[-2] * y_BxLxHxK.shape[-1])
+  kernel_init, bias_init = initializers(y_BxLxHxK.shape[-2] * y_BxLxHxK.shape[-1],
+                                        dense_init)
   return nn.DenseGeneral(features=out_dim, axis=(-2, -1), kernel_init=kernel_init,
                          bias_init=bias_init, use_bias=use_bias, dtype=dtype,
                          name="out")(y_BxLxHxK)

@@ -192,6 +192,8 @@ class BigBirdAttention(nn.Module):
     dtype: computation dtype; the softmax is computed in float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Non-causal. The chosen random blocks are sown into ``"intermediates"`` as
@@ -215,6 +217,7 @@ class BigBirdAttention(nn.Module):
   lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -243,7 +246,7 @@ class BigBirdAttention(nn.Module):
     computed = num_computed * b
     x_BxCxE = jnp.pad(x_BxLxE, ((0, 0), (0, computed - length), (0, 0)))
     q, k, v = base.project_qkv(x_BxCxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     q = scale_queries(q)
     heads, head_dim = q.shape[2:]
     seed = self.random_seed + layer_index(self.path)
@@ -292,4 +295,5 @@ class BigBirdAttention(nn.Module):
         batch, computed, heads, head_dim)[:, :length]
     if self.lra_bugs:
       y_BxLxHxK = jnp.where(mask_BxL[:, :, None, None], y_BxLxHxK, 0)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)

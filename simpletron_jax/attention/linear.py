@@ -184,6 +184,8 @@ class LinearAttention(nn.Module):
       are computed in float32 and cast back.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Outputs at real positions do not depend on padding. Applied with ``mutable=[base.MAPS]``,
@@ -204,13 +206,14 @@ class LinearAttention(nn.Module):
   lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     del deterministic  # no dropout inside linear attention
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     phi_q_BxLxHxK = elu_feature_map(q.astype(jnp.float32))
     phi_k_BxLxHxK = elu_feature_map(k.astype(jnp.float32))
     v = v.astype(jnp.float32)
@@ -223,4 +226,4 @@ class LinearAttention(nn.Module):
       y_BxLxHxK = normalized_feature_attention(phi_q_BxLxHxK, phi_k_BxLxHxK, v, mask_BxL,
                                                self.eps)
     return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype,
-                                  use_bias=self.use_bias)
+                                  use_bias=self.use_bias, dense_init=self.dense_init)

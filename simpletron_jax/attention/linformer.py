@@ -49,6 +49,8 @@ class LinformerAttention(nn.Module):
     dtype: computation dtype; the softmax is computed in float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``proj_E``
   (and ``proj_F``) of shape ``[max_length, k]``, float32, initialised Xavier-uniform
@@ -74,6 +76,7 @@ class LinformerAttention(nn.Module):
   lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -83,7 +86,7 @@ class LinformerAttention(nn.Module):
       raise ValueError(f"model.attention_kwargs.k={self.k} must be >= 1 for linformer")
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     init = nn.initializers.xavier_uniform()   # LRA's lr_kernel init
     e_MxR = self.param("proj_E", init, (self.max_length, self.k), jnp.float32)
     f_MxR = e_MxR if self.share_kv else self.param("proj_F", init, (self.max_length, self.k),
@@ -103,4 +106,5 @@ class LinformerAttention(nn.Module):
     weights_BxHxLxR = nn.Dropout(self.dropout_rate)(weights_BxHxLxR.astype(self.dtype),
                                                     deterministic=deterministic)
     y_BxLxHxK = jnp.einsum("bhlr,brhd->blhd", weights_BxHxLxR, v_BxRxHxK)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)

@@ -153,6 +153,8 @@ class LocalAttention(nn.Module):
     dtype: computation dtype; the softmax is computed in float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
     lra_bugs: reproduce LRA's masking in ``models/local/local_attention.py`` (config field
       ``model.attention_kwargs.lra_bugs``): the appended positions are real keys, the
       padding mask is read as contiguous blocks of b although the groups are strided
@@ -177,6 +179,7 @@ class LocalAttention(nn.Module):
   block_size: int = 50
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
   lra_bugs: bool = False
 
   @nn.compact
@@ -190,7 +193,7 @@ class LocalAttention(nn.Module):
     # LRA pads the attention's input (not q, k, v): appended rows project to the biases.
     x_BxPxE = pad_length(x_BxLxE, padded)
     q, k, v = base.project_qkv(x_BxPxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     # Position p = i * N + g sits at [:, i, g]: group g is {p : p mod N = g}.
     q_BxbxNxHxK, k_BxbxNxHxK, v_BxbxNxHxK = (
         t.reshape((batch, b, n) + t.shape[2:]) for t in (scale_queries(q), k, v))
@@ -211,4 +214,5 @@ class LocalAttention(nn.Module):
                                                       deterministic=deterministic)
     y_BxbxNxHxK = jnp.einsum("bhnqk,bknhd->bqnhd", weights_BxHxNxbxb, v_BxbxNxHxK)
     y_BxLxHxK = y_BxbxNxHxK.reshape((batch, padded) + q.shape[2:])[:, :length]
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)

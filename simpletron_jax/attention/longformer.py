@@ -71,6 +71,8 @@ class LongformerAttention(nn.Module):
     dtype: computation dtype; the softmax is computed in float32.
     use_bias: biases on the projections (config field ``model.attention_bias``; LRA's
       attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Non-causal; outputs at real positions do not depend on padding.
@@ -89,6 +91,7 @@ class LongformerAttention(nn.Module):
   lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -96,10 +99,11 @@ class LongformerAttention(nn.Module):
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     # LRA creates the global projections whether or not a global token is used.
     q_g, k_g, v_g = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                                          f"{name}_global", use_bias=self.use_bias)
+                                          f"{name}_global", use_bias=self.use_bias,
+                                          dense_init=self.dense_init)
                      for name in ("query", "key", "value"))
     q, q_g = scale_queries(q), scale_queries(q_g)
     lo, hi = window_offsets(self.window)
@@ -148,4 +152,5 @@ class LongformerAttention(nn.Module):
       if self.lra_bugs:
         y0_BxHxK = jnp.where(mask_BxL[:, 0, None, None], y0_BxHxK, jnp.mean(v_g, axis=1))
       y_BxLxHxK = y_BxLxHxK.at[:, 0].set(y0_BxHxK)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)

@@ -251,6 +251,8 @@ class PerformerAttention(nn.Module):
       float32 and cast back.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   The projection used is sown into the ``"intermediates"`` collection as
@@ -278,6 +280,7 @@ class PerformerAttention(nn.Module):
   lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   def _projection(self, q_BxLxHxK, deterministic: bool):
     """The ``[M, K]`` projection for this call, or None (deterministic kernel)."""
@@ -301,7 +304,7 @@ class PerformerAttention(nn.Module):
                        f"(model.attention_kwargs.kernel); expected one of {KERNELS}")
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     q, k, v = q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)
     w_MxK = self._projection(q, deterministic)
     if w_MxK is not None:
@@ -319,4 +322,4 @@ class PerformerAttention(nn.Module):
     y_BxLxHxK = normalized_feature_attention(phi_q, phi_k, v, mask_BxL, eps=0.0,
                                              small_den=small_den)
     return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype,
-                                  use_bias=self.use_bias)
+                                  use_bias=self.use_bias, dense_init=self.dense_init)

@@ -127,6 +127,8 @@ class ReformerAttention(nn.Module):
     dtype: computation dtype; hashing, logits and softmax are float32.
     use_bias: biases on the query and value projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters: ``query`` and ``value`` kernels ``[E, H, K]`` (Xavier-uniform, as LRA's
   ``ReformerBlock``); shared QK: there is no ``key``; no ``out``.
@@ -154,6 +156,7 @@ class ReformerAttention(nn.Module):
   lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -174,7 +177,7 @@ class ReformerAttention(nn.Module):
     padded = x_BxPxE.shape[1]
     h, r, nb = self.num_heads, self.num_hashes, self.num_buckets
     q_BxPxHxK, v_BxPxHxK = (base.head_projection(x_BxPxE, h, self.qkv_dim, self.dtype, name,
-                                                 use_bias=self.use_bias)
+                                                 use_bias=self.use_bias, dense_init=self.dense_init)
                             for name in ("query", "value"))
     buckets_BxHxRxP = lsh_buckets(q_BxPxHxK, mask_BxP, rotations_KxRxN)
     self.sow("intermediates", "buckets_BxHxRxL", buckets_BxHxRxP)

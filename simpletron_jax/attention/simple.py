@@ -249,6 +249,8 @@ class SimpleAttention(nn.Module):
     dtype: computation dtype.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``. Applied with
   ``mutable=[base.MAPS]``, it sows the exact map it never forms, :func:`simple_map`
@@ -275,6 +277,7 @@ class SimpleAttention(nn.Module):
   block_diagonal: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -291,7 +294,8 @@ class SimpleAttention(nn.Module):
           "use attention 'simple_resl' for a different qkv_dim")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               flat=self.block_diagonal, use_bias=self.use_bias)
+                               flat=self.block_diagonal, use_bias=self.use_bias,
+                               dense_init=self.dense_init)
     base.sow_map(self, lambda: simple_map(q, k, mask_BxL, normalizer=self.normalizer,
                                           mask_pads=self.mask_pads, causal=self.causal))
     if self.causal:
@@ -306,5 +310,6 @@ class SimpleAttention(nn.Module):
                                    mask_pads=self.mask_pads, kv_dropout=kv_dropout,
                                    block_diagonal=self.block_diagonal)
     if self.use_output_proj:
-      return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+      return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                    dense_init=self.dense_init)
     return y_BxLxHxK.reshape(*y_BxLxHxK.shape[:2], self.qkv_dim)

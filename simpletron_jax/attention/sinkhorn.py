@@ -129,6 +129,8 @@ class SinkhornAttention(nn.Module):
     use_bias: biases on the query, key, value, output and ``sort_net`` layers (config
       field ``model.attention_bias``; LRA's attentions have none, see
       :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``sort_net`` (a ``Dense``
   from the head width K to M, Xavier-uniform, shared by the heads, as LRA's
@@ -158,6 +160,7 @@ class SinkhornAttention(nn.Module):
   lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   def _sort_width(self, length: int, num_groups: int) -> int:
     """M, after checking the fields against an input of ``length`` (N groups)."""
@@ -196,7 +199,7 @@ class SinkhornAttention(nn.Module):
     m = min(n, width)                          # M', the sort targets used
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     heads, head_dim = q.shape[-2:]
 
     # Pad to N * b (appended positions are pads) and reshape to strided groups:
@@ -269,4 +272,5 @@ class SinkhornAttention(nn.Module):
     y_BxSxNxHxK = (jnp.einsum("bhnst,btnhk->bsnhk", w_local, v_BxSxNxHxK)
                    + jnp.einsum("bhnst,btnhk->bsnhk", w_sorted, sv_BxSxNxHxK))
     y_BxLxHxK = y_BxSxNxHxK.reshape(batch, n * b, heads, head_dim)[:, :length]
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)

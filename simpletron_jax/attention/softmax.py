@@ -365,6 +365,8 @@ class SoftmaxAttention(nn.Module):
     dtype: computation dtype.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO`` (``y_BxNxO``
   with ``num_queries``). Keys at padded positions get zero weight, so outputs at real
@@ -386,6 +388,7 @@ class SoftmaxAttention(nn.Module):
   lra_masking: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -395,9 +398,10 @@ class SoftmaxAttention(nn.Module):
     if n > length:
       raise ValueError(f"num_queries={n} exceeds the sequence length {length}")
     q = base.head_projection(x_BxLxE[:, :n], self.num_heads, self.qkv_dim, self.dtype,
-                             "query", use_bias=self.use_bias)
+                             "query", use_bias=self.use_bias, dense_init=self.dense_init)
     k, v = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name,
-                                 use_bias=self.use_bias) for name in ("key", "value"))
+                                 use_bias=self.use_bias,
+                                 dense_init=self.dense_init) for name in ("key", "value"))
     base.sow_map(self, lambda: softmax_weights(q, k, self._keep_mask(mask_BxL, n, length)))
     backend = base.target_platform()
     impl, reason = resolve_implementation(
@@ -423,7 +427,8 @@ class SoftmaxAttention(nn.Module):
       keep_Bx1xNxL = self._keep_mask(mask_BxL, n, length)
       attend = self._einsum if impl == "einsum" else self._xla
       y_BxNxHxK = attend(q, k, v, keep_Bx1xNxL, deterministic)
-    return base.output_projection(y_BxNxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxNxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)
 
   def _keep_mask(self, mask_BxL, n: int, length: int):
     """``[B, 1, N, L]`` bool: real keys (and real queries with ``lra_masking``), and

@@ -76,6 +76,8 @@ class SparseAttention(nn.Module):
     dtype: computation dtype; the softmax is computed in float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
     lra_bugs: reproduce LRA's ``models/sparse_transformer/sparse_attention.py`` (config
       field ``model.attention_kwargs.lra_bugs``): the fixed pattern AND a causal mask
       ``j <= i`` (the global row and column stay whole), and pad queries uniform over
@@ -101,6 +103,7 @@ class SparseAttention(nn.Module):
   global_first: bool = True
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
   lra_bugs: bool = False
 
   @nn.compact
@@ -114,7 +117,7 @@ class SparseAttention(nn.Module):
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias)
+                               use_bias=self.use_bias, dense_init=self.dense_init)
     q = scale_queries(q)
     start = 1 if self.global_first else 0   # the block grid starts here
     l = self.block_size
@@ -175,4 +178,5 @@ class SparseAttention(nn.Module):
       # uniform over all L keys.
       mean_Bx1xHxK = v.mean(axis=1, keepdims=True)
       y_BxLxHxK = jnp.where(mask_BxL[:, :, None, None], y_BxLxHxK, mean_Bx1xHxK)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)

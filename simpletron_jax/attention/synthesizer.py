@@ -74,13 +74,15 @@ NEG = -1e30
 
 
 def _values_and_dots(x_BxLxE, num_heads: int, qkv_dim: int, dtype, dot_product: bool,
-                     use_bias: bool):
+                     use_bias: bool, dense_init: str):
   """``(v_BxLxHxK, dots)``: the values, and ``Q K^T / sqrt(d)`` (``[B, H, L, L]``) when
-  ``dot_product`` else 0; ``use_bias``: projection biases (see :func:`base.head_projection`)."""
+  ``dot_product`` else 0; ``use_bias``: projection biases (see :func:`base.head_projection`);
+  ``dense_init``: their init (:func:`base.initializers`)."""
   if not dot_product:
     return base.head_projection(x_BxLxE, num_heads, qkv_dim, dtype, "value",
-                                use_bias=use_bias), 0.0
-  q, k, v = base.project_qkv(x_BxLxE, num_heads, qkv_dim, dtype, use_bias=use_bias)
+                                use_bias=use_bias, dense_init=dense_init), 0.0
+  q, k, v = base.project_qkv(x_BxLxE, num_heads, qkv_dim, dtype, use_bias=use_bias,
+                             dense_init=dense_init)
   q = q / jnp.sqrt(q.shape[-1]).astype(dtype)
   return v, jnp.einsum("bihk,bjhk->bhij", q, k)
 
@@ -127,6 +129,8 @@ class DenseSynthesizerAttention(nn.Module):
     dtype: computation dtype; the softmax is float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters: ``syn_hidden`` (``DenseGeneral`` E -> (H, D/H)), ``syn_out_kernel``
   ``[H, D/H, max_length]`` (Xavier-uniform per head), ``syn_out_bias``
@@ -149,6 +153,7 @@ class DenseSynthesizerAttention(nn.Module):
   dot_product: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -156,7 +161,8 @@ class DenseSynthesizerAttention(nn.Module):
     base.check_max_length("synthesizer", length, self.max_length)
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     v_BxLxHxK, dots = _values_and_dots(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                                       self.dot_product, self.use_bias)
+                                       self.dot_product, self.use_bias,
+                                       self.dense_init)
     head_dim = v_BxLxHxK.shape[-1]
     hidden_BxLxHxK = nn.relu(nn.DenseGeneral(
         features=(self.num_heads, head_dim), kernel_init=base.KERNEL_INIT,
@@ -172,7 +178,8 @@ class DenseSynthesizerAttention(nn.Module):
                       + b2_HxM[None, :, None, :length].astype(self.dtype) + dots)
     y_BxLxHxK = synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL,
                                     nn.Dropout(self.dropout_rate), deterministic, self.dtype)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)
 
 
 def fixed_random_rows(key: jax.Array, rows: int, shape: tuple[int, ...]) -> jnp.ndarray:
@@ -213,6 +220,8 @@ class RandomSynthesizerAttention(nn.Module):
     dtype: computation dtype; the softmax is float32.
     use_bias: biases on the query, key, value and output projections (config field
       ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
+    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
+      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters: ``random_logits`` ``[H, max_length, max_length]`` (LRA's ``random``; or
   ``random_factor1`` ``[H, max_length, k]`` and ``random_factor2`` ``[H, k, max_length]``,
@@ -240,6 +249,7 @@ class RandomSynthesizerAttention(nn.Module):
   lra_bugs: bool = False
   dtype: base.Dtype = jnp.float32
   use_bias: bool = True
+  dense_init: str = "lra"
 
   def _logits(self, length: int) -> jnp.ndarray:
     """``R[:, :L, :L]``, ``[H, L, L]`` float32."""
@@ -272,7 +282,8 @@ class RandomSynthesizerAttention(nn.Module):
                        "be >= 0 (0: a full random matrix)")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     v_BxLxHxK, dots = _values_and_dots(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                                       self.dot_product, self.use_bias)
+                                       self.dot_product, self.use_bias,
+                                       self.dense_init)
     logits_BxHxLxL = self._logits(length)[None].astype(self.dtype) + dots
     lra_pad_queries = self.lra_bugs and self.dot_product
     if self.lra_bugs and not self.dot_product:   # LRA: ignore_dot_product drops the mask
@@ -280,4 +291,5 @@ class RandomSynthesizerAttention(nn.Module):
     y_BxLxHxK = synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL,
                                     nn.Dropout(self.dropout_rate), deterministic, self.dtype,
                                     lra_pad_queries)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias)
+    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                                  dense_init=self.dense_init)
