@@ -8,9 +8,7 @@ The model and the timing are :mod:`speed_memory`'s (LRA's byte-level text classi
 by one: a warm-up step, a probe step, median of ``--rounds`` timed runs). Each row is one
 option on top of its base row (:data:`OPTIONS`): ``simple`` and ``softmax_flash`` as
 ``speed_memory`` builds them, then each option alone, then the leading set. Each option's
-speed-up is its row's steps/s over its base row's at the same length, measured in this run;
-for the GELU row, whose option is the default already, the speed-up is the base row over the
-row without it.
+speed-up is its row's steps/s over its base row's at the same length, measured in this run.
 
 Beside each measured speed-up is the one ``benchmarks/hlo_cost.py`` modelled for an H100
 (``--model``, default the committed ``hlo_cost.json``), where it modelled that option.
@@ -31,19 +29,12 @@ import sys
 import time
 from typing import Any
 
-from flax import linen as nn
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import speed_memory  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax import layers, platforms  # noqa: E402  pylint: disable=wrong-import-position
-
-# The MLP's tanh GELU differentiated as flax does it (its tanh saved for the backward pass),
-# registered for this benchmark only: the default, ``gelu_tanh``, recomputes the tanh
-# (``layers.gelu``).
-SAVED_GELU = "gelu_tanh_saved_for_backward"
+from simpletron_jax import platforms  # noqa: E402  pylint: disable=wrong-import-position
 
 _BLOCK = {"block_diagonal": True}
 
@@ -57,13 +48,11 @@ class Option:
     base: the base row's label; the row whose ``overrides`` are empty is the baseline.
     overrides: ``model.*`` fields on top of the base (``attention_kwargs`` whole).
     modelled: the spec of this option in ``hlo_cost.json``, or None where it was not modelled.
-    inverted: True where the row turns a default option off (its speed-up is base / row).
   """
   label: str
   base: str
   overrides: dict[str, Any]
   modelled: str | None = None
-  inverted: bool = False
 
 
 OPTIONS = (
@@ -74,7 +63,6 @@ OPTIONS = (
            "simple+last_block_cls_only=true"),
     Option("simple+length_multiple=8", "simple", {"length_multiple": 8},
            "simple+length_multiple=8"),
-    Option("simple-gelu_recompute", "simple", {"mlp_activation": SAVED_GELU}, inverted=True),
     Option("simple+leading", "simple",
            {"attention_kwargs": _BLOCK, "last_block_cls_only": True, "length_multiple": 8},
            'simple+attention_kwargs={"block_diagonal":true}+last_block_cls_only=true'
@@ -87,12 +75,6 @@ OPTIONS = (
 )
 DEFAULT_MODEL = os.path.join(HERE, "results", "nvidia-h100-80gb-hbm3", "hlo_cost",
                              "hlo_cost.json")
-
-
-def register_saved_gelu() -> None:
-  """Adds :data:`SAVED_GELU` (``flax.linen.gelu``, tanh approximation) to
-  ``layers.MLP_ACTIVATIONS`` in this process."""
-  layers.MLP_ACTIVATIONS.setdefault(SAVED_GELU, nn.gelu)
 
 
 def modelled_speedups(path: str | None) -> dict[tuple[str, int], float]:
@@ -120,7 +102,6 @@ def add_speedups(records: list[dict[str, Any]], options: tuple[Option, ...],
     speedup = None
     if base and here:
       speedup = here["steps_per_sec"] / base["steps_per_sec"]
-      speedup = 1 / speedup if option.inverted else speedup
     record["speedup"] = speedup
     record["modelled_speedup"] = modelled.get((option.modelled, record["length"]))
 
@@ -143,7 +124,6 @@ def run(options: tuple[Option, ...], lengths: list[int], batch: int, dtype: str,
     :func:`speed_memory.measure_config` makes it, with ``label`` the option's.
   """
   import concurrent.futures  # pylint: disable=import-outside-toplevel
-  register_saved_gelu()
   start = time.perf_counter()
   machine = speed_memory.machine_info(matmul_n)
   limit = speed_memory.default_memory_limit(machine)
@@ -189,8 +169,7 @@ def markdown(payload: dict[str, Any]) -> str:
            f"jax {machine['jax']}; {payload['created']}; the whole run took "
            f"{payload['wall_s']:.0f} s. Steps/s: median of {s['rounds']} timed runs. "
            "Speed-up: the row over its base row (`simple` or `softmax_flash`), measured in "
-           "this run; for `simple-gelu_recompute` (the default's GELU recompute turned off) "
-           "the base over the row, i.e. what the recompute gains. Modelled: "
+           "this run. Modelled: "
            "`benchmarks/hlo_cost.py` for an H100 (blank: not modelled). A `softmax_flash` row that "
            "says 'fell back' ran XLA, not cuDNN.", ""]
   for length in s["lengths"]:
