@@ -82,8 +82,7 @@ def gelu(x):
   ``[B, L, mlp_dim]`` array written in the forward pass and read in the backward one (XLA
   fuses the rest). Here the backward pass recomputes ``tanh`` from ``x``, which it reads
   anyway. The values and gradients are those of ``nn.gelu`` (bit for bit on CPU, float32 and
-  bfloat16; tested). On an H100 the benchmark's 4K step is modelled 1.04x faster with it
-  (``benchmarks/hlo_cost.py``; 0.2 ms a block).
+  bfloat16; tested). Its effect on memory and speed: docs/fast_paths.md.
 
   Args:
     x: any float array.

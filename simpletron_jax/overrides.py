@@ -1,5 +1,4 @@
-"""One override syntax for every script: ``--config.<field>=<value>``, as ``train.py`` takes it
-(issue 47, item 5).
+"""One override syntax for every script: ``--config.<field>=<value>``, as ``train.py`` takes it.
 
 ``train.py`` parses its overrides with ml_collections' config flags (absl). The scripts take
 the same arguments: ``scripts/seeds.py`` passes them on to ``train.py``, and

@@ -1,4 +1,4 @@
-"""No TPU start-up noise on a machine without a TPU (issue 48).
+"""No TPU start-up noise on a machine without a TPU.
 
 With ``libtpu`` installed (the ``tpu`` and ``test`` extras) and ``JAX_PLATFORMS`` unset, JAX
 tries its TPU backend first on every machine; on one without a TPU, libtpu then prints five

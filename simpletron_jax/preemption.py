@@ -1,4 +1,4 @@
-"""Preemption-safe training: SIGTERM or SIGINT saves the step and exits 75 (issue 27).
+"""Preemption-safe training: SIGTERM or SIGINT saves the step and exits 75.
 
 A preemptible VM or a cluster scheduler sends SIGTERM shortly before it stops a job.
 :class:`PreemptionGuard` turns that signal (and Ctrl-C) into a request to stop after the

@@ -1,4 +1,4 @@
-"""A JAX profiler trace of chosen optimizer steps: ``train.py --profile_steps=A:B`` (issue 29).
+"""A JAX profiler trace of chosen optimizer steps: ``train.py --profile_steps=A:B``.
 
 :func:`parse_profile_steps` reads the flag; :class:`StepProfiler` starts
 ``jax.profiler.start_trace`` before step A's first micro-step and stops it after step B, once

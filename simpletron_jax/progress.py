@@ -1,4 +1,4 @@
-"""Progress bars that suit a terminal and a log file alike (issue 47, item 6).
+"""Progress bars that suit a terminal and a log file alike.
 
 On a terminal (stderr is a TTY) :func:`bar` is a ``tqdm`` bar, redrawn in place. Without a
 terminal (a log file, a pipe, a batch job) ``tqdm``'s ``\\r`` redraws pile up in the file (32

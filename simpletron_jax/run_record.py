@@ -1,4 +1,4 @@
-"""What a run was computed with, so that nothing resumes or reports silently (issue 27).
+"""What a run was computed with, so that nothing resumes or reports silently.
 
 * The :func:`run_record` a checkpoint carries in its meta under :data:`RECORD_KEY` (the config,
   a digest of the data, the vocabulary size and class count, the device and host counts) and

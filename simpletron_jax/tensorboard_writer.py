@@ -1,5 +1,4 @@
-"""TensorBoard event files written without TensorFlow, behind clu's ``MetricWriter`` interface
-(issue 43).
+"""TensorBoard event files written without TensorFlow, behind clu's ``MetricWriter`` interface.
 
 :class:`TensorBoardWriter` writes the event file itself: each event is an ``Event`` protocol
 buffer (``tensorboard.compat.proto``, shipped with the ``tensorboard`` package) framed as a

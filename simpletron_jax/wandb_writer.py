@@ -1,4 +1,4 @@
-"""A ``clu.metric_writers.MetricWriter`` that logs to Weights & Biases (issue 29).
+"""A ``clu.metric_writers.MetricWriter`` that logs to Weights & Biases.
 
 :class:`simpletron_jax.metric_logging.MetricLogger` adds it to its writers when
 ``config.wandb.project`` is set, on process 0 only. Scalars are logged with the optimizer step
@@ -60,7 +60,7 @@ class WandbWriter(ScalarWriter):
           f"--config.wandb.project='' ({e})") from e
     try:
       self._run = wandb.init(
-          # mode None: W&B reads WANDB_MODE (issue 47: a set variable is honoured).
+          # mode None: W&B reads WANDB_MODE (a set variable is honoured).
           project=project, entity=entity or None, mode=mode or None, id=run_id,
           resume="allow",
           dir=directory, name=name,

@@ -1,8 +1,7 @@
 """JAX's persistent compilation cache for train.py and the benchmarks.
 
 ``train.py`` pads each batch to a 128-token bucket, so a run compiles one train step per bucket
-it meets (up to 16 on ListOps; the benchmark model's simple step took 9 to 14 s to compile on
-an H100 in issue 10). With the cache on, a resumed or repeated run loads those programs from
+it meets (up to 16 on ListOps; compile times: docs/runs.md). With the cache on, a resumed or repeated run loads those programs from
 disk instead of compiling them again.
 """
 

@@ -190,7 +190,7 @@ class LinearAttention(nn.Module):
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Outputs at real positions do not depend on padding. Applied with ``mutable=[base.MAPS]``,
   it sows the exact map :func:`feature_attention_map` ``[B, H, L, L]`` as ``"map"``
-  (:func:`base.sow_map`; issue 33).
+  (:func:`base.sow_map`).
 
   Raises:
     ValueError: if ``qkv_dim`` is not a multiple of ``num_heads``.

@@ -258,7 +258,7 @@ class PerformerAttention(nn.Module):
   The projection used is sown into the ``"intermediates"`` collection as
   ``projection_MxK`` (apply with ``mutable=["intermediates"]`` to read it). Applied with
   ``mutable=[base.MAPS]``, it sows the exact map of its features,
-  ``linear.feature_attention_map`` ``[B, H, L, L]``, as ``"map"`` (issue 33).
+  ``linear.feature_attention_map`` ``[B, H, L, L]``, as ``"map"``.
 
   Raises:
     ValueError: for an unknown ``kernel`` (config field

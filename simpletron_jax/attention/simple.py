@@ -254,7 +254,7 @@ class SimpleAttention(nn.Module):
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``. Applied with
   ``mutable=[base.MAPS]``, it sows the exact map it never forms, :func:`simple_map`
-  ``[B, H, L, L]``, as ``"map"`` (:func:`base.sow_map`; issue 33).
+  ``[B, H, L, L]``, as ``"map"`` (:func:`base.sow_map`).
 
   Raises:
     ValueError: if ``use_output_proj`` is False and ``qkv_dim != out_dim``

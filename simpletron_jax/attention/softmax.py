@@ -50,7 +50,7 @@ IMPLEMENTATIONS = ("einsum", "xla", "flash")
 # Earlier names: "fused" was jax.nn.dot_product_attention with implementation=None (XLA).
 ALIASES = {"fused": "xla", "cudnn": "flash"}
 FLASH_DTYPES = ("bfloat16", "float16")
-# cuDNN's training kernels reject odd lengths (jax 0.11.2 on an H100 at L = 4097, issue 10);
+# cuDNN's training kernels reject odd lengths (jax 0.11.2 on an H100 at L = 4097);
 # flash_attention pads the length to a multiple of this (at most 63 extra rows).
 FLASH_LENGTH_MULTIPLE = 64
 # The Pallas TPU kernel: float16 fails in Mosaic's compiler (libtpu 0.0.52, "Invalid vector
@@ -372,7 +372,7 @@ class SoftmaxAttention(nn.Module):
   with ``num_queries``). Keys at padded positions get zero weight, so outputs at real
   positions do not depend on padding. Applied with ``mutable=[base.MAPS]``, it sows its
   weights ``[B, H, N, L]`` (:func:`softmax_weights`, whatever the implementation) as
-  ``"map"`` (:func:`base.sow_map`; issue 33).
+  ``"map"`` (:func:`base.sow_map`).
 
   Raises:
     ValueError: for an unknown ``implementation``, or ``num_queries`` larger than L.

@@ -207,7 +207,7 @@ def make_batch(examples: Split, indices: np.ndarray, *, max_length: int,
 
 def truncation_report(split: str, lengths: Sequence[int] | np.ndarray, max_length: int,
                       unit: str = "tokens") -> str | None:
-  """How many examples of a split ``max_length`` cuts, and by how much (issue 27).
+  """How many examples of a split ``max_length`` cuts, and by how much.
 
   LRA truncates every sequence to its first ``max_length`` tokens without a word (ListOps,
   image, Pathfinder: :func:`make_batch`; text and retrieval: their loaders keep the first

@@ -1,5 +1,4 @@
-"""Getting each task's data in place: ``python -m simpletron_jax.data prepare|verify|where``
-(issue 47, item 1).
+"""Getting each task's data in place: ``python -m simpletron_jax.data prepare|verify|where``.
 
 Nothing here downloads. Each task starts from what the user already has, or has fetched from
 a public address (:data:`DOWNLOADS`):

@@ -4,8 +4,7 @@ The generators run their blocks in ``spawn`` processes, not forked ones: the cal
 already run JAX threads, and a forked copy of those can deadlock. A spawned worker imports
 the caller's main module again. When that module cannot be imported (a script read from
 stdin, ``python - <<EOF``), every worker dies at start. ``multiprocessing.Pool`` restarts
-dead workers without end, so the caller hangs while the log fills with the same traceback
-(issue 10 lost a GPU call to this). A :class:`concurrent.futures.ProcessPoolExecutor` marks
+dead workers without end, so the caller hangs while the log fills with the same traceback. A :class:`concurrent.futures.ProcessPoolExecutor` marks
 itself broken instead, and :func:`results` turns that into an error that says what to do.
 """
 
