@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from simpletron_jax import models, tasks, train_lib
+from simpletron_jax import batches, models, tasks, train_lib
 from simpletron_jax.attention import base, softmax
 
 GIB = 1 << 30
@@ -219,7 +219,7 @@ def step_widths(config: ml_collections.ConfigDict, data: tasks.TaskData,
   of the test, as :func:`train_lib.evaluate` reads them (``num_eval_steps``,
   ``num_test_steps``).
   """
-  micro = config.batch_size // config.grad_accum_steps
+  micro = batches.micro_batch_size(config)
   count = min(len(data.train) // micro, config.num_train_steps * config.grad_accum_steps)
   ds = train_lib.train_index_batches(data.train, config)
   train = {train_lib.batch_width(data.train, np.asarray(ds[i]), config) for i in range(count)}
@@ -234,7 +234,7 @@ def step_widths(config: ml_collections.ConfigDict, data: tasks.TaskData,
 
 def eval_rows(config: ml_collections.ConfigDict, n_devices: int) -> int:
   """Global rows of an eval batch on ``n_devices`` (:func:`train_lib.eval_batch_size`'s rule)."""
-  rows = config.get("eval_batch_size") or config.batch_size // config.grad_accum_steps
+  rows = config.get("eval_batch_size") or batches.micro_batch_size(config)
   return -(-rows // n_devices) * n_devices
 
 
@@ -293,7 +293,7 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
             "compiles": []}
   state_n = _stacked(state, n)
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
-  micro = config.batch_size // config.grad_accum_steps
+  micro = batches.micro_batch_size(config)
   for step in steps:
     if step not in ("train", "eval"):
       raise TpuCheckError(f"unknown step {step!r}; expected 'train' or 'eval'")

@@ -36,7 +36,7 @@ import optax
 
 from simpletron_jax import (atomic_io, checkpoints, cli, config_checks, distributed, errors,
                             lora, models, precompile, preemption, profiling, progress,
-                            run_guard, run_record, schedules, tasks, transfer)
+                            run_guard, run_record, schedules, steps, tasks, transfer)
 from simpletron_jax.batches import train_batches
 from simpletron_jax.checkpoints import (check_async_supported, checkpoint_manager,
                                         finish_saves, model_config_dict, prune_best,
@@ -507,7 +507,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       train_programs = train_steps.compiled
     batches = train_batches(data.train, config, start_step * accum)
     in_flight = InFlightLimit()   # the host runs at most a few micro-steps ahead
-    window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+    window = dict.fromkeys((*steps.METRICS, "count"), 0.0)
     window_sums, window_steps = [], 0
     unchecked = []        # (step, metrics) of the micro-steps since the last finiteness check
     window_start, window_excluded = time.time(), 0.0
@@ -563,16 +563,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             window[k] += float(sums[k])
         elapsed = max(time.time() - window_start - window_excluded, 1e-9)
         train_seconds += elapsed
-        count = max(window["count"], 1.0)
-        logger.write(step, {"loss": window["loss"] / count, "accuracy": window["correct"] / count,
+        means = steps.metric_means(window)
+        logger.write(step, {**{k: means[k] for k in steps.METRICS},
                             "learning_rate": float(schedule(step - 1)),
                             "steps_per_sec": window_steps / elapsed,
                             "steps_per_sec_excluding_compile":
                                 window_steps / max(elapsed - window_compile_s, 1e-9),
                             "compile_seconds": window_compile_s,
                             "new_shapes": window_new_shapes}, "train")
-        bar.set_postfix(loss=f"{window['loss'] / count:.3f}",
-                        acc=f"{window['correct'] / count:.3f}")
+        bar.set_postfix(loss=f"{means['loss']:.3f}", acc=f"{means['accuracy']:.3f}")
         window = dict.fromkeys(window, 0.0)
         window_sums, window_steps = [], 0
         window_start, window_excluded = time.time(), 0.0
