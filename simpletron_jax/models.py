@@ -504,27 +504,15 @@ OPTION_DEFAULTS = {"pos_emb_init": "normal", "embedding_dropout": True,
                    "max_positions": 0, "block_norm": "pre",
                    "layer_norm_epsilon": layers.LN_EPSILON, "pooler": False,
                    "mlp_hidden_dropout": True}
-# What a model built before an option existed computed, where that is not the option's
-# default: before ``attention_bias`` every attention projection had a bias. A checkpoint
-# saved then resumes with ``--config.model.attention_bias=True`` and is refused, naming the
-# field, without it. ``mlp_activation``, ``cls_position`` and ``dense_init`` need no entry:
-# before them every model (``:authors`` included) had the tanh GELU, CLS at position 0 and
-# LRA's init, their defaults; an ``:authors`` checkpoint of that time is refused by today's
-# ``:authors`` config, naming ``model.mlp_activation``, ``model.cls_position`` and
-# ``model.dense_init`` (tests/test_authors_golden.py).
-LEGACY_DEFAULTS = {"attention_bias": True}
 
 
-def with_option_defaults(model_config: Mapping[str, Any], saved: bool = False
-                         ) -> dict[str, Any]:
+def with_option_defaults(model_config: Mapping[str, Any]) -> dict[str, Any]:
   """A ``config.model`` dict with :data:`OPTION_DEFAULTS` filled in where it lacks an
   option, and ``attention_kwargs`` with the options of ``model.attention`` it lacks at their
-  module defaults (``AttentionSpec.options``, as JSON), so a checkpoint written before an
-  option existed matches a config that has it at its default. With ``saved`` (a checkpoint's
-  config) the missing options take :data:`LEGACY_DEFAULTS` first, what such a model
-  computed. An unknown attention name gets no attention defaults (the model validation
-  names it)."""
-  out = {**OPTION_DEFAULTS, **(LEGACY_DEFAULTS if saved else {}), **model_config}
+  module defaults (``AttentionSpec.options``, as JSON), so a config that leaves an option out
+  matches one that sets it to its default. An unknown attention name gets no attention
+  defaults (the model validation names it)."""
+  out = {**OPTION_DEFAULTS, **model_config}
   try:
     spec = attention.get(out.get("attention", ""))
   except ValueError:

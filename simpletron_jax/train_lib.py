@@ -139,6 +139,7 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
   Raises:
     FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
     errors.CheckpointError: the source checkpoint is damaged (named).
+    errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
     errors.WriteError: ``transfer.json`` could not be written (named).
   """
   best = os.path.join(str(config.get("init_from") or ""), "best")
@@ -190,8 +191,8 @@ def _test_metrics(earlier: dict, logger: metric_logging.MetricLogger, step: int,
 
 def _last_val_majority(earlier: dict, step: int, val: Any) -> float:
   """The majority-class rate of the last validation at or before ``step`` as recorded in
-  ``metrics.jsonl`` (for a checkpoint saved before checkpoints carried it), else of the whole
-  validation split."""
+  ``metrics.jsonl``, else of the whole validation split (for a start that trains no step from
+  a checkpoint saved before the run's first validation)."""
   recorded = [r for (s, split), r in sorted(earlier.items()) if split == "val" and s <= step]
   if recorded and recorded[-1].get("majority_rate") is not None:
     return float(recorded[-1]["majority_rate"])
@@ -299,6 +300,11 @@ class _Start:
   new_forced: bool
   dropout_root: jax.Array
 
+  def last_good(self) -> str:
+    """The newest checkpoint's folder at this start, or a phrase saying none was saved."""
+    return (checkpoints.step_dir(self.ckpts, self.step) if self.step
+            else "none (nothing saved yet)")
+
 
 def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData,
             allow_resume_changes: bool) -> _Start:
@@ -312,8 +318,8 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
   the changes let through are printed and go into ``config_tree``'s history.
 
   Raises:
-    errors.ConfigMismatchError: see :func:`run_record.check_resume`; also a checkpoint
-      saved before run records (an earlier release), in one line.
+    errors.ConfigMismatchError: see :func:`run_record.check_resume`; also, in one line, a
+      checkpoint saved by an earlier release (:data:`checkpoints.FORMAT`).
     errors.CheckpointError: no checkpoint is intact, or ``best/`` holds another run's.
   """
   model = build_model(config, data)
@@ -336,14 +342,8 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
   changes = []   # this start's changes from the checkpoint's settings (config history)
 
   def resume_check(where: str, saved_meta: dict, model_diff: list[str]) -> None:
-    saved = saved_meta.get(run_record.RECORD_KEY)
-    if saved is None:   # saved before run records existed
-      errors.warn(f"{where} predates run records: only its model config"
-                  f"{' and ' + config_path if previous_config else ''} can be compared "
-                  "with this config; the device count and the data cannot")
-      saved = {"config": previous_config} if previous_config else None
-    changes[:] = run_record.check_resume(where, saved, record, model_diff=model_diff,
-                                        allow_changes=allow_resume_changes)
+    changes[:] = run_record.check_resume(where, saved_meta[run_record.RECORD_KEY], record,
+                                        model_diff=model_diff, allow_changes=allow_resume_changes)
 
   if ckpts.all_steps():
     state, meta, start_step = checkpoints.restore_checkpoint(
@@ -355,11 +355,10 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
             + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
   else:
     state = apply_init_from(config, state, workdir)
-  legacy = start_step > 0 and "run_id" not in meta  # saved before run ids existed
   meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
               model_config=checkpoints.model_config_dict(config.model),
               **{run_record.RECORD_KEY: record})
-  meta = checkpoints.reconcile_best(best_ckpts, meta, start_step, legacy)
+  meta = checkpoints.reconcile_best(best_ckpts, meta, start_step)
   history = (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, [])
   config_tree = run_record.config_with_history(config, history, changes, start_step)
   new_forced = (any(not c["allowed"] for c in changes)   # not yet in config.json's history
@@ -386,8 +385,8 @@ def _write_config(start: _Start) -> dict[str, Any]:
 def _open_logs(config: ml_collections.ConfigDict, workdir: str,
                start: _Start) -> metric_logging.MetricLogger:
   """Opens the run's logs at ``start.step`` (:class:`metric_logging.MetricLogger`) and records
-  the parameter count and overview; first removes a ``results.json`` that this start trains past (it would
-  no longer describe the workdir).
+  the parameter count and overview; first removes a ``results.json`` that this start trains
+  past (it would no longer describe the workdir).
 
   Raises:
     errors.WriteError: the logs could not be opened or written, or ``results.json`` could
@@ -444,9 +443,16 @@ def _compile(config: ml_collections.ConfigDict, data: tasks.TaskData, state_repl
   return p_train, eval_fn, train_steps.compiled, precompiled
 
 
-def _test(config: ml_collections.ConfigDict, data: tasks.TaskData, start: _Start,
-          earlier: dict, logger: metric_logging.MetricLogger, evaluate_test: Callable,
-          params_repl: Any,
+def _evaluator(eval_fn: Callable, examples: Any, config: ml_collections.ConfigDict,
+               limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
+  """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all):
+  :func:`evaluation.evaluate` with the run's eval step ``eval_fn``."""
+  return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, config, limit,
+                                                 parallel)
+
+
+def _test(config: ml_collections.ConfigDict, start: _Start, earlier: dict,
+          logger: metric_logging.MetricLogger, evaluate_test: Callable, params_repl: Any,
           parallel: PmapParallel | JitParallel, last_step: int
           ) -> tuple[dict[str, Any], dict[str, Any]]:
   """The test metrics of the final parameters (LRA's ``--test_only`` protocol) and of the
@@ -546,8 +552,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   the checkpoint meta holds them as ``run_record``); the changes let through
   (:data:`run_record.RESUME_ALLOWED_FIELDS`, or any but ``model.*`` with
   ``allow_resume_changes``) are appended to ``config.json``'s ``config_history`` (see
-  :func:`run_record.config_with_history`) instead of being overwritten. A checkpoint saved
-  before run records resumes with a warning, compared with the previous ``config.json`` only.
+  :func:`run_record.config_with_history`) instead of being overwritten. A checkpoint saved by
+  an earlier release (:data:`checkpoints.FORMAT`) is refused in one line.
 
   A rerun of a finished run changes nothing: when the checkpoint resumed is at
   ``num_train_steps``, no change was forced and ``results.json`` is the finished result of
@@ -662,11 +668,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
     actions = loop.Actions(
         config, micro_steps, window, logger, bar,
-        lambda params: evaluation.evaluate(eval_fn, params, data.val, config,
-                                config.get("num_eval_steps", -1), parallel),
-        start.ckpts, start.best_ckpts, start.meta,
-        checkpoints.step_dir(start.ckpts, start.step) if start.step else "none (nothing saved yet)",
-        step_hook)
+        _evaluator(eval_fn, data.val, config, config.get("num_eval_steps", -1), parallel),
+        start.ckpts, start.best_ckpts, start.meta, start.last_good(), step_hook)
     budget = loop.TimeBudget(config.get("max_train_minutes", 0), wall_start)
     step, preempted, out_of_time = config.num_train_steps, False, False   # if none is trained
     for step in range(start.step + 1, config.num_train_steps + 1):
@@ -690,12 +693,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if out_of_time:
       bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
                 "rerun with the same workdir to continue")
-    tests = _test(config, data, start, earlier, logger,
-                  lambda params: evaluation.evaluate(eval_fn, params, data.test, config,
-                                          config.get("num_test_steps", -1), parallel),
+    tests = _test(config, start, earlier, logger,
+                  _evaluator(eval_fn, data.test, config, config.get("num_test_steps", -1),
+                             parallel),
                   state_repl.params, parallel, step)
     val_majority = start.meta.get("val_majority_rate")
-    if val_majority is None:   # a checkpoint from before val_majority_rate was saved in it
+    if val_majority is None:   # this lineage has not validated yet
       val_majority = _last_val_majority(earlier, step, data.val)
     results = _results(config, data, start, tests, val_majority, step, window, precompiled,
                        wall_start, software)

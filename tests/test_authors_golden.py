@@ -22,8 +22,7 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax import models, train_lib
-from simpletron_jax import checkpoints, run_record, steps
+from simpletron_jax import models, steps, train_lib
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "authors")
 TASKS = ("listops", "retrieval")
@@ -261,25 +260,6 @@ def test_lra_configs_keep_lra_init_and_gelu():
   config = lra.make_config("listops", "simple")
   assert (config.model.mlp_activation, config.model.cls_position, config.model.dense_init) == (
       "gelu_tanh", True, "lra")
-
-
-def test_an_authors_checkpoint_from_before_the_options_is_refused_naming_them():
-  """A ``:authors`` checkpoint saved before ``mlp_activation``, ``cls_position`` and
-  ``dense_init`` existed computed the tanh GELU with CLS at position 0: today's ``:authors``
-  config is refused naming each field, and a default config resumes it."""
-  current = checkpoints.model_config_dict(lra.make_config("listops", "simple", "authors").model)
-  old = {k: v for k, v in current.items()
-         if k not in ("mlp_activation", "cls_position", "dense_init")}
-  diff = run_record.flat_diff(models.with_option_defaults(old, saved=True),
-                             models.with_option_defaults(current))
-  assert diff == ["model.cls_position: checkpoint True, config False",
-                  "model.dense_init: checkpoint 'lra', config 'torch'",
-                  "model.mlp_activation: checkpoint 'gelu_tanh', config 'gelu_exact'"]
-  lra_now = checkpoints.model_config_dict(lra.make_config("listops", "simple").model)
-  lra_old = {k: v for k, v in lra_now.items()
-             if k not in ("mlp_activation", "cls_position", "dense_init")}
-  assert not run_record.flat_diff(models.with_option_defaults(lra_old, saved=True),
-                                 models.with_option_defaults(lra_now))
 
 
 @pytest.mark.parametrize("field,value", [("mlp_activation", "relu"), ("cls_position", "no"),

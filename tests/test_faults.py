@@ -205,7 +205,7 @@ def test_resume_with_another_model_config_lists_the_fields(initial_state, tmp_pa
 
 
 def test_a_checkpoint_from_before_an_option_existed_resumes(initial_state, tmp_path):
-  # Saved by an older version: its model config lacks the options added since.
+  # Its model config lacks options added after it was saved: they read as their defaults.
   config, state = initial_state
   manager = checkpoints.checkpoint_manager(str(tmp_path / "checkpoints"), None)
   saved = checkpoints.model_config_dict(config.model)
@@ -221,18 +221,22 @@ def test_a_checkpoint_from_before_an_option_existed_resumes(initial_state, tmp_p
     checkpoints.restore_checkpoint(manager, state, model_config=other.model)
 
 
-def test_a_checkpoint_with_attention_biases_names_the_option(initial_state, tmp_path):
-  # Saved before model.attention_bias existed, when every attention projection had a bias:
-  # the missing field reads as True, so resuming under LRA's default (no biases) is refused,
-  # naming the option that resumes it.
-  config, state = initial_state
-  manager = checkpoints.checkpoint_manager(str(tmp_path / "checkpoints"), None)
-  saved = checkpoints.model_config_dict(config.model)
-  assert saved.pop("attention_bias") is False
-  checkpoints.save_checkpoint(manager, 2, state.replace(step=2), {"model_config": saved})
+def test_a_checkpoint_of_an_earlier_release_is_refused_in_one_line(initial_state, tmp_path):
+  # Saved by a release before checkpoint formats (issue 46; every checkpoint from before
+  # model.attention_bias existed among them): refused, named, and left where it is.
+  config, state, manager = _saved_steps(tmp_path, initial_state)
+  for step in manager.all_steps():
+    path = tmp_path / "checkpoints" / str(step) / "meta" / "metadata"
+    meta = json.loads(path.read_text())
+    assert meta.pop(checkpoints.FORMAT_KEY) == checkpoints.FORMAT
+    path.write_text(json.dumps(meta))
   with pytest.raises(errors.ConfigMismatchError,
-                     match=r"model.attention_bias: checkpoint True, config False"):
-    checkpoints.restore_checkpoint(manager, state, model_config=config.model)
+                     match=r"checkpoints/4 was saved by an earlier release of simpletron-jax "
+                           r"\(checkpoint format 1, this release reads 2\)") as info:
+    checkpoints.restore_checkpoint(manager, state, model_config=config.model,
+                                   quarantine_dir=str(tmp_path / "damaged"))
+  assert "\n" not in str(info.value)
+  assert manager.all_steps() == [2, 4] and not (tmp_path / "damaged").exists()
 
 
 def test_a_skipped_save_stops_with_path_and_reason(initial_state, tmp_path):

@@ -22,8 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import lra
-from simpletron_jax import cli, config_checks, train_lib
-from simpletron_jax import errors, run_record
+from simpletron_jax import checkpoints, cli, config_checks, errors, run_record, train_lib
 from simpletron_jax.data import common, listops, retrieval, text
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
@@ -135,8 +134,9 @@ def test_forced_changes_are_recorded_as_history(resumable, presence_task):
                                  resumable, data=presence_task, allow_resume_changes=True)
 
 
-def _drop_record(workdir):
-  """Rewrites every checkpoint's meta as a checkpoint from before run records."""
+def _as_earlier_release(workdir):
+  """Rewrites every checkpoint's meta as a release before issue 46 saved it: no checkpoint
+  format and no run record."""
   steps = os.listdir(os.path.join(workdir, "checkpoints"))
   assert steps
   for step in steps:
@@ -144,22 +144,23 @@ def _drop_record(workdir):
     if os.path.exists(path):
       with open(path) as f:
         meta = json.load(f)
-      assert run_record.RECORD_KEY in meta
+      assert meta.pop(checkpoints.FORMAT_KEY) == checkpoints.FORMAT
       meta.pop(run_record.RECORD_KEY)
       with open(path, "w") as f:
         json.dump(meta, f)
 
 
 @pytest.mark.slow
-def test_a_checkpoint_without_a_record_resumes_with_a_warning(resumable, presence_task):
-  _drop_record(resumable)
-  with pytest.warns(errors.RunWarning, match="predates run records"):
-    with pytest.raises(errors.ConfigMismatchError, match="seed: checkpoint 0, config 1"):
-      train_lib.train_and_evaluate(small_config(seed=1), resumable, data=presence_task)
-  with pytest.warns(errors.RunWarning, match="predates run records"):
-    with pytest.raises(Killed):
-      train_lib.train_and_evaluate(small_config(), resumable, data=presence_task,
-                                   step_hook=_kill_at(3))
+def test_a_checkpoint_of_an_earlier_release_is_refused_in_one_line(resumable, presence_task):
+  _as_earlier_release(resumable)
+  for config in (small_config(), small_config(seed=1)):
+    with pytest.raises(errors.ConfigMismatchError) as info:
+      train_lib.train_and_evaluate(config, resumable, data=presence_task)
+    message = str(info.value)
+    assert "\n" not in message and "earlier release" in message, message
+    assert os.path.join(resumable, "checkpoints") in message and "new --workdir" in message
+  assert os.path.isdir(os.path.join(resumable, "checkpoints"))   # refused, not set aside
+  assert not os.path.exists(os.path.join(resumable, "damaged"))
 
 
 def test_devices_and_task_sizes_are_named():
