@@ -54,7 +54,7 @@ def _evaluate(flag_values):
   cli.check_path_name(flag_values.workdir, "--workdir")   # printed and written below
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   xla_cache.enable(flags.FLAGS.xla_cache_dir)
-  from simpletron_jax import run_guard, train_lib  # pylint: disable=import-outside-toplevel
+  from simpletron_jax import atomic_io, train_lib  # pylint: disable=import-outside-toplevel
   result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
                                         which=flag_values.which, step=flag_values.step,
                                         config=flag_values.config,
@@ -62,7 +62,7 @@ def _evaluate(flag_values):
   out = os.path.join(flag_values.workdir,
                      f"eval_{flag_values.which if flag_values.step is None else flag_values.step}"
                      f"_{flag_values.split}.json")
-  run_guard.write_json_atomic(out, result)
+  atomic_io.write_json_atomic(out, result)
   print(f"{flag_values.split} accuracy {result['accuracy']:.4f} on {int(result['count'])} "
         f"examples (checkpoint step {result['step']}); written to {out}")
 

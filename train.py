@@ -8,10 +8,10 @@ with the same workdir resumes from its newest checkpoint. ``--profile_steps=A:B`
 profiler trace of steps A..B to ``<workdir>/profile``; ``--config.wandb.project=NAME`` also logs
 to Weights & Biases (docs/runs.md). On SIGTERM or SIGINT (a preemption,
 Ctrl-C) the run finishes its step, saves it and exits with status 75
-(``run_guard.PREEMPTED_EXIT_CODE``); any other named cause exits 1.
+(``preemption.PREEMPTED_EXIT_CODE``); any other named cause exits 1.
 
 Resuming, a setting that changes what is computed (data, optimizer and schedule, batch size,
-device or host count; ``run_guard.RESUME_ALLOWED_FIELDS`` lists those that may change) must be
+device or host count; ``run_record.RESUME_ALLOWED_FIELDS`` lists those that may change) must be
 the checkpoint's, unless ``--allow_resume_changes``. A user error (a bad config field or flag,
 a missing file, a mismatched checkpoint) ends with one line, ``train.py: <cause>``, and exit
 status 1; ``--verbose`` shows the traceback instead. A signal that the run could not wait for
@@ -95,7 +95,7 @@ def _train(fl):
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel
-  from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
+  from simpletron_jax import preemption, train_lib  # pylint: disable=import-outside-toplevel
   from simpletron_jax import distributed  # pylint: disable=import-outside-toplevel
   xla_cache.enable(fl.xla_cache_dir)
   if fl.jax_distributed or fl.coordinator_address:
@@ -108,15 +108,14 @@ def _train(fl):
   print(f"devices: {jax.devices()}; workdir: {workdir}")
   if profile_steps:
     profiling.check_profiler_can_run()   # before the data and the model, not at step A
-  from simpletron_jax import run_guard  # pylint: disable=import-outside-toplevel
   try:
     results = train_lib.train_and_evaluate(config, workdir,
                                            precompile_workers=fl.precompile_workers,
                                            allow_resume_changes=fl.allow_resume_changes,
                                            profile_steps=profile_steps)
-  except run_guard.PreemptedError as e:  # SIGTERM/SIGINT: saved; exit 75 (EX_TEMPFAIL)
+  except preemption.PreemptedError as e:  # SIGTERM/SIGINT: saved; exit 75 (EX_TEMPFAIL)
     print(f"train.py: {e}", file=sys.stderr)
-    raise SystemExit(run_guard.PREEMPTED_EXIT_CODE) from None
+    raise SystemExit(preemption.PREEMPTED_EXIT_CODE) from None
   # Any other RunError, and ValueErrors and OSErrors of our own checks, are printed on one
   # line by main's cli.user_errors_exit (exit 1).
   print(f"test accuracy {results['test_accuracy']:.4f} (majority class "

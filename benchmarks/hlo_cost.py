@@ -65,6 +65,7 @@ from jax.sharding import PartitionSpec  # noqa: E402
 import speed_memory as sm  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax import models, train_lib  # noqa: E402
+from simpletron_jax import steps  # noqa: E402
 from simpletron_jax.attention import softmax as softmax_attention  # noqa: E402
 
 # H100 SXM5 80GB: 132 SMs at 1.98 GHz, 3.35 TB/s HBM3, 50 MiB L2, 228 KiB of shared memory
@@ -319,14 +320,14 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def target_mesh(target: str) -> jax.sharding.Mesh:
-  """A one-device mesh over axis :data:`train_lib.AXIS`: the local backend's first device
+  """A one-device mesh over axis :data:`steps.AXIS`: the local backend's first device
   (``"local"``), or an abstract H100 (``"h100"``).
 
   Raises:
     SystemExit: for ``"h100"`` when the CUDA PJRT plugin is not installed.
   """
   if target == "local":
-    return jax.sharding.Mesh(np.array(jax.local_devices()[:1]), (train_lib.AXIS,))
+    return jax.sharding.Mesh(np.array(jax.local_devices()[:1]), (steps.AXIS,))
   from jax.experimental import topologies  # noqa: PLC0415
   try:
     topology = topologies.get_topology_desc(platform="cuda", topology="1x1x1",
@@ -336,7 +337,7 @@ def target_mesh(target: str) -> jax.sharding.Mesh:
         f"--target h100: no CUDA topology ({str(error).splitlines()[0][:200]}). Install the "
         f"CUDA plugin of this jaxlib ({jax.lib.__version__}) beside it, as this script's "
         "docstring shows") from None
-  return topologies.make_mesh(topology, (1,), (train_lib.AXIS,))
+  return topologies.make_mesh(topology, (1,), (steps.AXIS,))
 
 
 def cell_config(label: str, length: int, batch: int, dtype: str, overrides: dict[str, Any]):
@@ -371,7 +372,7 @@ def compile_step(label: str, length: int, batch: int, dtype: str, overrides: dic
                  mesh: jax.sharding.Mesh, target: str) -> str:
   """The optimized HLO text of the train step for one cell (:func:`cell_config`).
 
-  The step is :func:`simpletron_jax.train_lib.train_step` on one device, as
+  The step is :func:`simpletron_jax.steps.train_step` on one device, as
   ``speed_memory.py``'s pmapped step runs it (under ``shard_map`` over ``mesh`` here, so that
   it can be compiled for an abstract device), on ``batch`` full-length examples. The state
   is donated.
@@ -386,10 +387,10 @@ def compile_step(label: str, length: int, batch: int, dtype: str, overrides: dic
 
   def step(state, data, rng):
     first = lambda tree: jax.tree_util.tree_map(lambda x: x[0], tree)  # noqa: E731
-    new_state, metrics = train_lib.train_step(first(state), first(data), rng)
+    new_state, metrics = steps.train_step(first(state), first(data), rng)
     return jax.tree_util.tree_map(lambda x: x[None], (new_state, metrics))
 
-  axis = PartitionSpec(train_lib.AXIS)
+  axis = PartitionSpec(steps.AXIS)
   mapped = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(axis, axis, PartitionSpec()),
                                  out_specs=axis), donate_argnums=0)
   sharded = jax.sharding.NamedSharding(mesh, axis)

@@ -54,6 +54,7 @@ import torch  # noqa: E402
 import speed_memory as sm  # noqa: E402
 import torch_step  # noqa: E402
 from simpletron_jax import models, train_lib  # noqa: E402
+from simpletron_jax.steps import pmap_steps, replicate, unreplicate  # noqa: E402
 
 
 def torch_kind(label: str) -> str:
@@ -69,9 +70,9 @@ def _jax_cell(label: str, length: int, batch: int, dtype: str, overrides: dict[s
                               {**setup.model_overrides, **overrides})
   model = models.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
                                   num_classes=sm.NUM_CLASSES)
-  state = train_lib.replicate(train_lib.create_train_state(config, model,
+  state = replicate(train_lib.create_train_state(config, model,
                                                            jax.random.PRNGKey(0)))
-  p_train, _ = train_lib.pmap_steps(model.apply)
+  p_train, _ = pmap_steps(model.apply)
   data = sm._device_batch(batch, length, jax.local_device_count())  # pylint: disable=protected-access
   compiled = p_train.lower(state, data, jax.random.PRNGKey(0)).compile()
   return config, state, compiled, data
@@ -112,7 +113,7 @@ def measure_pair(label: str, length: int, batch: int, dtype: str, steps: int, ro
     tmodel = torch_step.TextClassifier(kind, sm.BYTE_VOCAB, sm.NUM_CLASSES, length,
                                        attention_dropout_rate=m.attention_dropout_rate,
                                        **sizes).to(device)
-    torch_step.load_flax_params(tmodel, jax.device_get(train_lib.unreplicate(state).params))
+    torch_step.load_flax_params(tmodel, jax.device_get(unreplicate(state).params))
     host = sm._host_batch(batch, length, 1)  # pylint: disable=protected-access
     tokens = torch.from_numpy(host["inputs"][0].astype(np.int64)).to(device)
     targets = torch.from_numpy(host["targets"][0].astype(np.int64)).to(device)

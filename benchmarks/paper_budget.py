@@ -57,7 +57,7 @@ import jax  # noqa: E402
 
 import flops  # noqa: E402
 import reproduce  # noqa: E402
-from simpletron_jax import models, steps, tpu_aot, train_lib  # noqa: E402
+from simpletron_jax import batches, models, steps, tpu_aot, train_lib  # noqa: E402
 
 # Achieved matmul TFLOP/s of a bfloat16 train step on the H100, by attention and length
 # (speed_memory_core_cells.jsonl and speed_memory_4k_16k.json there).
@@ -127,7 +127,7 @@ def cell_budget(cell: reproduce.Cell) -> Budget:
                                   dual=dual)
   width = config.model.max_length
   batch = config.batch_size
-  eval_batch = config.eval_batch_size or batch // config.grad_accum_steps
+  eval_batch = config.eval_batch_size or batches.micro_batch_size(config)
   state = jax.eval_shape(lambda r: train_lib.create_train_state(config, model, r),
                          jax.random.PRNGKey(0))
   state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype), state)

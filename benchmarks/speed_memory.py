@@ -118,6 +118,7 @@ import numpy as np  # noqa: E402
 import flops  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax import attention, models, train_lib, xla_cache  # noqa: E402
+from simpletron_jax.steps import pmap_steps, replicate  # noqa: E402
 from simpletron_jax.attention import softmax as softmax_attention  # noqa: E402
 
 BYTE_VOCAB = 257           # LRA text: byte ids 1..256, 0 = pad
@@ -508,7 +509,7 @@ def prepare_cell(label: str, length: int, batch: int, dtype: str,
         lambda x: jax.ShapeDtypeStruct((n_dev, *x.shape), x.dtype), state_shapes)
     data = {k: jax.ShapeDtypeStruct(v.shape, v.dtype)
             for k, v in _host_batch(batch, length, n_dev).items()}
-    p_train, _ = train_lib.pmap_steps(model.apply)
+    p_train, _ = pmap_steps(model.apply)
     step = _compile(p_train, state, data, jax.random.PRNGKey(1), record)
     analysis = _memory_analysis(step)
     record["memory_analysis"] = analysis
@@ -556,7 +557,7 @@ def run_cell(cell: PreparedCell, steps: int, rounds: int = 3,
   try:
     n_dev = jax.local_device_count()
     start = time.perf_counter()
-    state = train_lib.replicate(cell.init(cell.rng))
+    state = replicate(cell.init(cell.rng))
     jax.block_until_ready(state)
     phases["init"] = time.perf_counter() - start
     data = _device_batch(cell.batch, cell.length, n_dev)

@@ -34,6 +34,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from simpletron_jax import models, train_lib  # noqa: E402
+from simpletron_jax import steps
 
 
 def load_config(spec: str):
@@ -70,7 +71,7 @@ def random_batch(rng, batch_size: int, length: int, vocab: int, n_dev: int,
                  num_classes: int = 10):
   """A ``[n_dev, batch_size / n_dev, length]`` batch of random real tokens (ids 1..vocab-1)
   and random labels in ``[0, num_classes)``."""
-  return train_lib.shard({
+  return steps.shard({
       "inputs": rng.integers(1, vocab, (batch_size, length)).astype(np.int32),
       "mask": np.ones((batch_size, length), bool),
       "targets": rng.integers(0, num_classes, batch_size).astype(np.int32),
@@ -95,9 +96,9 @@ def main():
   for spec in args.configs:
     config = load_config(spec)
     model = models.build_classifier(config.model, vocab_size=args.vocab, num_classes=10)
-    state = train_lib.replicate(
+    state = steps.replicate(
         train_lib.create_train_state(config, model, jax.random.PRNGKey(0)))
-    p_train, _ = train_lib.pmap_steps(model.apply)
+    p_train, _ = steps.pmap_steps(model.apply)
     runs.append({"spec": spec, "config": config, "state": state, "p_train": p_train,
                  "batch_size": args.batch or config.batch_size})
 

@@ -11,7 +11,7 @@ stopped by ``max_train_minutes``), computed at another step count or with anothe
 the folder's ``config.json`` (``config_fingerprint``), resumed with ``--allow_resume_changes``
 (``forced_resume_changes``: its numbers mix two configs; ``--count-forced`` counts it anyway),
 or that holds a NaN, and a run folder without ``results.json``, are left out of the table and
-listed under "Left out" with the reason (``run_guard.results_problem``); the script then exits
+listed under "Left out" with the reason (``run_record.results_problem``); the script then exits
 with status 1.
 For each group the table gives the test accuracy under both protocols (best-validation
 checkpoint and final step: mean ± sample std / best seed), the published number for the
@@ -37,7 +37,7 @@ from typing import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import published, reporting, run_guard, tasks as task_registry  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax import published, reporting, run_record, tasks as task_registry  # noqa: E402  pylint: disable=wrong-import-position
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
 # Folders a run writes that hold no run of their own (not searched).
@@ -62,7 +62,7 @@ def collect_runs(root: str, count_forced: bool = False
 
   A run folder is a ``seed<N>`` folder or one holding ``results.json`` or ``config.json``.
   It is left out when either file is missing or unreadable, or when
-  :func:`run_guard.results_problem` finds its ``results.json`` is not a finished run of its
+  :func:`run_record.results_problem` finds its ``results.json`` is not a finished run of its
   ``config.json`` (incomplete, another step count or config fingerprint, a NaN accuracy,
   changes forced by ``--allow_resume_changes`` unless ``count_forced``).
 
@@ -94,7 +94,7 @@ def collect_runs(root: str, count_forced: bool = False
     except (OSError, ValueError) as e:
       left_out.append(f"{where}: unreadable ({e})")
       continue
-    problem = run_guard.results_problem(results, config, count_forced)
+    problem = run_record.results_problem(results, config, count_forced)
     if problem is not None:
       left_out.append(f"{where}: results.json: {problem}")
       continue

@@ -11,7 +11,7 @@ Arguments after the known flags that start with ``--config.`` are passed to ever
 data). A seed is done, and not trained again, when its folder's ``results.json`` describes a
 finished run of this very config: ``"complete": true``, ``final_step`` equal to
 ``num_train_steps`` and the ``config_fingerprint`` of the config train.py gets
-(``run_guard.results_problem``). Any other seed runs ``train.py`` on its folder, which resumes
+(``run_record.results_problem``). Any other seed runs ``train.py`` on its folder, which resumes
 from its newest checkpoint; a ``results.json`` that does not count is named with the reason
 (incomplete, another step count or config, a NaN, or resumed with ``--allow_resume_changes``:
 its numbers mix two configs, and ``--count-forced`` counts it anyway). A seed that still does
@@ -39,7 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from simpletron_jax import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
-from simpletron_jax import reporting, run_guard, run_record  # noqa: E402  pylint: disable=C0413
+from simpletron_jax import reporting, run_record  # noqa: E402  pylint: disable=C0413
+from simpletron_jax import preemption  # noqa: E402
 
 RUN_FILES = ("config.json", "metrics.jsonl", "results.json")
 TrainFn = Callable[[int, str], None]
@@ -103,7 +104,7 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> 
 
   Raises (from the returned function):
     SeedError: if train.py exits non-zero (the message names the log) or was preempted
-      (exit status ``run_guard.PREEMPTED_EXIT_CODE``: rerun to continue).
+      (exit status ``preemption.PREEMPTED_EXIT_CODE``: rerun to continue).
   """
   def train(seed: int, workdir: str) -> None:
     os.makedirs(workdir, exist_ok=True)
@@ -115,7 +116,7 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> 
     try:
       reporting.run_logged(cmd, ROOT, log, f"seed {seed}")
     except RuntimeError as e:
-      if re.search(rf"exited {run_guard.PREEMPTED_EXIT_CODE}[:;]", str(e)):
+      if re.search(rf"exited {preemption.PREEMPTED_EXIT_CODE}[:;]", str(e)):
         raise SeedError(f"seed {seed}: train.py was preempted (SIGTERM or SIGINT) after saving "
                         f"a checkpoint; rerun the same command to continue (log: {log})") from None
       raise SeedError(str(e)) from None

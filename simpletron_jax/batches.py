@@ -31,6 +31,16 @@ def _host_rows(batch_size: int) -> slice:
   return slice(jax.process_index() * per_host, (jax.process_index() + 1) * per_host)
 
 
+def micro_batch_size(config: ml_collections.ConfigDict) -> int:
+  """Global examples per micro-step: ``config.batch_size // config.grad_accum_steps``.
+
+  One optimizer step reads ``grad_accum_steps`` micro-batches of this many examples (rows of
+  all hosts and devices together); :func:`simpletron_jax.config_checks.validate_config`
+  refuses a ``batch_size`` that ``grad_accum_steps`` does not divide.
+  """
+  return config.batch_size // config.grad_accum_steps
+
+
 def batch_width(examples: Split, indices: np.ndarray, config) -> int:
   """Tokens per row of the global batch ``indices`` once padded: its longest example rounded
   up to the ``config.data.bucket`` (at most ``config.model.max_length``)."""
@@ -88,7 +98,7 @@ def train_index_batches(examples: Split, config: ml_collections.ConfigDict) -> g
   Raises:
     ValueError: when the split has fewer examples than one micro-batch.
   """
-  micro = config.batch_size // config.grad_accum_steps
+  micro = micro_batch_size(config)
   if len(examples) < micro:
     raise ValueError(f"the training split has {len(examples)} examples, fewer than one "
                      f"micro-batch of {micro} (config fields batch_size, grad_accum_steps)")
@@ -160,5 +170,5 @@ def eval_batch_size(config: ml_collections.ConfigDict) -> int:
   """Global rows per evaluation batch: ``config.eval_batch_size`` (0: the micro-batch size),
   rounded up to a multiple of the devices of all hosts."""
   n_dev = jax.local_device_count()
-  batch_size = config.get("eval_batch_size") or config.batch_size // config.grad_accum_steps
+  batch_size = config.get("eval_batch_size") or micro_batch_size(config)
   return -(-batch_size // (n_dev * jax.process_count())) * n_dev * jax.process_count()

@@ -4,8 +4,9 @@ Orbax managers keep ``workdir/checkpoints`` (the newest ``max_to_keep``) and ``w
 (the best-validation step). :func:`save_checkpoint` refuses a non-finite state and stores a
 CRC-32 and the layout of the arrays with each step; :func:`restore_checkpoint` restores the
 newest intact step, setting damaged ones aside (:func:`run_guard.state_crc32`), and refuses a
-checkpoint of another model config or train-state layout. :func:`reconcile_best` keeps
-``best/`` to this run's lineage, and :func:`prune_best` to one step.
+checkpoint of another model config or train-state layout, or of another checkpoint format
+(:data:`FORMAT`: a checkpoint saved before this release is refused in one line, never read).
+:func:`reconcile_best` keeps ``best/`` to this run's lineage, and :func:`prune_best` to one step.
 
 With ``config.async_checkpoints`` (issue 29) the managers save in orbax's background thread:
 :func:`save_checkpoint` returns once the state is copied to the host, and
@@ -32,6 +33,12 @@ import orbax.checkpoint as ocp
 
 from simpletron_jax import distributed, errors, run_guard, run_record
 from simpletron_jax.steps import TrainState
+
+# The layout of a checkpoint's meta, stored in it under FORMAT_KEY by save_checkpoint. 2: this
+# release's (a run record, a run id, val_majority_rate, CRCs and layout, every model option);
+# a checkpoint without it was saved by an earlier release and is not read.
+FORMAT_KEY = "checkpoint_format"
+FORMAT = 2
 
 
 def _ckpt_tree(state: TrainState, private_copy: bool = False) -> dict[str, Any]:
@@ -191,16 +198,28 @@ def quiet_abandoned_reads() -> None:
   sys.unraisablehook = hook
 
 
+def check_format(meta: dict[str, Any], where: str) -> None:
+  """Refuses a checkpoint whose ``meta`` (its JSON meta dict) is not of this release's
+  :data:`FORMAT`; ``where`` names it in the message.
+
+  Raises:
+    errors.ConfigMismatchError: one line naming ``where``, both formats and what to do.
+  """
+  if meta.get(FORMAT_KEY) != FORMAT:
+    raise errors.ConfigMismatchError(
+        f"{where} was saved by an earlier release of simpletron-jax (checkpoint format "
+        f"{meta.get(FORMAT_KEY, 1)}, this release reads {FORMAT}) and cannot be resumed, "
+        "evaluated or transferred: train again in a new --workdir, or use the release that "
+        "saved it.")
+
+
 def verify_params_checkpoint(directory: str, what: str) -> int:
   """Checks the newest checkpoint of ``directory`` before its parameters are used elsewhere
   (``init_from``, :mod:`simpletron_jax.transfer`), as :func:`restore_checkpoint` checks one
   it restores: its arrays load, match the CRC-32 saved with them, and are finite.
 
-  Without a train state to restore into, the arrays are read as saved. Checkpoints save
-  ``params_crc32`` (the CRC-32 of the parameters), which is compared; an older checkpoint
-  has only the whole state's CRC-32, which is compared when the optimizer state reads back
-  in its saved order, and otherwise only warned about (a ``grad_accum_steps > 1`` state's
-  fields come back in another order).
+  Without a train state to restore into, the arrays are read as saved, and their
+  ``params_crc32`` (the CRC-32 of the parameters) is compared.
 
   Args:
     directory: a checkpoint folder (``<workdir>/best``).
@@ -213,6 +232,7 @@ def verify_params_checkpoint(directory: str, what: str) -> int:
     FileNotFoundError: the folder holds no checkpoint.
     errors.CheckpointError: the checkpoint is damaged (unreadable, another CRC-32, NaN or
       inf), naming its folder and what to do.
+    errors.ConfigMismatchError: an earlier release saved it (:func:`check_format`).
   """
   quiet_abandoned_reads()
   with ocp.CheckpointManager(os.path.abspath(directory)) as manager:
@@ -228,16 +248,10 @@ def verify_params_checkpoint(directory: str, what: str) -> int:
       raise errors.CheckpointError(
           f"{what}: damaged checkpoint {where}: {type(e).__name__}: {_first_line(e)}. Use an "
           "intact run (eval.py --workdir on it checks one) or retrain it.") from e
-  params_crc = run_guard.state_crc32(tree["params"])
+  check_format(meta, f"{what}: {where}")
   problem = None
-  if "params_crc32" in meta:
-    if params_crc != meta["params_crc32"]:
-      problem = "its parameters do not match the CRC-32 saved with them"
-  elif "state_crc32" in meta and run_guard.state_crc32(
-      tree.get("opt_state"), params_crc) != meta["state_crc32"]:
-    errors.warn(f"{what}: {where} predates parameter CRC-32s and its optimizer state reads "
-                "back in another order, so its CRC-32 cannot be checked here; eval.py "
-                f"--workdir {os.path.dirname(os.path.abspath(directory))} checks it")
+  if run_guard.state_crc32(tree["params"]) != meta["params_crc32"]:
+    problem = "its parameters do not match the CRC-32 saved with them"
   if problem is None and not run_guard.tree_is_finite(tree["params"]):
     problem = "its parameters hold NaN or inf"
   if problem:
@@ -262,10 +276,10 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
                     meta: dict[str, Any]) -> None:
   """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``.
 
-  ``meta`` is stored with ``state_crc32`` (:func:`run_guard.state_crc32` of the params and
-  optimizer state), ``params_crc32`` (of the params alone, for :func:`verify_params_checkpoint`)
-  and ``state_structure`` (:func:`run_guard.state_structure`) added, which
-  :func:`restore_checkpoint` verifies.
+  ``meta`` is stored with :data:`FORMAT_KEY`, ``state_crc32`` (:func:`run_guard.state_crc32`
+  of the params and optimizer state), ``params_crc32`` (of the params alone, for
+  :func:`verify_params_checkpoint`) and ``state_structure`` (:func:`run_guard.state_structure`)
+  added, which :func:`restore_checkpoint` verifies.
 
   With an asynchronous manager (:func:`checkpoint_manager` ``async_save=True``) it first
   waits for the previous save (:func:`finish_saves`), then returns once orbax holds a
@@ -290,7 +304,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
     raise errors.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
   arrays = (tree["params"], tree["opt_state"])
   params_crc = run_guard.state_crc32(tree["params"])
-  meta = {**meta, "state_crc32": run_guard.state_crc32(tree["opt_state"], params_crc),
+  meta = {**meta, FORMAT_KEY: FORMAT,
+          "state_crc32": run_guard.state_crc32(tree["opt_state"], params_crc),
           "params_crc32": params_crc, "state_structure": run_guard.state_structure(arrays)}
   try:
     saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
@@ -319,6 +334,7 @@ def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: i
   and finiteness (see :func:`restore_checkpoint`)."""
   where = step_dir(manager, step)
   meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+  check_format(meta, where)
   diff = []
   if model_config is not None and "model_config" in meta:
     diff = run_record.flat_diff(meta["model_config"], model_config_dict(model_config))
@@ -330,7 +346,7 @@ def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: i
         "checkpoint's values, or use another --workdir.")
   target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _ckpt_tree(state))
   structure = run_guard.state_structure((target["params"], target["opt_state"]))
-  if meta.get("state_structure", structure) != structure:
+  if meta["state_structure"] != structure:
     # Not damage: restoring would fail, and the checkpoint would be set aside as damaged.
     raise errors.ConfigMismatchError(
         f"{where} holds a train state of another layout: the parameter shapes (the task's "
@@ -341,7 +357,7 @@ def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: i
   tree = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(target)))["state"]
   crc = run_guard.state_crc32((tree["params"], tree["opt_state"]))
-  if "state_crc32" in meta and crc != meta["state_crc32"]:
+  if crc != meta["state_crc32"]:
     raise errors.CheckpointError("its arrays do not match the CRC-32 saved with them")
   if not run_guard.tree_is_finite(tree):
     raise errors.NonFiniteError("it holds NaN or inf")
@@ -373,7 +389,7 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
   """Restores ``step`` (default: the newest intact one) into the structure of ``state``.
 
   A checkpoint is intact when its meta loads, its arrays load into ``state``'s structure,
-  they match the CRC-32 saved with them (checkpoints that carry one) and they are finite.
+  they match the CRC-32 saved with them and they are finite.
   With ``step=None`` a checkpoint that is not intact is skipped with a
   :class:`errors.RunWarning` naming it, moved to ``quarantine_dir`` when given (so the
   run can save that step again), and the next older one is tried.
@@ -396,7 +412,8 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
 
   Raises:
     FileNotFoundError: the folder holds no checkpoint, or not ``step``.
-    errors.ConfigMismatchError: listing every ``model.*`` field that differs.
+    errors.ConfigMismatchError: listing every ``model.*`` field that differs; or, in one
+      line, a checkpoint of another :data:`FORMAT` (an earlier release's).
     errors.CheckpointError: ``step`` is damaged, or no checkpoint is intact (each one
       named with its problem), or a background save of ``manager`` failed
       (:func:`finish_saves`).
@@ -430,8 +447,8 @@ def _best_run_id(best: ocp.CheckpointManager, step: int) -> str | None:
   return meta.get("run_id")
 
 
-def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any], resume_step: int,
-                   legacy: bool = False) -> dict[str, Any]:
+def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any],
+                   resume_step: int) -> dict[str, Any]:
   """Makes ``best/`` hold only checkpoints of this run's lineage, up to ``resume_step``.
 
   The lineage is ``meta["run_id"]`` (:func:`run_guard.lineage_id`): every checkpoint of a
@@ -449,7 +466,6 @@ def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any], resume_ste
     best: the ``best/`` manager (``max_to_keep=None``; :func:`prune_best` trims it).
     meta: the resumed checkpoint's meta, with ``run_id`` set.
     resume_step: the step the run resumes from (0: fresh start).
-    legacy: the resumed checkpoint predates run ids; ``best/`` steps without one are kept.
 
   Returns:
     ``meta``, with ``best_val_accuracy`` and ``best_step`` reset if their checkpoint is gone.
@@ -465,7 +481,7 @@ def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any], resume_ste
       errors.warn(f"removing damaged best checkpoint {where}: {_first_line(e)}")
       best.delete(step)
       continue
-    if run_id != meta["run_id"] and not (legacy and run_id is None):
+    if run_id != meta["run_id"]:
       raise errors.CheckpointError(
           f"{where} belongs to run {run_id}, not to this workdir's run {meta['run_id']}; "
           f"best/ must come from the run in checkpoints/. Move {best.directory} away or use "

@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from simpletron_jax import models, schedules, tasks
+from simpletron_jax import batches, models, schedules, tasks
 from simpletron_jax.errors import warn
 
 # The largest position table a run may ask for: ``(model.max_length + 1) x model.emb_dim``
@@ -116,7 +116,7 @@ def check_splits(data: Any, config: Any) -> None:
   Raises:
     ValueError: naming the empty split, the data source and ``data.data_dir``.
   """
-  micro = config.batch_size // config.grad_accum_steps
+  micro = batches.micro_batch_size(config)
   where = (f"data source {data.source!r} (config field "
            f"data.data_dir={config.data.get('data_dir')!r})")
   for name in ("train", "val", "test"):

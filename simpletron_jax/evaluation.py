@@ -17,7 +17,7 @@ import ml_collections
 from simpletron_jax import distributed
 from simpletron_jax.batches import eval_batch_size, eval_batches
 from simpletron_jax.data.common import Split
-from simpletron_jax.steps import InFlightLimit, JitParallel, PmapParallel
+from simpletron_jax.steps import METRICS, InFlightLimit, JitParallel, PmapParallel, metric_means
 
 
 @jax.jit
@@ -43,7 +43,8 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
     parallel: :func:`simpletron_jax.steps.make_parallel` of the run (default: pmap's).
 
   Returns:
-    ``{"accuracy", "loss", "count", "majority_rate"}``: count in examples, and
+    ``{"accuracy", "loss", "count", "majority_rate"}`` (the :data:`simpletron_jax.steps.METRICS`
+    means, :func:`simpletron_jax.steps.metric_means`): count in examples, and
     majority_rate the share of the most frequent label among the examples read (by all
     hosts), the accuracy of always answering that label. Equal on every host.
   """
@@ -57,12 +58,10 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
     device_sums = sums if device_sums is None else _add_trees(device_sums, sums)
     in_flight.add(device_sums)
     label_counts.update(batch["targets"][batch["weights"] > 0].tolist())
-  totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+  totals = dict.fromkeys((*METRICS, "count"), 0.0)
   if device_sums is not None:
     totals.update({k: float(v) for k, v in parallel.host(device_sums).items()})
   label_counts = distributed.sum_label_counts(label_counts)
-  count = max(totals["count"], 1.0)
   read = sum(label_counts.values())
-  return {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count,
-          "count": totals["count"],
+  return {**metric_means(totals),
           "majority_rate": max(label_counts.values()) / read if read else 0.0}

@@ -218,7 +218,7 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
   """
   start = time.time()
   accum = config.grad_accum_steps
-  micro = config.batch_size // accum
+  micro = batches.micro_batch_size(config)
   remaining = max(config.num_train_steps * accum - start_micro_step, 0)
   count = min(remaining, max(len(data.train) // micro, 1))
   parallel = parallel or steps.PmapParallel()

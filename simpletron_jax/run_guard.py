@@ -7,8 +7,7 @@
 * The run lineage (:func:`lineage_id`): a random id shared by every checkpoint of one run,
   so ``best/`` can be matched to ``checkpoints/``.
 
-The other guards have a module each, and their names stay importable from here (scripts and
-tests use ``run_guard.X``): the errors a run stops with (:mod:`simpletron_jax.errors`),
+The other guards have a module each: the errors a run stops with (:mod:`simpletron_jax.errors`),
 atomic writes (:mod:`simpletron_jax.atomic_io`), SIGTERM handling
 (:mod:`simpletron_jax.preemption`) and what a run was computed with
 (:mod:`simpletron_jax.run_record`). The start-up checks of the config are in
@@ -30,17 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Re-exported: every name below is used as run_guard.<name> by scripts, tests and train.py.
-from simpletron_jax.atomic_io import (json_safe, write_error, write_json_atomic,  # noqa: F401
-                                      write_text_atomic)
-from simpletron_jax.errors import (CheckpointError, ConfigMismatchError,  # noqa: F401
-                                   NonFiniteError, RunError, RunWarning, WorkdirLockedError,
-                                   WriteError, warn)
-from simpletron_jax.preemption import (PREEMPTED_EXIT_CODE, PreemptedError,  # noqa: F401
-                                       PreemptionGuard)
-from simpletron_jax.run_record import (CONFIG_HISTORY_KEY, RECORD_KEY,  # noqa: F401
-                                       RESUME_ALLOWED_FIELDS, check_resume, config_fingerprint,
-                                       describe_change, flat_diff, results_problem, run_record)
+from simpletron_jax import atomic_io, errors
 
 LOCK_FILE = "run.lock"
 RUN_ID_FILE = "run_id"
@@ -95,7 +84,8 @@ def acquire_lock(workdir: str) -> str:
 
   A lock whose process is gone (same host, dead pid), that this process took in an earlier
   call, or that is unreadable and older than :data:`TORN_LOCK_SECONDS` is stale: it is
-  replaced, with a :class:`RunWarning`. On a multi-host job only process 0 should call this.
+  replaced, with a :class:`errors.RunWarning`. On a multi-host job only process 0 should call
+  this.
 
   Args:
     workdir: the run directory; must exist.
@@ -104,8 +94,8 @@ def acquire_lock(workdir: str) -> str:
     The lock file's path, for :func:`release_lock`.
 
   Raises:
-    WorkdirLockedError: naming the holder's pid and host, when it may still be running.
-    WriteError: the lock could not be written (a full disk); no lock file is left.
+    errors.WorkdirLockedError: naming the holder's pid and host, when it may still be running.
+    errors.WriteError: the lock could not be written (a full disk); no lock file is left.
   """
   path = os.path.join(workdir, LOCK_FILE)
   me = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
@@ -118,11 +108,11 @@ def acquire_lock(workdir: str) -> str:
       if reason is None:
         who = (f"pid {holder['pid']} on host {holder.get('host')!r}" if holder
                else "a process that is writing it now")
-        raise WorkdirLockedError(
+        raise errors.WorkdirLockedError(
             f"{path}: workdir {workdir!r} is in use by {who}. Wait for that run to end or "
             "use another --workdir; if that run is gone, delete the lock file.") from None
       if holder is None or holder["pid"] != os.getpid():
-        warn(f"{path}: replacing a stale lock ({reason})")
+        errors.warn(f"{path}: replacing a stale lock ({reason})")
       try:
         os.remove(path)
       except FileNotFoundError:
@@ -136,9 +126,10 @@ def acquire_lock(workdir: str) -> str:
         os.remove(path)
       except OSError:
         pass
-      raise write_error(path, e, "nothing of the run was written") from e
+      raise atomic_io.write_error(path, e, "nothing of the run was written") from e
     return path
-  raise WorkdirLockedError(f"{path}: could not take the lock; another process keeps taking it")
+  raise errors.WorkdirLockedError(
+      f"{path}: could not take the lock; another process keeps taking it")
 
 
 def release_lock(path: str | None) -> None:
@@ -234,7 +225,7 @@ def lineage_id(workdir: str, resumed: str | None) -> str:
       raise ValueError(f"{path}: empty run id; delete the file to start a new run lineage")
   run_id = _from_process_0(run_id or uuid.uuid4().hex)
   if jax.process_index() == 0:
-    write_text_atomic(path, run_id + "\n")
+    atomic_io.write_text_atomic(path, run_id + "\n")
   return run_id
 
 

@@ -35,23 +35,40 @@ class TrainState(train_state.TrainState):
   """flax TrainState; ``step`` counts micro-steps (see the module docstring)."""
 
 
+# The metrics of every train window, validation and test, declared once: name -> per-example
+# value (float32 ``[B]``) of the float32 logits ``[B, C]`` and int labels ``[B]``. Each is
+# reported as its mean over the real examples (:func:`metric_sums`, :func:`metric_means`);
+# a new metric is one line here.
+METRICS: dict[str, Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]] = {
+    "loss": optax.softmax_cross_entropy_with_integer_labels,
+    "accuracy": lambda logits, targets: (jnp.argmax(logits, -1) == targets).astype(jnp.float32),
+}
+
+
 def metric_sums(logits_BxC, targets_B, weights_B) -> dict[str, jnp.ndarray]:
-  """Weighted sums of cross-entropy and correct predictions.
+  """Weighted sums of every :data:`METRICS` value, and of the weights.
 
   Args:
-    logits_BxC: float logits.
+    logits_BxC: float logits (cast to float32 first).
     targets_B: int labels.
     weights_B: float, 1 for a real example and 0 for a filler row.
 
   Returns:
-    ``{"loss": sum w*CE, "correct": sum w*[argmax == target], "count": sum w}``
-    as float32 scalars.
+    ``{name: sum w*value for each METRICS name, "count": sum w}`` as float32 scalars
+    (``loss`` sums the cross-entropy, ``accuracy`` the correct predictions).
   """
-  loss_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxC.astype(jnp.float32),
-                                                           targets_B)
-  correct_B = (jnp.argmax(logits_BxC, -1) == targets_B).astype(jnp.float32)
-  return {"loss": jnp.sum(loss_B * weights_B), "correct": jnp.sum(correct_B * weights_B),
-          "count": jnp.sum(weights_B)}
+  logits_BxC = logits_BxC.astype(jnp.float32)
+  sums = {name: jnp.sum(value(logits_BxC, targets_B) * weights_B)
+          for name, value in METRICS.items()}
+  return {**sums, "count": jnp.sum(weights_B)}
+
+
+def metric_means(sums: dict[str, float]) -> dict[str, float]:
+  """``{name: sum / count}`` for every :data:`METRICS` name of host ``sums`` (Python floats,
+  as :func:`metric_sums` returns them summed over batches), and ``count``; a count of 0
+  divides by 1 (every mean is then 0)."""
+  count = max(sums["count"], 1.0)
+  return {**{name: sums[name] / count for name in METRICS}, "count": sums["count"]}
 
 
 def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):

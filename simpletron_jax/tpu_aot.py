@@ -3,7 +3,7 @@
 ``libtpu`` (the ``tpu`` extra of this project) lets JAX describe a TPU topology and compile for
 it on any host: :func:`slice_devices` gives the compile-only devices of a named slice, and
 :func:`compile_report` lowers the same pmapped steps that ``train.py`` runs
-(:func:`simpletron_jax.train_lib.pmap_steps`, the same model, dtype and options) for those
+(:func:`simpletron_jax.steps.pmap_steps`, the same model, dtype and options) for those
 devices and reads XLA's memory and cost analyses of the TPU executables. MaxText checks its
 training step the same way before a slice is booked (its ``train_compile.py``); the slice
 shapes below (topology, megacore, chips per host) follow its table of accelerators.
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from simpletron_jax import models, tasks, train_lib
+from simpletron_jax import batches, config_checks, models, tasks, train_lib
+from simpletron_jax.steps import pmap_steps
 from simpletron_jax.attention import base, softmax
 
 GIB = 1 << 30
@@ -154,7 +155,7 @@ def task_sizes(config: ml_collections.ConfigDict) -> tuple[int, int, bool]:
 
 
 def abstract_batch(n_devices: int, rows: int, width: int, dual: bool) -> dict[str, Any]:
-  """The sharded batch ``train_lib.shard(make_batch(...))`` gives, as shapes only.
+  """The sharded batch ``shard(make_batch(...))`` gives, as shapes only.
 
   Args:
     n_devices: devices of the pmap.
@@ -215,26 +216,26 @@ def step_widths(config: ml_collections.ConfigDict, data: tasks.TaskData,
   """Every padded width the run meets: ``{"train": [...], "eval": [...]}`` in tokens.
 
   Train: the micro-batches of the run's first epoch or of ``num_train_steps`` (whichever is
-  fewer), in :func:`train_lib.train_index_batches` order; eval: the batches of a validation and
-  of the test, as :func:`train_lib.evaluate` reads them (``num_eval_steps``,
+  fewer), in :func:`batches.train_index_batches` order; eval: the batches of a validation and
+  of the test, as :func:`evaluation.evaluate` reads them (``num_eval_steps``,
   ``num_test_steps``).
   """
-  micro = config.batch_size // config.grad_accum_steps
+  micro = batches.micro_batch_size(config)
   count = min(len(data.train) // micro, config.num_train_steps * config.grad_accum_steps)
-  ds = train_lib.train_index_batches(data.train, config)
-  train = {train_lib.batch_width(data.train, np.asarray(ds[i]), config) for i in range(count)}
+  ds = batches.train_index_batches(data.train, config)
+  train = {batches.batch_width(data.train, np.asarray(ds[i]), config) for i in range(count)}
   rows = eval_rows(config, n_devices)
   evals = set()
   for split, limit in ((data.val, config.get("num_eval_steps", -1)),
                        (data.test, config.get("num_test_steps", -1))):
-    for idx, _ in train_lib.eval_index_batches(split, config, rows, limit):
-      evals.add(train_lib.batch_width(split, idx, config))
+    for idx, _ in batches.eval_index_batches(split, config, rows, limit):
+      evals.add(batches.batch_width(split, idx, config))
   return {"train": sorted(train), "eval": sorted(evals)}
 
 
 def eval_rows(config: ml_collections.ConfigDict, n_devices: int) -> int:
-  """Global rows of an eval batch on ``n_devices`` (:func:`train_lib.eval_batch_size`'s rule)."""
-  rows = config.get("eval_batch_size") or config.batch_size // config.grad_accum_steps
+  """Global rows of an eval batch on ``n_devices`` (:func:`batches.eval_batch_size`'s rule)."""
+  rows = config.get("eval_batch_size") or batches.micro_batch_size(config)
   return -(-rows // n_devices) * n_devices
 
 
@@ -271,17 +272,17 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
   Raises:
     TpuCheckError: for an unknown slice or task, or a batch that does not split over the
       slice's devices (naming ``batch_size``).
-    ValueError: from :func:`train_lib.validate_config` / the model config, naming the field.
+    ValueError: from :func:`config_checks.validate_config` / the model config, naming the field.
   """
   devices = slice_devices(slice_name)
   n = len(devices)
-  train_lib.validate_config(config, n, len({d.process_index for d in devices}))
+  config_checks.validate_config(config, n, len({d.process_index for d in devices}))
   vocab_size, num_classes, dual = task_sizes(config)
   model = models.build_classifier(config.model, vocab_size=vocab_size,
                                   num_classes=num_classes, dual=dual)
   state = jax.eval_shape(lambda: train_lib.create_train_state(config, model,
                                                               jax.random.PRNGKey(0)))
-  p_train, p_eval = train_lib.pmap_steps(state.apply_fn, devices=devices)
+  p_train, p_eval = pmap_steps(state.apply_fn, devices=devices)
   widths = widths or {s: [int(config.model.max_length)] for s in ("train", "eval")}
   hbm = hbm_bytes(devices[0])
   report = {"slice": slice_name, "topology": SLICES[slice_name].topology
@@ -293,7 +294,7 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
             "compiles": []}
   state_n = _stacked(state, n)
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
-  micro = config.batch_size // config.grad_accum_steps
+  micro = batches.micro_batch_size(config)
   for step in steps:
     if step not in ("train", "eval"):
       raise TpuCheckError(f"unknown step {step!r}; expected 'train' or 'eval'")

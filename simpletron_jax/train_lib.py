@@ -11,18 +11,19 @@ Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
 ``config.grad_accum_steps = A`` it is made of A *micro-steps* of
 ``batch_size / A`` examples each (``optax.MultiSteps``).
 
-The parts the loop is made of have a module each: :mod:`simpletron_jax.steps` (loss, pmapped
-steps, replication), :mod:`simpletron_jax.batches` (data order), :mod:`simpletron_jax.evaluation`,
-:mod:`simpletron_jax.checkpoints`, :mod:`simpletron_jax.config_checks` (:func:`validate_config`)
-and :mod:`simpletron_jax.run_record` (``config.json``, :func:`load_run_config`). Their public
-names stay importable from here, as ``train_lib.<name>``, for the scripts, benchmarks and tests
-that use them.
+The parts the loop is made of have a module each: :mod:`simpletron_jax.loop` (one optimizer
+step, the train window and the periodic actions), :mod:`simpletron_jax.steps` (loss, metrics,
+pmapped steps, replication), :mod:`simpletron_jax.batches` (data order),
+:mod:`simpletron_jax.evaluation`, :mod:`simpletron_jax.checkpoints`,
+:mod:`simpletron_jax.config_checks` (:func:`config_checks.validate_config`) and
+:mod:`simpletron_jax.run_record` (``config.json``, :func:`run_record.load_run_config`); import
+their names from them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -34,28 +35,12 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from simpletron_jax import (atomic_io, checkpoints, cli, config_checks, distributed, errors,
-                            lora, models, precompile, preemption, profiling, progress,
-                            run_guard, run_record, schedules, tasks, transfer)
-from simpletron_jax.batches import train_batches
-from simpletron_jax.checkpoints import (check_async_supported, checkpoint_manager,
-                                        finish_saves, model_config_dict, prune_best,
-                                        reconcile_best, restore_checkpoint, save_checkpoint,
-                                        step_dir)
-from simpletron_jax.config_checks import validate_config
+from simpletron_jax import (atomic_io, batches, checkpoints, cli, config_checks, distributed,
+                            errors, evaluation, loop, lora, metric_logging, models, precompile,
+                            preemption, profiling, progress, run_guard, run_record, schedules,
+                            tasks, transfer)
 from simpletron_jax.data.common import PairedExamples, report_split_truncation
-from simpletron_jax.evaluation import evaluate
-from simpletron_jax.metric_logging import MetricLogger, read_records
-from simpletron_jax.run_record import config_with_history, load_run_config, read_config_json
-from simpletron_jax.steps import (InFlightLimit, JitParallel, PmapParallel, TrainState,
-                                  batch_shape_key, make_parallel)
-
-# Re-exported: scripts, benchmarks and tests use these as train_lib.<name>.
-from simpletron_jax.batches import (batch_width, eval_batch_size, eval_batches,  # noqa: F401
-                                    eval_index_batches, host_batch, train_index_batches)
-from simpletron_jax.steps import (AXIS, CALLS_IN_FLIGHT, Batch, eval_step,  # noqa: F401
-                                  loss_fn, metric_sums, pmap_steps, replicate, shard,
-                                  train_step, unreplicate)
+from simpletron_jax.steps import JitParallel, PmapParallel, TrainState, make_parallel
 
 
 # ----------------------------------------------------------------------------
@@ -122,35 +107,6 @@ def create_train_state(config: ml_collections.ConfigDict, model: flax.linen.Modu
 # The loop.
 
 
-def check_finite(unchecked: list, state_repl: TrainState, last_good: str,
-                 parallel: PmapParallel | JitParallel | None = None) -> None:
-  """Stops a run whose training went non-finite, before anything is logged or saved.
-
-  Args:
-    unchecked: ``(optimizer step, metrics)`` of the micro-steps since the last check, as
-      returned by the pmapped train step (``loss`` sums and ``grad_norm``).
-    state_repl: the state after the last of them, as the steps return it.
-    last_good: the newest checkpoint saved, for the message.
-    parallel: the run's :func:`steps.make_parallel` (default: pmap's).
-
-  Raises:
-    errors.NonFiniteError: naming the first step whose loss or gradient norm is NaN or
-      inf (or the last step, when only the parameters are), and ``last_good``.
-  """
-  parallel = parallel or PmapParallel()
-  bad = run_guard.first_nonfinite(
-      [(step, parallel.host(metrics)) for step, metrics in unchecked])
-  if bad is None and not run_guard.tree_is_finite(parallel.host(state_repl.params)):
-    bad = (unchecked[-1][0] if unchecked else -1, {"params": float("nan")})
-  if bad is not None:
-    step, values = bad
-    shown = ", ".join(f"{k} {v}" for k, v in values.items())
-    raise errors.NonFiniteError(
-        f"step {step}: training became non-finite ({shown}). The run stopped without saving "
-        f"this state; the last good checkpoint is {last_good}. Lower learning_rate, raise "
-        "warmup or set grad_clip_norm, then resume or start a new workdir.")
-
-
 def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
   """The classifier for ``config.model`` sized to ``data``; with a ``config.pretrain``
   section (the ``:spt`` / ``:spt_ft`` configs), the self-pretraining LM model or the
@@ -183,6 +139,7 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
   Raises:
     FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
     errors.CheckpointError: the source checkpoint is damaged (named).
+    errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
     errors.WriteError: ``transfer.json`` could not be written (named).
   """
   best = os.path.join(str(config.get("init_from") or ""), "best")
@@ -208,11 +165,11 @@ def _earlier_records(path: str, start_step: int) -> dict[tuple[int, str], dict[s
   """
   if start_step <= 0 or not os.path.exists(path):
     return {}
-  return {(r["step"], r["split"]): r for r in read_records(path)
+  return {(r["step"], r["split"]): r for r in metric_logging.read_records(path)
           if r["step"] <= start_step and r.get("split") in ("val", "test", "test_final")}
 
 
-def _test_metrics(earlier: dict, logger: MetricLogger, step: int, split: str,
+def _test_metrics(earlier: dict, logger: metric_logging.MetricLogger, step: int, split: str,
                   compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
   """The ``split`` (``test`` or ``test_final``) metrics of ``step``: the record an earlier
   start wrote (:func:`_earlier_records`), or ``compute()`` written as a new record.
@@ -234,18 +191,19 @@ def _test_metrics(earlier: dict, logger: MetricLogger, step: int, split: str,
 
 def _last_val_majority(earlier: dict, step: int, val: Any) -> float:
   """The majority-class rate of the last validation at or before ``step`` as recorded in
-  ``metrics.jsonl`` (for a checkpoint saved before checkpoints carried it), else of the whole
-  validation split."""
+  ``metrics.jsonl``, else of the whole validation split (for a start that trains no step from
+  a checkpoint saved before the run's first validation)."""
   recorded = [r for (s, split), r in sorted(earlier.items()) if split == "val" and s <= step]
   if recorded and recorded[-1].get("majority_rate") is not None:
     return float(recorded[-1]["majority_rate"])
   return val.majority_rate()
 
 
-def _finished_results(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any] | None:
+def _finished_results(workdir: str, config: ml_collections.ConfigDict,
+                      start_step: int) -> dict[str, Any] | None:
   """``workdir/results.json`` when it is the finished result of ``config``
   (:func:`run_record.workdir_results_problem`; a run resumed with forced changes counts here,
-  as this start repeats it), else None. Process 0 decides for every host.
+  as this start repeats it), said on stderr, else None. Process 0 decides for every host.
 
   Raises:
     OSError, ValueError: another host cannot read the file process 0 found (the workdir
@@ -255,8 +213,12 @@ def _finished_results(workdir: str, config: ml_collections.ConfigDict) -> dict[s
              if jax.process_index() == 0 else None)
   if not distributed.agree_on_flag(problem is None):
     return None
-  with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
-    return json.load(f)
+  results_path = os.path.join(workdir, "results.json")
+  with open(results_path, encoding="utf-8") as f:
+    results = json.load(f)
+  print(f"{workdir} finished training at step {start_step} and {results_path} is its "
+        "result: nothing to do, nothing rewritten", file=sys.stderr)
+  return results
 
 
 def make_workdir(workdir: str) -> None:
@@ -278,6 +240,295 @@ def make_workdir(workdir: str) -> None:
                   f"({e.filename or workdir}); pass a folder in a writable place") from e
 
 
+def _check_start(config: ml_collections.ConfigDict, workdir: str, precompile_workers: int) -> None:
+  """The checks a run passes before it takes ``workdir``, which is created here.
+
+  Raises:
+    ValueError: ``precompile_workers < 0`` or an inconsistent config
+      (:func:`config_checks.validate_config`, :func:`checkpoints.check_async_supported`,
+      :func:`config_checks.check_settings`).
+    NotADirectoryError, OSError: ``workdir`` cannot be a folder (:func:`make_workdir`).
+  """
+  if precompile_workers < 0:
+    raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
+  config_checks.validate_config(config, jax.device_count(), jax.process_count())
+  checkpoints.check_async_supported(config.get("async_checkpoints", False), jax.process_count())
+  config_checks.check_settings(config)
+  make_workdir(workdir)
+
+
+def _load_data(config: ml_collections.ConfigDict, data: tasks.TaskData | None) -> tasks.TaskData:
+  """``data``, or the task data of ``config`` when None, checked: every host holds process 0's
+  config and data, no split is empty (:func:`config_checks.check_splits`), and process 0
+  reports truncation by ``model.max_length`` once per split.
+
+  Raises:
+    ValueError: an empty split, or hosts that disagree (:func:`distributed.check_hosts_agree`).
+  """
+  data = data or tasks.load_task(config)
+  distributed.check_hosts_agree(config, data)
+  config_checks.check_splits(data, config)
+  if jax.process_index() == 0:   # loaders that truncate while loading report there
+    for name in ("train", "val", "test"):
+      report_split_truncation(name, getattr(data, name), int(config.model.max_length))
+  return data
+
+
+@dataclasses.dataclass
+class _Start:
+  """Where one start of a run begins (:func:`_resume`).
+
+  Attributes:
+    state: the unreplicated train state at optimizer step ``step`` (0: a new run).
+    meta: the checkpoint meta (``best_val_accuracy``, ``best_step``, ``train_seconds``,
+      ``run_id``, ``model_config``, the run record, and ``val_majority_rate`` once validated).
+    step: the optimizer step resumed from.
+    ckpts, best_ckpts: the managers of ``workdir/checkpoints`` and ``workdir/best``.
+    config_path: ``workdir/config.json``.
+    config_tree: what ``config.json`` gets: the config and its history with this start's
+      changes (:func:`run_record.config_with_history`).
+    new_forced: this start forces a change that ``config.json``'s history lacks.
+    dropout_root: the run's dropout key.
+  """
+  state: TrainState
+  meta: dict[str, Any]
+  step: int
+  ckpts: Any
+  best_ckpts: Any
+  config_path: str
+  config_tree: dict[str, Any]
+  new_forced: bool
+  dropout_root: jax.Array
+
+  def last_good(self) -> str:
+    """The newest checkpoint's folder at this start, or a phrase saying none was saved."""
+    return (checkpoints.step_dir(self.ckpts, self.step) if self.step
+            else "none (nothing saved yet)")
+
+
+def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData,
+            allow_resume_changes: bool) -> _Start:
+  """Builds the model and its state, then restores the newest intact checkpoint of
+  ``workdir/checkpoints`` (a damaged one is moved to ``workdir/damaged``), or for a new run
+  applies ``config.init_from`` (:func:`apply_init_from`), and matches ``best/`` to the run's
+  lineage (:func:`checkpoints.reconcile_best`).
+
+  A checkpoint is resumed only if it was computed with this config's settings, data and
+  device and host counts (:func:`run_record.check_resume`, with ``allow_resume_changes``);
+  the changes let through are printed and go into ``config_tree``'s history.
+
+  Raises:
+    errors.ConfigMismatchError: see :func:`run_record.check_resume`; also, in one line, a
+      checkpoint saved by an earlier release (:data:`checkpoints.FORMAT`).
+    errors.CheckpointError: no checkpoint is intact, or ``best/`` holds another run's.
+  """
+  model = build_model(config, data)
+  init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
+  state = create_train_state(config, model, init_rng)
+  async_save = config.get("async_checkpoints", False)
+  ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
+                             async_save=async_save)
+  best_ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None,  # see prune_best
+                                  async_save=async_save)
+  distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
+  meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
+  start_step = 0
+  config_path = os.path.join(workdir, "config.json")
+  previous_config = run_record.read_config_json(config_path)   # before this start overwrites it
+  record = run_record.run_record(config, vocab_size=data.vocab_size,
+                                 num_classes=data.num_classes, num_devices=jax.device_count(),
+                                 num_hosts=jax.process_count(),
+                                 data_sha256=distributed.data_fingerprint(data))
+  changes = []   # this start's changes from the checkpoint's settings (config history)
+
+  def resume_check(where: str, saved_meta: dict, model_diff: list[str]) -> None:
+    changes[:] = run_record.check_resume(where, saved_meta[run_record.RECORD_KEY], record,
+                                        model_diff=model_diff, allow_changes=allow_resume_changes)
+
+  if ckpts.all_steps():
+    state, meta, start_step = checkpoints.restore_checkpoint(
+        ckpts, state, model_config=config.model,
+        quarantine_dir=os.path.join(workdir, "damaged"), resume_check=resume_check)
+    print(f"Resumed from {workdir}/checkpoints at step {start_step}", file=sys.stderr)
+    if changes:
+      print(f"Settings changed since the checkpoint (recorded in {config_path}): "
+            + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
+  else:
+    state = apply_init_from(config, state, workdir)
+  meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
+              model_config=checkpoints.model_config_dict(config.model),
+              **{run_record.RECORD_KEY: record})
+  meta = checkpoints.reconcile_best(best_ckpts, meta, start_step)
+  history = (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, [])
+  config_tree = run_record.config_with_history(config, history, changes, start_step)
+  new_forced = (any(not c["allowed"] for c in changes)   # not yet in config.json's history
+                and len(config_tree.get(run_record.CONFIG_HISTORY_KEY, [])) > len(history))
+  return _Start(state, meta, start_step, ckpts, best_ckpts, config_path, config_tree,
+                new_forced, dropout_root)
+
+
+def _write_config(start: _Start) -> dict[str, Any]:
+  """Writes ``config.json`` (process 0; atomic): ``start.config_tree`` and, under
+  ``software``, what computes the run (:func:`run_record.software`), which it returns.
+
+  Raises:
+    errors.WriteError: the file could not be written (named).
+  """
+  software = run_record.software(jax.devices()[0].device_kind, jax.device_count(),
+                                 jax.process_count())
+  if jax.process_index() == 0:
+    atomic_io.write_json_atomic(start.config_path,
+                                {**start.config_tree, run_record.SOFTWARE_KEY: software})
+  return software
+
+
+def _open_logs(config: ml_collections.ConfigDict, workdir: str,
+               start: _Start) -> metric_logging.MetricLogger:
+  """Opens the run's logs at ``start.step`` (:class:`metric_logging.MetricLogger`) and records
+  the parameter count and overview; first removes a ``results.json`` that this start trains
+  past (it would no longer describe the workdir).
+
+  Raises:
+    errors.WriteError: the logs could not be opened or written, or ``results.json`` could
+      not be removed (named).
+  """
+  results_path = os.path.join(workdir, "results.json")
+  logger = metric_logging.MetricLogger(workdir, resume_step=start.step,
+                                       enabled=jax.process_index() == 0, config=config,
+                                       run_id=start.meta["run_id"])
+  if (jax.process_index() == 0 and start.step < config.num_train_steps
+      and os.path.exists(results_path)):
+    try:
+      os.remove(results_path)
+    except OSError as e:
+      raise errors.WriteError(
+          f"could not remove {results_path}, the results of an earlier run that this one "
+          f"trains past (from step {start.step}): {e.strerror or e}. Delete it, then rerun "
+          "the same command.") from e
+    print(f"removed {results_path} of an earlier run; it is written again when this run "
+          "ends", file=sys.stderr)
+  logger.write(start.step, {"params": sum(x.size for x in
+                                          jax.tree_util.tree_leaves(start.state.params))},
+               "info")
+  logger.write_parameter_overview(start.state.params)   # stderr and parameter_overview.txt
+  return logger
+
+
+def _compile(config: ml_collections.ConfigDict, data: tasks.TaskData, state_repl: TrainState,
+             parallel: PmapParallel | JitParallel, start_step: int, workers: int,
+             guard: preemption.PreemptionGuard) -> tuple[Callable, Callable, dict, dict]:
+  """The run's train and eval steps; with ``workers > 0``, every batch shape the run will
+  meet compiled first in that many threads (:func:`precompile.precompile_steps`).
+
+  Returns:
+    ``(p_train, eval_fn, programs, precompiled)``: ``programs`` maps
+    :func:`steps.batch_shape_key` to a compiled train step, ``precompiled`` holds
+    ``precompile_seconds`` and the shape counts (both empty without ``workers``).
+
+  Raises:
+    preemption.PreemptedError: a signal came while compiling (nothing trained to save).
+  """
+  p_train, p_eval = parallel.steps(state_repl.apply_fn)
+  if not workers:
+    return p_train, p_eval, {}, {}
+  try:
+    train_steps, eval_fn, precompiled = precompile.precompile_steps(
+        p_train, p_eval, state_repl, data, config, start_step * config.grad_accum_steps,
+        workers, parallel, should_stop=guard.requested_locally)
+  except precompile.Stopped:   # nothing trained since the checkpoint: nothing to save
+    raise preemption.PreemptedError(start_step, guard.cause) from None
+  print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
+        f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
+        f"{precompiled['precompile_seconds']:.1f} s ({workers} threads)", file=sys.stderr)
+  return p_train, eval_fn, train_steps.compiled, precompiled
+
+
+def _evaluator(eval_fn: Callable, examples: Any, config: ml_collections.ConfigDict,
+               limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
+  """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all):
+  :func:`evaluation.evaluate` with the run's eval step ``eval_fn``."""
+  return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, config, limit,
+                                                 parallel)
+
+
+def _test(config: ml_collections.ConfigDict, start: _Start, earlier: dict,
+          logger: metric_logging.MetricLogger, evaluate_test: Callable, params_repl: Any,
+          parallel: PmapParallel | JitParallel, last_step: int
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The test metrics of the final parameters (LRA's ``--test_only`` protocol) and of the
+  best-validation checkpoint (SimpleTRON's), ``(final, best)``; one evaluation when the last
+  validation was the best. A test an earlier start recorded is reused, not repeated
+  (:func:`_test_metrics`).
+
+  Args:
+    evaluate_test: ``evaluate_test(params_repl) -> metrics`` of the test split.
+    params_repl: the parameters after ``last_step``, placed as the eval step takes them.
+
+  Raises:
+    errors.CheckpointError: the best checkpoint cannot be restored intact.
+  """
+  final_test = _test_metrics(earlier, logger, last_step, "test_final",
+                             lambda: evaluate_test(params_repl))
+  best_step = start.meta["best_step"]
+
+  def best_test():
+    best_state, _, _ = checkpoints.restore_checkpoint(start.best_ckpts, start.state, step=best_step,
+                                          model_config=config.model)
+    return evaluate_test(parallel.put_state(best_state.params))
+
+  test = _test_metrics(earlier, logger, best_step, "test",
+                       (lambda: final_test) if best_step == last_step else best_test)
+  return final_test, test
+
+
+def _results(config: ml_collections.ConfigDict, data: tasks.TaskData, start: _Start,
+             tests: tuple[dict[str, Any], dict[str, Any]], val_majority: float,
+             last_step: int, window: loop.TrainWindow, precompiled: dict[str, Any],
+             wall_start: float, software: dict[str, Any]) -> dict[str, Any]:
+  """The contents of ``results.json`` (see :func:`train_and_evaluate`'s Returns)."""
+  final_test, test = tests
+  complete = last_step >= config.num_train_steps
+  return {
+      "task": config.task, "attention": config.model.attention,
+      "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+      "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
+      "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
+      "final_step": last_step,
+      "test_majority_rate": test["majority_rate"],
+      "val_majority_rate": val_majority,
+      "best_step": start.meta["best_step"], "best_val_accuracy": start.meta["best_val_accuracy"],
+      "num_train_steps": config.num_train_steps, "last_step": last_step,
+      "complete": complete, "stopped_by": None if complete else "max_train_minutes",
+      "config_fingerprint": run_record.config_fingerprint(config),
+      run_record.FORCED_KEY: run_record.forced_changes(
+          start.config_tree.get(run_record.CONFIG_HISTORY_KEY)),
+      "steps_per_sec": last_step / max(window.train_seconds, 1e-9),
+      "train_seconds": window.train_seconds,
+      "train_compile_seconds_this_run": window.compile_seconds_this_run,
+      "train_shapes_compiled_in_loop": window.shapes_compiled,
+      **precompiled,
+      "wall_seconds_this_run": time.time() - wall_start,
+      "num_devices": jax.device_count(), "data_source": data.source,
+      **software,
+  }
+
+
+def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler | None,
+             logger: metric_logging.MetricLogger | None, lock: str | None) -> None:
+  """What a start holds, let go on every exit (success, error, preemption): the signal
+  handlers, a profiler trace an error or a preemption left running, the logs (a failure to
+  close them after an error would hide that error, so it is dropped) and the workdir lock."""
+  guard.restore()
+  if profiler is not None:
+    profiler.close()
+  try:
+    if logger is not None:
+      logger.close()   # a no-op after a success
+  except errors.WriteError:
+    pass
+  run_guard.release_lock(lock)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        step_hook: Callable[[int], None] | None = None,
                        data: tasks.TaskData | None = None,
@@ -290,19 +541,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   one, and continues exactly as an uninterrupted run would (same data order,
   dropout keys and optimizer state). Writes ``workdir/metrics.jsonl``,
   TensorBoard events in ``workdir/tb`` (and a W&B run under ``workdir/wandb`` when
-  ``config.wandb.project`` is set; :class:`MetricLogger`), ``workdir/config.json``,
-  ``workdir/parameter_overview.txt`` (also printed to stderr) and, at the
-  end, ``workdir/results.json``.
+  ``config.wandb.project`` is set; :class:`metric_logging.MetricLogger`),
+  ``workdir/config.json``, ``workdir/parameter_overview.txt`` (also printed to stderr) and, at
+  the end, ``workdir/results.json``. The loop is :mod:`simpletron_jax.loop`'s.
 
-  Before any work every field is validated (:func:`validate_config`,
+  Before any work every field is validated (:func:`config_checks.validate_config`,
   :func:`config_checks.check_settings`), and truncation by ``model.max_length`` is reported once
   per split. A resumed checkpoint must have been computed with this config's settings, data,
   vocabulary and class count, and device and host counts (:func:`run_record.check_resume`;
   the checkpoint meta holds them as ``run_record``); the changes let through
   (:data:`run_record.RESUME_ALLOWED_FIELDS`, or any but ``model.*`` with
   ``allow_resume_changes``) are appended to ``config.json``'s ``config_history`` (see
-  :func:`config_with_history`) instead of being overwritten. A checkpoint saved before run
-  records resumes with a warning, compared with the previous ``config.json`` only.
+  :func:`run_record.config_with_history`) instead of being overwritten. A checkpoint saved by
+  an earlier release (:data:`checkpoints.FORMAT`) is refused in one line.
 
   A rerun of a finished run changes nothing: when the checkpoint resumed is at
   ``num_train_steps``, no change was forced and ``results.json`` is the finished result of
@@ -352,11 +603,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   Faults are never silent (docs/faults.md, "When things go wrong"): ``workdir/run.lock`` keeps a
   second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
   the run resumes from the newest intact one; ``best/`` only ever holds checkpoints of this
-  run's lineage (``workdir/run_id``, see :func:`reconcile_best`); ``results.json`` and
+  run's lineage (``workdir/run_id``, see :func:`checkpoints.reconcile_best`); ``results.json`` and
   ``metrics.jsonl`` are strict JSON (non-finite values are ``null``).
 
   Raises:
-    ValueError: for an inconsistent config (see :func:`validate_config` and
+    ValueError: for an inconsistent config (see :func:`config_checks.validate_config` and
       :func:`config_checks.check_settings`) or an empty split (:func:`config_checks.check_splits`).
     errors.WorkdirLockedError: another run holds the workdir.
     errors.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
@@ -378,305 +629,85 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       ``transfer.json`` could not be written (named; a failed checkpoint save is a
       ``CheckpointError``).
   """
-  if precompile_workers < 0:
-    raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   wall_start = time.time()
-  validate_config(config, jax.device_count(), jax.process_count())
-  check_async_supported(config.get("async_checkpoints", False), jax.process_count())
-  config_checks.check_settings(config)
-  make_workdir(workdir)
+  _check_start(config, workdir, precompile_workers)
   lock = run_guard.acquire_lock(workdir) if jax.process_index() == 0 else None
   logger = profiler = None
   guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save (if trained) and stop
   try:   # from here on every exit releases the lock (the `finally` below)
-    data = data or tasks.load_task(config)
-    distributed.check_hosts_agree(config, data)  # every host: process 0's config and data
-    config_checks.check_splits(data, config)
-    if jax.process_index() == 0:   # loaders that truncate while loading report there
-      for name in ("train", "val", "test"):
-        report_split_truncation(name, getattr(data, name), int(config.model.max_length))
-    # A signal from here on (building, restoring, compiling, training) stops the run at the
-    # next point where it can stop cleanly, saving what it trained.
-    guard.install()
-    model = build_model(config, data)
-
-    init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
-    state = create_train_state(config, model, init_rng)
-    ckpts = checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
-                               async_save=config.get("async_checkpoints", False))
-    best_ckpts = checkpoint_manager(os.path.join(workdir, "best"), None,  # see prune_best
-                                    async_save=config.get("async_checkpoints", False))
-    distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
-    meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
-    start_step = 0
-    config_path = os.path.join(workdir, "config.json")
-    previous_config = read_config_json(config_path)   # before this start overwrites it
-    record = run_record.run_record(config, vocab_size=data.vocab_size,
-                                  num_classes=data.num_classes, num_devices=jax.device_count(),
-                                  num_hosts=jax.process_count(),
-                                  data_sha256=distributed.data_fingerprint(data))
-    changes = []   # this start's changes from the checkpoint's settings (config history)
-
-    def resume_check(where: str, saved_meta: dict, model_diff: list[str]) -> None:
-      saved = saved_meta.get(run_record.RECORD_KEY)
-      if saved is None:   # saved before run records existed
-        errors.warn(f"{where} predates run records: only its model config"
-                    f"{' and ' + config_path if previous_config else ''} can be compared "
-                    "with this config; the device count and the data cannot")
-        saved = {"config": previous_config} if previous_config else None
-      changes[:] = run_record.check_resume(where, saved, record, model_diff=model_diff,
-                                          allow_changes=allow_resume_changes)
-
-    if ckpts.all_steps():
-      state, meta, start_step = restore_checkpoint(
-          ckpts, state, model_config=config.model,
-          quarantine_dir=os.path.join(workdir, "damaged"), resume_check=resume_check)
-      print(f"Resumed from {workdir}/checkpoints at step {start_step}", file=sys.stderr)
-      if changes:
-        print(f"Settings changed since the checkpoint (recorded in {config_path}): "
-              + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
-    else:
-      state = apply_init_from(config, state, workdir)
-    legacy = start_step > 0 and "run_id" not in meta  # saved before run ids existed
-    meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
-                model_config=model_config_dict(config.model), **{run_record.RECORD_KEY: record})
-    meta = reconcile_best(best_ckpts, meta, start_step, legacy)
-    last_good = step_dir(ckpts, start_step) if start_step else "none (nothing saved yet)"
-    accum = config.grad_accum_steps
-    results_path = os.path.join(workdir, "results.json")
-    history = (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, [])
-    config_tree = config_with_history(config, history, changes, start_step)
-    new_forced = (any(not c["allowed"] for c in changes)   # not yet in config.json's history
-                  and len(config_tree.get(run_record.CONFIG_HISTORY_KEY, [])) > len(history))
-    if start_step >= config.num_train_steps and not new_forced:
-      finished = _finished_results(workdir, config)   # a rerun of a finished run
+    data = _load_data(config, data)
+    guard.install()   # a signal from here on stops the run where it can stop cleanly
+    start = _resume(config, workdir, data, allow_resume_changes)
+    if start.step >= config.num_train_steps and not start.new_forced:
+      finished = _finished_results(workdir, config, start.step)   # a finished run's rerun
       if finished is not None:
-        print(f"{workdir} finished training at step {start_step} and {results_path} is its "
-              "result: nothing to do, nothing rewritten", file=sys.stderr)
         return finished
-    software = run_record.software(jax.devices()[0].device_kind, jax.device_count(),
-                                   jax.process_count())
-    forced = run_record.forced_changes(config_tree.get(run_record.CONFIG_HISTORY_KEY))
-    if jax.process_index() == 0:
-      atomic_io.write_json_atomic(config_path,
-                                  {**config_tree, run_record.SOFTWARE_KEY: software})
+    software = _write_config(start)
     # The test records an earlier start wrote at or before this start's step (a run killed
     # while testing, a finished run resumed with forced changes): reused, never written twice.
-    earlier = _earlier_records(os.path.join(workdir, "metrics.jsonl"), start_step)
+    earlier = _earlier_records(os.path.join(workdir, "metrics.jsonl"), start.step)
     if guard.requested_locally():   # a signal while building or restoring: nothing to save
-      raise preemption.PreemptedError(start_step, guard.cause)
-    logger = MetricLogger(workdir, resume_step=start_step, enabled=jax.process_index() == 0,
-                          config=config, run_id=meta["run_id"])
-    if (jax.process_index() == 0 and start_step < config.num_train_steps
-        and os.path.exists(results_path)):   # it would no longer describe the workdir
-      try:
-        os.remove(results_path)
-      except OSError as e:
-        raise errors.WriteError(
-            f"could not remove {results_path}, the results of an earlier run that this one "
-            f"trains past (from step {start_step}): {e.strerror or e}. Delete it, then rerun "
-            "the same command.") from e
-      print(f"removed {results_path} of an earlier run; it is written again when this run "
-            "ends", file=sys.stderr)
-    logger.write(start_step,
-                 {"params": sum(x.size for x in jax.tree_util.tree_leaves(state.params))}, "info")
-    logger.write_parameter_overview(state.params)   # stderr and parameter_overview.txt
+      raise preemption.PreemptedError(start.step, guard.cause)
+    logger = _open_logs(config, workdir, start)
     profiler = profiling.StepProfiler(
         os.path.join(workdir, "profile"),
-        profiling.check_profile_steps(profile_steps, config.num_train_steps), start_step,
+        profiling.check_profile_steps(profile_steps, config.num_train_steps), start.step,
         enabled=jax.process_index() == 0)
-
     parallel = make_parallel(config.get("parallelism", "pmap"))
-    p_train, p_eval = parallel.steps(state.apply_fn)
-    state_repl = parallel.put_state(state)
-    schedule = make_schedule(config)
-    train_programs, eval_fn, precompiled = {}, p_eval, {}   # {batch_shape_key: program}
-    if precompile_workers:
-      try:
-        train_steps, eval_fn, precompiled = precompile.precompile_steps(
-            p_train, p_eval, state_repl, data, config, start_step * accum, precompile_workers,
-            parallel, should_stop=guard.requested_locally)
-      except precompile.Stopped:   # nothing trained since the checkpoint: nothing to save
-        logger.close()
-        raise preemption.PreemptedError(start_step, guard.cause) from None
-      logger.write(start_step, precompiled, "info")
-      print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
-            f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
-            f"{precompiled['precompile_seconds']:.1f} s ({precompile_workers} threads)",
-            file=sys.stderr)
-      train_programs = train_steps.compiled
-    batches = train_batches(data.train, config, start_step * accum)
-    in_flight = InFlightLimit()   # the host runs at most a few micro-steps ahead
-    window = {"loss": 0.0, "correct": 0.0, "count": 0.0}
-    window_sums, window_steps = [], 0
-    unchecked = []        # (step, metrics) of the micro-steps since the last finiteness check
-    window_start, window_excluded = time.time(), 0.0
-    # Each new batch shape (a length bucket) compiles its own step inside p_train's call; that
-    # call's time is logged as compile_seconds, and steps/s is also given without it.
-    seen_shapes = set(train_programs)   # precompiled shapes count as seen
-    window_compile_s, window_new_shapes, compile_s_this_run, loop_shapes = 0.0, 0, 0.0, 0
-    # The majority rate of the examples the last validation read: saved with each checkpoint,
-    # so a start that trains no step reports the same figure as the start that validated.
-    val_majority = meta.get("val_majority_rate")
-    train_seconds = float(meta["train_seconds"])
-    bar = progress.bar(total=config.num_train_steps, initial=start_step, desc="train",
+    state_repl = parallel.put_state(start.state)
+    p_train, eval_fn, programs, precompiled = _compile(
+        config, data, state_repl, parallel, start.step, precompile_workers, guard)
+    if precompiled:
+      logger.write(start.step, precompiled, "info")
+    window = loop.TrainWindow(parallel, make_schedule(config), start.meta["train_seconds"])
+    micro_steps = loop.MicroSteps(
+        p_train, programs, parallel,
+        batches.train_batches(data.train, config, start.step * config.grad_accum_steps),
+        start.dropout_root, config.grad_accum_steps)
+    bar = progress.bar(total=config.num_train_steps, initial=start.step, desc="train",
                        disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
-    budget_s = 60.0 * float(config.get("max_train_minutes", 0) or 0)
-    last_step = config.num_train_steps
-    preempted = False
-    for step in range(start_step + 1, config.num_train_steps + 1):
+    actions = loop.Actions(
+        config, micro_steps, window, logger, bar,
+        _evaluator(eval_fn, data.val, config, config.get("num_eval_steps", -1), parallel),
+        start.ckpts, start.best_ckpts, start.meta, start.last_good(), step_hook)
+    budget = loop.TimeBudget(config.get("max_train_minutes", 0), wall_start)
+    step, preempted, out_of_time = config.num_train_steps, False, False   # if none is trained
+    for step in range(start.step + 1, config.num_train_steps + 1):
       profiler.step_started(step)   # --profile_steps: the trace starts before step A
-      for a in range(accum):
-        batch = parallel.put_batch(next(batches))
-        rng = jax.random.fold_in(dropout_root, (step - 1) * accum + a)
-        shapes = batch_shape_key(batch)
-        step_fn = train_programs.get(shapes, p_train)
-        if shapes in seen_shapes:
-          state_repl, sums = step_fn(state_repl, batch, rng)
-        else:   # drain the queue first, so the call's time is the compile's alone
-          jax.block_until_ready(state_repl)
-          call_start = time.time()
-          state_repl, sums = step_fn(state_repl, batch, rng)
-          seen_shapes.add(shapes)
-          window_compile_s += time.time() - call_start
-          window_new_shapes += 1
-          loop_shapes += 1
-        window_sums.append(sums)
-        unchecked.append((step, sums))
-        in_flight.add(sums)
-      window_steps += 1
+      state_repl = micro_steps(state_repl, step, window)
       bar.update(1)
       profiler.step_finished(step, state_repl)   # after step B: wait for it, stop the trace
-      out_of_time = bool(budget_s) and distributed.agree_on_flag(
-          time.time() - wall_start > budget_s)
-      final = step == config.num_train_steps or out_of_time
+      out_of_time = budget.spent()
       preempted = guard.should_stop(step)   # every host at the same step
-      stop = final or preempted   # log and save; only `final` validates (as a straight run)
-
-      if stop or not (step % config.log_every and step % config.eval_frequency
-                      and step % config.checkpoint_every):
-        check_finite(unchecked, state_repl, last_good, parallel)  # before anything is logged or saved
-        unchecked = []
-      if step % config.log_every == 0 or stop:
-        for sums in parallel.host(window_sums):
-          for k in window:
-            window[k] += float(sums[k])
-        elapsed = max(time.time() - window_start - window_excluded, 1e-9)
-        train_seconds += elapsed
-        count = max(window["count"], 1.0)
-        logger.write(step, {"loss": window["loss"] / count, "accuracy": window["correct"] / count,
-                            "learning_rate": float(schedule(step - 1)),
-                            "steps_per_sec": window_steps / elapsed,
-                            "steps_per_sec_excluding_compile":
-                                window_steps / max(elapsed - window_compile_s, 1e-9),
-                            "compile_seconds": window_compile_s,
-                            "new_shapes": window_new_shapes}, "train")
-        bar.set_postfix(loss=f"{window['loss'] / count:.3f}",
-                        acc=f"{window['correct'] / count:.3f}")
-        window = dict.fromkeys(window, 0.0)
-        window_sums, window_steps = [], 0
-        window_start, window_excluded = time.time(), 0.0
-        compile_s_this_run += window_compile_s
-        window_compile_s, window_new_shapes = 0.0, 0
-
-      pause_start = time.time()
-      if step % config.eval_frequency == 0 or final:
-        val = evaluate(eval_fn, state_repl.params, data.val, config,
-                       config.get("num_eval_steps", -1), parallel)
-        logger.write(step, val, "val")
-        if not math.isfinite(val["loss"]):
-          raise errors.NonFiniteError(
-              f"step {step}: the validation loss is {val['loss']}; the run stopped without "
-              f"saving this state. The last good checkpoint is {last_good}.")
-        val_majority = meta["val_majority_rate"] = val["majority_rate"]
-        bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
-        if val["accuracy"] > meta["best_val_accuracy"]:
-          meta.update(best_val_accuracy=val["accuracy"], best_step=step)
-          save_checkpoint(best_ckpts, step, parallel.host(state_repl), meta)
-
-      if step % config.checkpoint_every == 0 or stop:
-        meta["train_seconds"] = train_seconds
-        save_checkpoint(ckpts, step, parallel.host(state_repl), meta)
-        last_good = step_dir(ckpts, step)
-        prune_best(best_ckpts, meta["best_step"])
-      if step_hook is not None:
-        finish_saves(ckpts, best_ckpts)   # a hook sees the step's checkpoints on disk
-        step_hook(step)
-      window_excluded += time.time() - pause_start
-      if preempted:
-        last_step = step
-        break
-      if out_of_time:
-        last_step = step
-        bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
-                  "rerun with the same workdir to continue")
+      final = step == config.num_train_steps or out_of_time   # validates, as a straight run
+      actions(step, state_repl, stop=final or preempted, final=final)
+      if preempted or out_of_time:
         break
     guard.restore()   # from here on, a signal ends the process: the last step is saved
     bar.close()
-    finish_saves(ckpts, best_ckpts)   # the newest step is on disk, or CheckpointError
-    if guard.requested_locally() and not preempted:   # it came after the last step's check
-      preempted = True
-    if preempted:   # no test: the scheduler's grace period is short
-      bar.write(f"{guard.cause}: saved step {last_step} to {last_good}")
+    checkpoints.finish_saves(start.ckpts, start.best_ckpts)   # on disk, or CheckpointError
+    if preempted or guard.requested_locally():   # no test: the scheduler's grace period is short
+      bar.write(f"{guard.cause}: saved step {step} to {actions.last_good}")
       logger.close()
-      raise preemption.PreemptedError(last_step, guard.cause)
-
-    # Two protocols: the final parameters (LRA's --test_only) and the best-validation
-    # checkpoint (SimpleTRON's); the two coincide when the last validation was the best. A test
-    # an earlier start recorded is reused, not repeated (:func:`_test_metrics`).
-    test_limit = config.get("num_test_steps", -1)
-    final_test = _test_metrics(
-        earlier, logger, last_step, "test_final",
-        lambda: evaluate(eval_fn, state_repl.params, data.test, config, test_limit, parallel))
-    best_step = meta["best_step"]
-
-    def best_test():
-      best_state, _, _ = restore_checkpoint(best_ckpts, state, step=best_step,
-                                            model_config=config.model)
-      return evaluate(eval_fn, parallel.put_state(best_state.params), data.test, config,
-                      test_limit, parallel)
-
-    test = _test_metrics(earlier, logger, best_step, "test",
-                         (lambda: final_test) if best_step == last_step else best_test)
-    if val_majority is None:   # a checkpoint from before val_majority_rate was saved in it
-      val_majority = _last_val_majority(earlier, last_step, data.val)
-    complete = last_step >= config.num_train_steps
-    results = {
-        "task": config.task, "attention": config.model.attention,
-        "test_accuracy": test["accuracy"], "test_loss": test["loss"],
-        "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
-        "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
-        "final_step": last_step,
-        "test_majority_rate": test["majority_rate"],
-        "val_majority_rate": val_majority,
-        "best_step": best_step, "best_val_accuracy": meta["best_val_accuracy"],
-        "num_train_steps": config.num_train_steps, "last_step": last_step,
-        "complete": complete, "stopped_by": None if complete else "max_train_minutes",
-        "config_fingerprint": run_record.config_fingerprint(config),
-        run_record.FORCED_KEY: forced,
-        "steps_per_sec": last_step / max(train_seconds, 1e-9),
-        "train_seconds": train_seconds,
-        "train_compile_seconds_this_run": compile_s_this_run,
-        "train_shapes_compiled_in_loop": loop_shapes,
-        **precompiled,
-        "wall_seconds_this_run": time.time() - wall_start,
-        "num_devices": jax.device_count(), "data_source": data.source,
-        **software,
-    }
-    if jax.process_index() == 0:
-      atomic_io.write_json_atomic(results_path, results)   # never a half-written file
+      raise preemption.PreemptedError(step, guard.cause)
+    if out_of_time:
+      bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
+                "rerun with the same workdir to continue")
+    tests = _test(config, start, earlier, logger,
+                  _evaluator(eval_fn, data.test, config, config.get("num_test_steps", -1),
+                             parallel),
+                  state_repl.params, parallel, step)
+    val_majority = start.meta.get("val_majority_rate")
+    if val_majority is None:   # this lineage has not validated yet
+      val_majority = _last_val_majority(earlier, step, data.val)
+    results = _results(config, data, start, tests, val_majority, step, window, precompiled,
+                       wall_start, software)
+    if jax.process_index() == 0:   # never a half-written file
+      atomic_io.write_json_atomic(os.path.join(workdir, "results.json"), results)
     logger.close()
     return results
   finally:   # also on errors and preemption: no handler, open file or lock is left behind
-    guard.restore()
-    if profiler is not None:
-      profiler.close()   # a trace that an error or a preemption left running
-    try:
-      if logger is not None:
-        logger.close()   # a no-op after a success; after an error, its own would hide the first
-    except errors.WriteError:
-      pass
-    run_guard.release_lock(lock)
+    _release(guard, profiler, logger, lock)
 
 
 def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
@@ -711,13 +742,13 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
     raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass the workdir of a "
                             "train.py run")
   if config is not None:
-    saved = read_config_json(os.path.join(workdir, "config.json")) or {}
+    saved = run_record.read_config_json(os.path.join(workdir, "config.json")) or {}
     if saved.get("task") not in (None, config.task):
       raise errors.ConfigMismatchError(
           f"--config is a config of task {config.task!r}, but {workdir} trained task "
           f"{saved['task']!r} ({os.path.join(workdir, 'config.json')}): pass a "
           f"configs/{saved['task']}/... config, or leave --config out to use the run's own")
-  config = config or load_run_config(workdir)
+  config = config or run_record.load_run_config(workdir)
   sub = "best" if which == "best" and step is None else "checkpoints"
   if not os.path.isdir(os.path.join(workdir, sub)):
     raise FileNotFoundError(f"{os.path.join(workdir, sub)} not found: the run saved no "
@@ -726,8 +757,9 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
   report_split_truncation(split, getattr(data, split), int(config.model.max_length))
   model = build_model(config, data)
   state = create_train_state(config, model, jax.random.PRNGKey(0))
-  manager = checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
-  state, _, restored_step = restore_checkpoint(manager, state, step, model_config=config.model)
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
+  state, _, restored_step = checkpoints.restore_checkpoint(manager, state, step,
+                                                           model_config=config.model)
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   parallel = make_parallel(config.get("parallelism", "pmap"))
@@ -741,6 +773,6 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
                                              precompile_workers, parallel)
     print(f"precompiled {len(p_eval.compiled)} eval step shapes in "
           f"{time.time() - start:.1f} s ({precompile_workers} threads)", file=sys.stderr)
-  metrics = evaluate(p_eval, params_repl, getattr(data, split), config, limit, parallel)
+  metrics = evaluation.evaluate(p_eval, params_repl, getattr(data, split), config, limit, parallel)
   return {**metrics, "step": restored_step, "split": split,
           "checkpoint": os.path.join(workdir, sub)}

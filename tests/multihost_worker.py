@@ -64,16 +64,16 @@ def _record_loads(batches, data, loads):
   batches.make_batch = recording
 
 
-def _record_evals(train_lib, evals):
-  """Wraps train_lib.evaluate to append every metrics dict it returns."""
-  evaluate = train_lib.evaluate
+def _record_evals(evaluation, evals):
+  """Wraps evaluation.evaluate to append every metrics dict it returns."""
+  evaluate = evaluation.evaluate
 
   def recording(*args, **kwargs):
     metrics = evaluate(*args, **kwargs)
     evals.append(metrics)
     return metrics
 
-  train_lib.evaluate = recording
+  evaluation.evaluate = recording
 
 
 def _record_writes(workdir, writes):
@@ -109,7 +109,7 @@ def main(argv):
   data = presence_data()
   os.environ["XLA_FLAGS"] = xla_flags  # importing conftest added its 2 devices
   from simpletron_jax import (  # pylint: disable=import-outside-toplevel
-      batches, distributed, train_lib)
+      batches, distributed, evaluation, train_lib)
   distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes, args.process_id,
                          timeout_s=TIMEOUT_S)
   import jax  # pylint: disable=import-outside-toplevel
@@ -117,7 +117,7 @@ def main(argv):
             "local_device_count": jax.local_device_count(), "loads": [], "evals": [],
             "writes": []}
   _record_loads(batches, data, record["loads"])
-  _record_evals(train_lib, record["evals"])
+  _record_evals(evaluation, record["evals"])
   _record_writes(args.workdir, record["writes"])
 
   def dump():

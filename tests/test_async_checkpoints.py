@@ -46,7 +46,7 @@ def initial_state(presence_task):
 
 
 def _meta(config):
-  return {"run_id": "r", "model_config": train_lib.model_config_dict(config.model)}
+  return {"run_id": "r", "model_config": checkpoints.model_config_dict(config.model)}
 
 
 def _host(tree):
@@ -219,16 +219,16 @@ def _run(presence_task, workdir, async_checkpoints, monkeypatch):
   config = fault_config()
   config.async_checkpoints = async_checkpoints
   on_disk, made = {}, []
-  real_manager = train_lib.checkpoint_manager
+  real_manager = checkpoints.checkpoint_manager
 
   def manager(directory, max_to_keep, async_save=False):
     made.append(async_save)
     return real_manager(directory, max_to_keep, async_save=async_save)
 
-  monkeypatch.setattr(train_lib, "checkpoint_manager", manager)
+  monkeypatch.setattr(checkpoints, "checkpoint_manager", manager)
 
   def hook(step):
-    on_disk[step] = tuple(checkpoints.checkpoint_manager(os.path.join(workdir, sub), None)
+    on_disk[step] = tuple(real_manager(os.path.join(workdir, sub), None)
                           .all_steps() for sub in ("checkpoints", "best"))
 
   results = train_lib.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from configs import lra
-from simpletron_jax import attention, models, tasks, train_lib
+from simpletron_jax import attention, config_checks, models, tasks
 from tests.conftest import ROOT
 
 CONFIG_FILES = sorted(f for f in glob.glob(os.path.join(ROOT, "configs", "*", "*.py"))
@@ -35,7 +35,7 @@ def _load(path):
 def test_config_builds_and_validates(path, variant):
   config = _load(path).get_config(variant)
   assert config.task == os.path.basename(os.path.dirname(path))
-  train_lib.validate_config(config, n_devices=2)
+  config_checks.validate_config(config, n_devices=2)
   model = models.build_classifier(config.model, vocab_size=16, num_classes=10,
                                   dual=config.task == "retrieval")
   assert model.encoder.config.attention == config.model.attention

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpletron_jax import models, tasks, train_lib
+from simpletron_jax import batches
 from simpletron_jax.data.common import PairedExamples, RaggedExamples, make_batch
 from tests.test_train import tiny_config
 
@@ -79,12 +80,12 @@ def test_dual_encoder_learns_matching(tmp_path):
 def test_limited_evaluation_reads_a_fixed_unbiased_subset(presence_task):
   config = tiny_config()
   split = presence_task.val
-  seen = [np.concatenate([b["inputs"][:, :1] for b in train_lib.eval_batches(split, config, 16, 3)])
+  seen = [np.concatenate([b["inputs"][:, :1] for b in batches.eval_batches(split, config, 16, 3)])
           for _ in range(2)]
   np.testing.assert_array_equal(seen[0], seen[1])
-  lengths = [int(b["mask"].sum(1).max()) for b in train_lib.eval_batches(split, config, 16, 3)]
+  lengths = [int(b["mask"].sum(1).max()) for b in batches.eval_batches(split, config, 16, 3)]
   assert lengths == sorted(lengths) and len(lengths) == 3
   # Not just the shortest examples: the longest of the subset is far above the 48th shortest.
   assert lengths[-1] > np.sort(split.lengths)[47] + 5
-  full = list(train_lib.eval_batches(split, config, 16))
+  full = list(batches.eval_batches(split, config, 16))
   assert sum(int(b["weights"].sum()) for b in full) == len(split)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax import attention, explain, models, train_lib
+from simpletron_jax import steps
 from simpletron_jax.attention import base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -284,7 +285,7 @@ def test_gradient_x_input_matches_a_finite_difference():
 
 @pytest.mark.slow
 def test_train_step_program_is_unchanged_by_the_sow(monkeypatch):
-  """The train step of ``train_lib.pmap_steps`` lowers to the same program whether or not
+  """The train step of ``steps.pmap_steps`` lowers to the same program whether or not
   the modules call ``base.sow_map``: the train step does not ask for the maps."""
   from configs.listops import simple as simple_config   # pylint: disable=import-outside-toplevel
   config = simple_config.get_config("tiny")
@@ -294,9 +295,9 @@ def test_train_step_program_is_unchanged_by_the_sow(monkeypatch):
   config.model.mlp_dim = 16
   config.model.max_length = 16
   model = models.build_classifier(config.model, vocab_size=16, num_classes=10)
-  state = train_lib.replicate(train_lib.create_train_state(config, model,
+  state = steps.replicate(train_lib.create_train_state(config, model,
                                                            jax.random.PRNGKey(0)))
-  p_train, _ = train_lib.pmap_steps(model.apply)
+  p_train, _ = steps.pmap_steps(model.apply)
   n = jax.local_device_count()
   tokens = np.ones((n, 2, 16), np.int32)
   tokens[:, 1, 10:] = 0

@@ -27,6 +27,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from simpletron_jax import attention, config_checks, models, run_guard, train_lib
+from simpletron_jax import atomic_io, checkpoints, errors
 from simpletron_jax.data import image, listops, retrieval, text
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.metric_logging import MetricLogger, read_records
@@ -43,8 +44,8 @@ def fault_config(**overrides):
 
 def _params(workdir, config, task, sub="checkpoints", step=None):
   _, state = _state(config, task)
-  manager = train_lib.checkpoint_manager(os.path.join(workdir, sub), None)
-  return train_lib.restore_checkpoint(manager, state, step)[0].params
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), None)
+  return checkpoints.restore_checkpoint(manager, state, step)[0].params
 
 
 def _strict_json_lines(path):
@@ -135,10 +136,10 @@ def initial_state(presence_task):
 
 def _saved_steps(tmp_path, initial_state, steps=(2, 4)):
   config, state = initial_state
-  manager = train_lib.checkpoint_manager(str(tmp_path / "checkpoints"), None)
-  meta = {"run_id": "r", "model_config": train_lib.model_config_dict(config.model)}
+  manager = checkpoints.checkpoint_manager(str(tmp_path / "checkpoints"), None)
+  meta = {"run_id": "r", "model_config": checkpoints.model_config_dict(config.model)}
   for step in steps:
-    train_lib.save_checkpoint(manager, step, state.replace(step=step), meta)
+    checkpoints.save_checkpoint(manager, step, state.replace(step=step), meta)
   return config, state, manager
 
 
@@ -169,8 +170,8 @@ def _truncate_meta(folder):
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(initial_state, tmp_path, damage):
   config, state, manager = _saved_steps(tmp_path, initial_state)
   damage(str(tmp_path / "checkpoints" / "4"))
-  with pytest.warns(run_guard.RunWarning, match=r"skipping damaged checkpoint .*checkpoints/4"):
-    restored, _, step = train_lib.restore_checkpoint(
+  with pytest.warns(errors.RunWarning, match=r"skipping damaged checkpoint .*checkpoints/4"):
+    restored, _, step = checkpoints.restore_checkpoint(
         manager, state, model_config=config.model, quarantine_dir=str(tmp_path / "damaged"))
   assert step == 2 and int(restored.step) == 2
   assert manager.all_steps() == [2] and os.listdir(tmp_path / "damaged")
@@ -181,26 +182,26 @@ def test_every_checkpoint_damaged_is_an_error_naming_each(initial_state, tmp_pat
   config, state, manager = _saved_steps(tmp_path, initial_state)
   for step in (2, 4):
     _truncate_meta(str(tmp_path / "checkpoints" / str(step)))
-  with pytest.warns(run_guard.RunWarning), pytest.raises(
-      run_guard.CheckpointError, match=r"no intact checkpoint.*checkpoints/4.*checkpoints/2"):
-    train_lib.restore_checkpoint(manager, state, model_config=config.model)
+  with pytest.warns(errors.RunWarning), pytest.raises(
+      errors.CheckpointError, match=r"no intact checkpoint.*checkpoints/4.*checkpoints/2"):
+    checkpoints.restore_checkpoint(manager, state, model_config=config.model)
 
 
 def test_non_finite_state_is_neither_saved_nor_restored(initial_state, tmp_path):
   config, state, manager = _saved_steps(tmp_path, initial_state, steps=(2,))
   bad = state.replace(params=jax.tree_util.tree_map(lambda p: p * np.nan, state.params))
-  with pytest.raises(run_guard.NonFiniteError, match=r"checkpoints/4"):
-    train_lib.save_checkpoint(manager, 4, bad, {})
+  with pytest.raises(errors.NonFiniteError, match=r"checkpoints/4"):
+    checkpoints.save_checkpoint(manager, 4, bad, {})
   assert manager.all_steps() == [2]
 
 
 def test_resume_with_another_model_config_lists_the_fields(initial_state, tmp_path):
   config, state, manager = _saved_steps(tmp_path, initial_state)
   other = fault_config(**{"model.mlp_dim": 48, "model.dropout_rate": 0.0})
-  with pytest.raises(run_guard.ConfigMismatchError,
+  with pytest.raises(errors.ConfigMismatchError,
                      match=r"model.dropout_rate: checkpoint 0.1, config 0.0; "
                            r"model.mlp_dim: checkpoint 32, config 48"):
-    train_lib.restore_checkpoint(manager, state, model_config=other.model)
+    checkpoints.restore_checkpoint(manager, state, model_config=other.model)
 
 
 def test_a_checkpoint_from_before_an_option_existed_is_refused_in_one_line(initial_state,
@@ -209,14 +210,14 @@ def test_a_checkpoint_from_before_an_option_existed_is_refused_in_one_line(initi
   # attention_bias=True computed then among them). Such checkpoints do not resume: the
   # refusal is one line naming each missing field.
   config, state = initial_state
-  manager = train_lib.checkpoint_manager(str(tmp_path / "checkpoints"), None)
-  saved = train_lib.model_config_dict(config.model)
+  manager = checkpoints.checkpoint_manager(str(tmp_path / "checkpoints"), None)
+  saved = checkpoints.model_config_dict(config.model)
   for option in ("attention_bias", "length_multiple"):
     saved.pop(option)
   saved["attention_kwargs"].pop("block_diagonal")   # attention options too
-  train_lib.save_checkpoint(manager, 2, state.replace(step=2), {"model_config": saved})
-  with pytest.raises(run_guard.ConfigMismatchError) as raised:
-    train_lib.restore_checkpoint(manager, state, model_config=config.model)
+  checkpoints.save_checkpoint(manager, 2, state.replace(step=2), {"model_config": saved})
+  with pytest.raises(errors.ConfigMismatchError) as raised:
+    checkpoints.restore_checkpoint(manager, state, model_config=config.model)
   message = str(raised.value)
   assert "\n" not in message
   for line in ("model.attention_bias: checkpoint '<absent>', config False",
@@ -225,10 +226,28 @@ def test_a_checkpoint_from_before_an_option_existed_is_refused_in_one_line(initi
     assert line in message
 
 
+def test_a_checkpoint_of_an_earlier_release_is_refused_in_one_line(initial_state, tmp_path):
+  # Saved by a release before checkpoint formats (issue 46; every checkpoint from before
+  # model.attention_bias existed among them): refused, named, and left where it is.
+  config, state, manager = _saved_steps(tmp_path, initial_state)
+  for step in manager.all_steps():
+    path = tmp_path / "checkpoints" / str(step) / "meta" / "metadata"
+    meta = json.loads(path.read_text())
+    assert meta.pop(checkpoints.FORMAT_KEY) == checkpoints.FORMAT
+    path.write_text(json.dumps(meta))
+  with pytest.raises(errors.ConfigMismatchError,
+                     match=r"checkpoints/4 was saved by an earlier release of simpletron-jax "
+                           r"\(checkpoint format 1, this release reads 2\)") as info:
+    checkpoints.restore_checkpoint(manager, state, model_config=config.model,
+                                   quarantine_dir=str(tmp_path / "damaged"))
+  assert "\n" not in str(info.value)
+  assert manager.all_steps() == [2, 4] and not (tmp_path / "damaged").exists()
+
+
 def test_a_skipped_save_stops_with_path_and_reason(initial_state, tmp_path):
   config, state, manager = _saved_steps(tmp_path, initial_state, steps=(6,))
-  with pytest.raises(run_guard.CheckpointError, match=r"orbax skipped saving step 4 .*step 6"):
-    train_lib.save_checkpoint(manager, 4, state, {})
+  with pytest.raises(errors.CheckpointError, match=r"orbax skipped saving step 4 .*step 6"):
+    checkpoints.save_checkpoint(manager, 4, state, {})
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -236,8 +255,8 @@ def test_read_only_checkpoint_folder(initial_state, tmp_path):
   config, state, manager = _saved_steps(tmp_path, initial_state, steps=(2,))
   os.chmod(tmp_path / "checkpoints", 0o555)
   try:
-    with pytest.raises(run_guard.CheckpointError, match=r"saving step 4 to .*checkpoints/4 failed"):
-      train_lib.save_checkpoint(manager, 4, state, {})
+    with pytest.raises(errors.CheckpointError, match=r"saving step 4 to .*checkpoints/4 failed"):
+      checkpoints.save_checkpoint(manager, 4, state, {})
   finally:
     os.chmod(tmp_path / "checkpoints", 0o755)
 
@@ -254,7 +273,7 @@ def test_save_failing_mid_run_stops_the_run(presence_task, tmp_path, monkeypatch
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", read_only_save)
   workdir = str(tmp_path / "run")
-  with pytest.raises(run_guard.CheckpointError,
+  with pytest.raises(errors.CheckpointError,
                      match=r"saving step 4 to .*checkpoints/4 failed: PermissionError"):
     train_lib.train_and_evaluate(fault_config(), workdir, data=presence_task)
   assert not os.path.exists(os.path.join(workdir, "results.json"))
@@ -268,14 +287,14 @@ def test_save_failing_mid_run_stops_the_run(presence_task, tmp_path, monkeypatch
 def test_nan_stops_the_run_naming_step_and_last_good_checkpoint(presence_task, tmp_path):
   config = fault_config(learning_rate=1e6, warmup=1, num_train_steps=8, log_every=1)
   workdir = str(tmp_path / "run")
-  with pytest.raises(run_guard.NonFiniteError) as error:
+  with pytest.raises(errors.NonFiniteError) as error:
     train_lib.train_and_evaluate(config, workdir, data=presence_task)
   match = re.match(r"step (\d+): training became non-finite .*last good checkpoint is "
                    r"(\S+)\.", str(error.value))
   assert match, str(error.value)
   nan_step = int(match.group(1))
-  saved = train_lib.checkpoint_manager(os.path.join(workdir, "checkpoints"), None).all_steps()
-  best = train_lib.checkpoint_manager(os.path.join(workdir, "best"), None).all_steps()
+  saved = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None).all_steps()
+  best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None).all_steps()
   assert all(s < nan_step for s in saved + best), (nan_step, saved, best)
   assert match.group(2).startswith("none") == (not saved)
   for step in saved + best:
@@ -291,7 +310,7 @@ def test_logs_stay_strict_json(tmp_path):
   logger.close()
   (record,) = _strict_json_lines(tmp_path / "metrics.jsonl")
   assert record["loss"] is None and record["accuracy"] is None and record["count"] == 3
-  assert run_guard.json_safe({"a": [1.0, -math.inf], "b": np.float32("nan")}) == {
+  assert atomic_io.json_safe({"a": [1.0, -math.inf], "b": np.float32("nan")}) == {
       "a": [1.0, None], "b": None}
 
 
@@ -306,21 +325,21 @@ def test_stale_best_from_an_earlier_start_is_never_reported(presence_task, tmp_p
   train_lib.train_and_evaluate(fault_config(num_train_steps=6, checkpoint_every=6),
                                workdir, data=presence_task)
   shutil.rmtree(os.path.join(workdir, "checkpoints"))
-  with pytest.warns(run_guard.RunWarning, match=r"removing .*best/\d+: saved after step 0"):
+  with pytest.warns(errors.RunWarning, match=r"removing .*best/\d+: saved after step 0"):
     results = train_lib.train_and_evaluate(
         fault_config(num_train_steps=4, checkpoint_every=4), workdir, data=presence_task)
   assert results["best_step"] <= 4
-  best = train_lib.checkpoint_manager(os.path.join(workdir, "best"), None)
+  best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None)
   assert best.all_steps() == [results["best_step"]]
 
 
 def test_best_of_another_run_is_refused(initial_state, tmp_path):
   config, state, _ = _saved_steps(tmp_path, initial_state)
-  best = train_lib.checkpoint_manager(str(tmp_path / "best"), None)
-  train_lib.save_checkpoint(best, 2, state, {"run_id": "someone-else"})
+  best = checkpoints.checkpoint_manager(str(tmp_path / "best"), None)
+  checkpoints.save_checkpoint(best, 2, state, {"run_id": "someone-else"})
   meta = {"run_id": "mine", "best_step": -1}
-  with pytest.raises(run_guard.CheckpointError, match=r"best/2 belongs to run someone-else"):
-    train_lib.reconcile_best(best, meta, resume_step=4)
+  with pytest.raises(errors.CheckpointError, match=r"best/2 belongs to run someone-else"):
+    checkpoints.reconcile_best(best, meta, resume_step=4)
 
 
 # ----------------------------------------------------------------------------
@@ -335,14 +354,14 @@ def test_second_run_on_a_workdir_is_refused_naming_pid_and_host(presence_task, t
   try:
     (workdir / run_guard.LOCK_FILE).write_text(
         json.dumps({"pid": holder.pid, "host": socket.gethostname(), "time": 0}))
-    with pytest.raises(run_guard.WorkdirLockedError,
+    with pytest.raises(errors.WorkdirLockedError,
                        match=rf"in use by pid {holder.pid} on host '{socket.gethostname()}'"):
       train_lib.train_and_evaluate(fault_config(), str(workdir), data=presence_task)
   finally:
     holder.kill()
     holder.wait()
   assert (workdir / "metrics.jsonl").read_text() == '{"step": 5, "split": "train"}\n'
-  with pytest.warns(run_guard.RunWarning, match=rf"stale lock \(process {holder.pid} no longer"):
+  with pytest.warns(errors.RunWarning, match=rf"stale lock \(process {holder.pid} no longer"):
     path = run_guard.acquire_lock(str(workdir))
   assert json.loads(open(path).read())["pid"] == os.getpid()
   run_guard.release_lock(path)
@@ -352,11 +371,11 @@ def test_second_run_on_a_workdir_is_refused_naming_pid_and_host(presence_task, t
 def test_lock_of_another_host_or_torn_lock(tmp_path):
   lock = tmp_path / run_guard.LOCK_FILE
   lock.write_text(json.dumps({"pid": 1, "host": "elsewhere", "time": 0}))
-  with pytest.raises(run_guard.WorkdirLockedError, match="pid 1 on host 'elsewhere'"):
+  with pytest.raises(errors.WorkdirLockedError, match="pid 1 on host 'elsewhere'"):
     run_guard.acquire_lock(str(tmp_path))
   lock.write_text('{"pid": 12')  # torn by a kill while it was written
   os.utime(lock, (0, 0))
-  with pytest.warns(run_guard.RunWarning, match="unreadable"):
+  with pytest.warns(errors.RunWarning, match="unreadable"):
     run_guard.release_lock(run_guard.acquire_lock(str(tmp_path)))
 
 
@@ -384,9 +403,9 @@ def test_meaningless_settings_are_refused(field, value, message):
 
 
 def test_doubtful_settings_are_warned_about():
-  with pytest.warns(run_guard.RunWarning, match="warmup=50 exceeds num_train_steps=10"):
+  with pytest.warns(errors.RunWarning, match="warmup=50 exceeds num_train_steps=10"):
     config_checks.check_settings(fault_config(warmup=50))
-  with pytest.warns(run_guard.RunWarning, match="checkpoint_every=20 exceeds"):
+  with pytest.warns(errors.RunWarning, match="checkpoint_every=20 exceeds"):
     config_checks.check_settings(fault_config(checkpoint_every=20))
 
 
@@ -542,7 +561,7 @@ def test_resume_with_another_optimizer_layout_is_a_config_error_not_damage(
   clipped = fault_config(grad_clip_norm=1.0)
   _, other = _state(clipped, presence_task)
   chex.assert_trees_all_equal_shapes(other.params, state.params)
-  with pytest.raises(run_guard.ConfigMismatchError, match=r"checkpoints/4 .*grad_clip_norm"):
-    train_lib.restore_checkpoint(manager, other, model_config=clipped.model,
+  with pytest.raises(errors.ConfigMismatchError, match=r"checkpoints/4 .*grad_clip_norm"):
+    checkpoints.restore_checkpoint(manager, other, model_config=clipped.model,
                                  quarantine_dir=str(tmp_path / "damaged"))
   assert manager.all_steps() == [2, 4] and not os.path.exists(tmp_path / "damaged")

@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import lra
-from simpletron_jax import cli, config_checks, run_guard, tasks, train_lib
+from simpletron_jax import checkpoints, cli, config_checks, errors, run_record, tasks, train_lib
 from simpletron_jax.data import common, listops, retrieval, text
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
@@ -62,7 +62,7 @@ def resumable(killed_run, tmp_path):
 
 def _history(workdir):
   with open(os.path.join(workdir, "config.json")) as f:
-    return json.load(f).get(run_guard.CONFIG_HISTORY_KEY, [])
+    return json.load(f).get(run_record.CONFIG_HISTORY_KEY, [])
 
 
 # ----------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def _history(workdir):
 @pytest.mark.slow
 def test_resume_with_another_seed_lr_and_batch_lists_each_field(resumable, presence_task):
   changed = small_config(seed=1, learning_rate=0.01, batch_size=8)
-  with pytest.raises(run_guard.ConfigMismatchError) as info:
+  with pytest.raises(errors.ConfigMismatchError) as info:
     train_lib.train_and_evaluate(changed, resumable, data=presence_task,
                                  step_hook=_kill_at(1))
   message = str(info.value)
@@ -92,10 +92,10 @@ def test_resume_with_another_seed_lr_and_batch_lists_each_field(resumable, prese
 def test_resume_with_other_data_or_fewer_steps_is_refused(resumable, presence_task):
   other = dataclasses.replace(presence_task,
                               train=presence_examples(2000, np.random.default_rng(7)))
-  with pytest.raises(run_guard.ConfigMismatchError, match=r"data \(sha256 of the loaded "
+  with pytest.raises(errors.ConfigMismatchError, match=r"data \(sha256 of the loaded "
                      r"splits\): checkpoint '[0-9a-f]{12}', config '[0-9a-f]{12}'"):
     train_lib.train_and_evaluate(small_config(), resumable, data=other)
-  with pytest.raises(run_guard.ConfigMismatchError,
+  with pytest.raises(errors.ConfigMismatchError,
                      match=r"num_train_steps \(only upward.*checkpoint 6, config 4"):
     train_lib.train_and_evaluate(small_config(num_train_steps=4), resumable,
                                  data=presence_task)
@@ -115,7 +115,7 @@ def test_reporting_changes_resume_and_are_recorded(resumable, presence_task, cap
   assert entry["step"] == 2 and entry["forced"] is False
   assert entry["changes"]["eval_frequency"] == {"old": 2, "new": 3, "allowed": True}
   assert entry["changes"]["num_train_steps"] == {"old": 6, "new": 8, "allowed": True}
-  assert train_lib.load_run_config(resumable).eval_frequency == 3   # history stripped
+  assert run_record.load_run_config(resumable).eval_frequency == 3   # history stripped
 
 
 @pytest.mark.slow
@@ -128,14 +128,15 @@ def test_forced_changes_are_recorded_as_history(resumable, presence_task):
   assert entry["forced"] is True and entry["step"] == 2
   assert entry["changes"]["seed"] == {"old": 0, "new": 1, "allowed": False}
   # model.* stays refused even with the flag.
-  with pytest.raises(run_guard.ConfigMismatchError, match=r"model.dropout_rate: checkpoint "
+  with pytest.raises(errors.ConfigMismatchError, match=r"model.dropout_rate: checkpoint "
                      r"0.1, config 0.0.*model.\* fields cannot change"):
     train_lib.train_and_evaluate(small_config(seed=1, **{"model.dropout_rate": 0.0}),
                                  resumable, data=presence_task, allow_resume_changes=True)
 
 
-def _drop_record(workdir):
-  """Rewrites every checkpoint's meta as a checkpoint from before run records."""
+def _as_earlier_release(workdir):
+  """Rewrites every checkpoint's meta as a release before issue 46 saved it: no checkpoint
+  format and no run record."""
   steps = os.listdir(os.path.join(workdir, "checkpoints"))
   assert steps
   for step in steps:
@@ -143,33 +144,34 @@ def _drop_record(workdir):
     if os.path.exists(path):
       with open(path) as f:
         meta = json.load(f)
-      assert run_guard.RECORD_KEY in meta
-      meta.pop(run_guard.RECORD_KEY)
+      assert meta.pop(checkpoints.FORMAT_KEY) == checkpoints.FORMAT
+      meta.pop(run_record.RECORD_KEY)
       with open(path, "w") as f:
         json.dump(meta, f)
 
 
 @pytest.mark.slow
-def test_a_checkpoint_without_a_record_resumes_with_a_warning(resumable, presence_task):
-  _drop_record(resumable)
-  with pytest.warns(run_guard.RunWarning, match="predates run records"):
-    with pytest.raises(run_guard.ConfigMismatchError, match="seed: checkpoint 0, config 1"):
-      train_lib.train_and_evaluate(small_config(seed=1), resumable, data=presence_task)
-  with pytest.warns(run_guard.RunWarning, match="predates run records"):
-    with pytest.raises(Killed):
-      train_lib.train_and_evaluate(small_config(), resumable, data=presence_task,
-                                   step_hook=_kill_at(3))
+def test_a_checkpoint_of_an_earlier_release_is_refused_in_one_line(resumable, presence_task):
+  _as_earlier_release(resumable)
+  for config in (small_config(), small_config(seed=1)):
+    with pytest.raises(errors.ConfigMismatchError) as info:
+      train_lib.train_and_evaluate(config, resumable, data=presence_task)
+    message = str(info.value)
+    assert "\n" not in message and "earlier release" in message, message
+    assert os.path.join(resumable, "checkpoints") in message and "new --workdir" in message
+  assert os.path.isdir(os.path.join(resumable, "checkpoints"))   # refused, not set aside
+  assert not os.path.exists(os.path.join(resumable, "damaged"))
 
 
 def test_devices_and_task_sizes_are_named():
   # A ListOps checkpoint resumed with the text config: the vocabulary and class count first.
   listops_cfg, text_cfg = (lra.make_config(t, "simple", "tiny") for t in ("listops", "text"))
-  saved = run_guard.run_record(listops_cfg, vocab_size=listops.VOCAB_SIZE,
+  saved = run_record.run_record(listops_cfg, vocab_size=listops.VOCAB_SIZE,
                                num_classes=listops.NUM_CLASSES, num_devices=1, num_hosts=1)
-  now = run_guard.run_record(text_cfg, vocab_size=text.VOCAB_SIZE,
+  now = run_record.run_record(text_cfg, vocab_size=text.VOCAB_SIZE,
                              num_classes=text.NUM_CLASSES, num_devices=2, num_hosts=1)
-  with pytest.raises(run_guard.ConfigMismatchError) as info:
-    run_guard.check_resume("ckpt/4", saved, now)
+  with pytest.raises(errors.ConfigMismatchError) as info:
+    run_record.check_resume("ckpt/4", saved, now)
   message = str(info.value)
   assert message.startswith(
       f"ckpt/4 was computed with other settings: vocab_size (of the task's data: the "
@@ -178,27 +180,27 @@ def test_devices_and_task_sizes_are_named():
       f"{listops.NUM_CLASSES}, config {text.NUM_CLASSES}; number of devices"), message
   assert "task: checkpoint 'listops', config 'text'" in message
   assert "optimizer" not in message
-  changes = run_guard.check_resume("ckpt/4", saved, now, allow_changes=True)
+  changes = run_record.check_resume("ckpt/4", saved, now, allow_changes=True)
   assert {"field": "num_devices", "old": 1, "new": 2, "allowed": False} in changes
 
 
 def test_config_fingerprint_ignores_reporting_fields_only():
   config = small_config()
-  fingerprint = run_guard.config_fingerprint(config)
+  fingerprint = run_record.config_fingerprint(config)
   assert re.fullmatch(r"[0-9a-f]{64}", fingerprint)
   for field, value in (("eval_frequency", 5), ("log_every", 1), ("num_train_steps", 60),
                        ("data.cache_dir", "/elsewhere")):
-    assert run_guard.config_fingerprint(small_config(**{field: value})) == fingerprint, field
+    assert run_record.config_fingerprint(small_config(**{field: value})) == fingerprint, field
   for field, value in (("seed", 3), ("learning_rate", 0.1), ("batch_size", 8),
                        ("num_test_steps", 4), ("model.num_layers", 2)):
-    assert run_guard.config_fingerprint(small_config(**{field: value})) != fingerprint, field
+    assert run_record.config_fingerprint(small_config(**{field: value})) != fingerprint, field
   # A config.json dict (with a history) gives the config's fingerprint.
-  tree = {**json.loads(config.to_json_best_effort()), run_guard.CONFIG_HISTORY_KEY: [{}]}
-  assert run_guard.config_fingerprint(tree) == fingerprint
+  tree = {**json.loads(config.to_json_best_effort()), run_record.CONFIG_HISTORY_KEY: [{}]}
+  assert run_record.config_fingerprint(tree) == fingerprint
   # With a cosine schedule the step count is the schedule's period: it counts.
   cosine = small_config(factors="constant * linear_warmup * cosine_decay")
   longer = small_config(factors="constant * linear_warmup * cosine_decay", num_train_steps=60)
-  assert run_guard.config_fingerprint(cosine) != run_guard.config_fingerprint(longer)
+  assert run_record.config_fingerprint(cosine) != run_record.config_fingerprint(longer)
 
 
 # ----------------------------------------------------------------------------
@@ -227,7 +229,7 @@ def test_config_fingerprint_ignores_reporting_fields_only():
 ])
 def test_bad_model_data_and_batch_fields_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    train_lib.validate_config(small_config(**{field: value}), n_devices=2)
+    config_checks.validate_config(small_config(**{field: value}), n_devices=2)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -309,7 +311,7 @@ def test_every_shipped_config_passes_validation():
     for name in ("simple", "softmax", "performer"):
       for variant in (None,) + lra.variants(task, name):
         config = lra.make_config(task, name, variant)
-        train_lib.validate_config(config, n_devices=2)
+        config_checks.validate_config(config, n_devices=2)
         config_checks.check_settings(config)
 
 
@@ -413,7 +415,7 @@ def test_user_errors_and_bugs_are_told_apart(tmp_path):
       train_lib.make_workdir(str(tmp_path / "f"))
   with pytest.raises(SystemExit, match=r"^x.py: CheckpointError: gone"):
     with cli.user_errors_exit("x.py"):
-      raise run_guard.CheckpointError("gone")
+      raise errors.CheckpointError("gone")
   with pytest.raises(NotADirectoryError):       # --verbose: the traceback stays
     with cli.user_errors_exit("x.py", verbose=True):
       train_lib.make_workdir(str(tmp_path / "f"))

@@ -1,12 +1,12 @@
 """Preemption, full disks and results.json (issue 27, deliverables 1, 2 and 4).
 
 * SIGTERM or SIGINT during training: the run finishes its step, saves it, writes its
-  metrics, releases the lock and raises ``run_guard.PreemptedError`` (``train.py`` exits 75
+  metrics, releases the lock and raises ``preemption.PreemptedError`` (``train.py`` exits 75
   with "preempted at step N; rerun the same command to continue"); the rerun ends
   bit-identical to an uninterrupted run. On two hosts, both stop at the same step (JAX's
   preemption sync point).
 * A disk that fills: every write of the run either succeeds or stops the run at once with a
-  one-line error naming the file (``run_guard.WriteError``; ``CheckpointError`` for orbax);
+  one-line error naming the file (``errors.WriteError``; ``CheckpointError`` for orbax);
   nothing hangs (a SIGALRM deadline turns a hang into a failure) and no good file is
   replaced by a broken one. The disk is a tmpfs of a few MiB mounted for the test (the tests
   run as root here); where ``mount`` is refused, :class:`SmallDisk` simulates it by making
@@ -35,6 +35,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from simpletron_jax import batches, run_guard, train_lib
+from simpletron_jax import atomic_io, checkpoints, errors, metric_logging, preemption, run_record
 from simpletron_jax.metric_logging import MetricLogger, read_records
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
@@ -60,7 +61,7 @@ def deadline(seconds: int):
 
 
 def _restored_steps(workdir, sub="checkpoints"):
-  return train_lib.checkpoint_manager(os.path.join(workdir, sub), None).all_steps()
+  return checkpoints.checkpoint_manager(os.path.join(workdir, sub), None).all_steps()
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def python_sigint():
 def test_a_signal_asks_to_stop_a_second_one_stops_at_once(python_sigint):
   before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   assert before[signal.SIGINT] is signal.default_int_handler
-  with run_guard.PreemptionGuard() as guard:
+  with preemption.PreemptionGuard() as guard:
     assert guard.mode == "local" and not guard.should_stop(1)
     os.kill(os.getpid(), signal.SIGTERM)
     assert guard.should_stop(2) and guard.cause == "SIGTERM"
@@ -94,9 +95,9 @@ def test_a_signal_asks_to_stop_a_second_one_stops_at_once(python_sigint):
       os.kill(os.getpid(), signal.SIGINT)
     assert {s: signal.getsignal(s) for s in before} == before   # already restored
   assert {s: signal.getsignal(s) for s in before} == before
-  error = run_guard.PreemptedError(7, "SIGTERM")
+  error = preemption.PreemptedError(7, "SIGTERM")
   assert str(error) == "preempted at step 7; rerun the same command to continue"
-  assert isinstance(error, run_guard.RunError) and run_guard.PREEMPTED_EXIT_CODE not in (0, 1)
+  assert isinstance(error, errors.RunError) and preemption.PREEMPTED_EXIT_CODE not in (0, 1)
 
 
 def _send_at(step_to_signal, signum):
@@ -114,7 +115,7 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
   config, workdir = fault_config(), str(tmp_path / "run")
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   sent = random.Random(27).choice([2, 4, 6, 8])   # checkpoints every 2: saved anyway
-  with pytest.raises(run_guard.PreemptedError) as error:
+  with pytest.raises(preemption.PreemptedError) as error:
     train_lib.train_and_evaluate(config, workdir, data=presence_task,
                                  step_hook=_send_at(sent, signal.SIGTERM))
   stopped = sent + 1   # the signal came after step `sent`'s check: the next step finishes
@@ -136,7 +137,7 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
     seen.append(step)
     _send_at(config.num_train_steps, signal.SIGINT)(step)
 
-  with pytest.raises(run_guard.PreemptedError, match="^preempted at step 10;") as error:
+  with pytest.raises(preemption.PreemptedError, match="^preempted at step 10;") as error:
     train_lib.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
   assert seen == list(range(stopped + 1, 11)) and error.value.cause == "SIGINT"
   assert not os.path.exists(os.path.join(workdir, "results.json"))
@@ -154,9 +155,9 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
               "test_loss", "final_step", "complete", "config_fingerprint"):
     assert results[key] == straight_results[key], key
   assert results["complete"] is True and results["stopped_by"] is None
-  assert results["config_fingerprint"] == run_guard.config_fingerprint(config)
+  assert results["config_fingerprint"] == run_record.config_fingerprint(config)
   with open(os.path.join(workdir, "results.json")) as f:
-    assert run_guard.results_problem(json.load(f), config) is None
+    assert run_record.results_problem(json.load(f), config) is None
 
 
 TINY_LISTOPS = "configs/listops/simple.py:tiny"
@@ -188,7 +189,7 @@ def test_train_py_exits_75_on_sigterm_and_the_rerun_finishes(tmp_path):
   finally:
     if proc.poll() is None:
       proc.kill()
-  assert proc.returncode == run_guard.PREEMPTED_EXIT_CODE, stderr[-3000:]
+  assert proc.returncode == preemption.PREEMPTED_EXIT_CODE, stderr[-3000:]
   assert "Traceback" not in stderr, stderr[-3000:]
   match = re.search(r"^train\.py: preempted at step (\d+); rerun the same command to continue$",
                     stderr.strip().splitlines()[-1])
@@ -203,7 +204,7 @@ def test_train_py_exits_75_on_sigterm_and_the_rerun_finishes(tmp_path):
   assert results["complete"] is True and results["final_step"] == 30
   # scripts/seeds.py builds the same config from the same command line: the seed counts.
   expected = seeds.expected_config(TINY_LISTOPS, overrides, seed=0)
-  assert run_guard.config_fingerprint(expected) == results["config_fingerprint"]
+  assert run_record.config_fingerprint(expected) == results["config_fingerprint"]
   assert seeds.results_status(str(workdir), expected) is None
 
 
@@ -402,12 +403,12 @@ def test_metric_logs_on_a_full_disk_raise_naming_the_file_instead_of_hanging(sma
   logger = MetricLogger(workdir)
   logger.write(0, {"params": 10}, "info")
   small_disk.fill()
-  with deadline(60), pytest.raises(run_guard.WriteError) as error:
+  with deadline(60), pytest.raises(errors.WriteError) as error:
     for step in range(1, 5000):   # a tmpfs still holds the rest of each file's last page
       logger.write(step, {f"metric_{i}": 0.5 for i in range(8)}, "train")
   _one_line_naming(error.value, os.path.join(workdir, ""))
   assert logger.path in str(error.value) or logger.tb_path in str(error.value)
-  with contextlib.suppress(run_guard.WriteError):
+  with contextlib.suppress(errors.WriteError):
     logger.close()
   print(f"failed write: {error.value}")
   small_disk.free()
@@ -508,13 +509,13 @@ def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, small_disk, monke
   logger = MetricLogger(str(workdir))
   logger.write(0, {"params": 10}, "info")
   small_disk.fill()
-  with deadline(60), pytest.raises(run_guard.WriteError) as error:
+  with deadline(60), pytest.raises(errors.WriteError) as error:
     for step in range(1, 5000):   # a tmpfs still holds the rest of the file's last page
       logger.write(step, {"loss": 0.5, "accuracy": 0.25}, "train")
   message = _one_line_naming(error.value, logger.tb_path)
   assert message.startswith(f"could not write {logger.tb_path}: No space left on device "
                             "(errno 28); the events before these are kept"), message
-  with contextlib.suppress(run_guard.WriteError):
+  with contextlib.suppress(errors.WriteError):
     logger.close()
   steps = [r["step"] for r in read_records(logger.path)]
   assert steps == list(range(len(steps))) and len(steps) >= 2   # the JSONL file is intact
@@ -526,10 +527,10 @@ def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, small_disk, monke
 
 def test_atomic_json_on_a_full_disk_keeps_the_previous_file(small_disk):
   path = os.path.join(small_disk.path, "results.json")
-  run_guard.write_json_atomic(path, {"test_accuracy": 0.5})
+  atomic_io.write_json_atomic(path, {"test_accuracy": 0.5})
   small_disk.fill()
-  with pytest.raises(run_guard.WriteError) as error:
-    run_guard.write_json_atomic(path, {"test_accuracy": 0.75, "padding": "x" * 20000})
+  with pytest.raises(errors.WriteError) as error:
+    atomic_io.write_json_atomic(path, {"test_accuracy": 0.75, "padding": "x" * 20000})
   _one_line_naming(error.value, path)
   with open(path) as f:
     assert json.load(f) == {"test_accuracy": 0.5}
@@ -548,7 +549,7 @@ def test_a_disk_filling_during_a_run_stops_it_naming_the_file(presence_task, sma
     if step == fill_at:
       small_disk.fill()
 
-  with deadline(300), pytest.raises((run_guard.WriteError, run_guard.CheckpointError)) as error:
+  with deadline(300), pytest.raises((errors.WriteError, errors.CheckpointError)) as error:
     train_lib.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
   message = str(error.value)
   assert "\n" not in message and workdir in message, message
@@ -582,8 +583,8 @@ def test_rerun_of_a_finished_run_on_a_full_disk_keeps_its_results(presence_task,
       super().__init__(*args, **kwargs)
       small_disk.fill()
 
-  monkeypatch.setattr(train_lib, "MetricLogger", FillingLogger)
-  with deadline(120), pytest.raises(run_guard.WriteError) as error:
+  monkeypatch.setattr(metric_logging, "MetricLogger", FillingLogger)
+  with deadline(120), pytest.raises(errors.WriteError) as error:
     train_lib.train_and_evaluate(fault_config(num_train_steps=4, eval_frequency=2, warmup=2,
                                               learning_rate=0.01), workdir,
                                  data=presence_task, allow_resume_changes=True)
@@ -620,7 +621,7 @@ def test_a_resumed_run_removes_the_results_it_trains_past(presence_task, tmp_pat
   assert results["complete"] is False and results["final_step"] == 5
   assert results["stopped_by"] == "max_train_minutes"
   with open(os.path.join(workdir, "results.json")) as f:
-    assert "incomplete: training stopped at step 5 of 8" in run_guard.results_problem(
+    assert "incomplete: training stopped at step 5 of 8" in run_record.results_problem(
         json.load(f))
 
 
@@ -629,7 +630,7 @@ def _results(config, **changes):
           "test_accuracy_best_val": 0.5, "test_accuracy_final": 0.25, "complete": True,
           "final_step": config.num_train_steps, "last_step": config.num_train_steps,
           "num_train_steps": config.num_train_steps,
-          "config_fingerprint": run_guard.config_fingerprint(config)}
+          "config_fingerprint": run_record.config_fingerprint(config)}
   return {**base, **changes}
 
 
@@ -743,7 +744,7 @@ def test_a_lock_that_cannot_be_written_is_a_write_error_and_leaves_no_lock(tmp_p
       self.f.close()
 
   monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: Full(fd))
-  with pytest.raises(run_guard.WriteError) as error:
+  with pytest.raises(errors.WriteError) as error:
     run_guard.acquire_lock(str(tmp_path))
   _one_line_naming(error.value, os.path.join(tmp_path, run_guard.LOCK_FILE))
   monkeypatch.undo()

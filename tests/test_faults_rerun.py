@@ -33,6 +33,7 @@ import pytest
 from configs import lra
 from simpletron_jax import (checkpoints, precompile, progress, reporting, run_guard,
                             run_record, train_lib)
+from simpletron_jax import errors, preemption
 from simpletron_jax.data import text
 from simpletron_jax.metric_logging import read_records
 from tests.conftest import ROOT
@@ -150,20 +151,20 @@ def test_a_forced_change_on_a_finished_run_is_marked_and_not_counted(finished, p
   root = tmp_path / "runs"
   workdir = _copy(finished, root, "seed0")
   changed = rerun_config(learning_rate=0.01)
-  with pytest.raises(run_guard.ConfigMismatchError, match="--allow_resume_changes"):
+  with pytest.raises(errors.ConfigMismatchError, match="--allow_resume_changes"):
     train_lib.train_and_evaluate(changed, workdir, data=presence_task)
   results = train_lib.train_and_evaluate(changed, workdir, data=presence_task,
                                          allow_resume_changes=True)
   assert results["forced_resume_changes"] == [{"step": 6, "fields": ["learning_rate"]}]
   assert results == _results(workdir)
-  assert results["config_fingerprint"] == run_guard.config_fingerprint(changed)
+  assert results["config_fingerprint"] == run_record.config_fingerprint(changed)
   for key in ("test_accuracy", "test_accuracy_final", "best_step", "val_majority_rate"):
     assert results[key] == finished[1][key], key   # nothing was trained with the new rate
   assert len(_keys(workdir)) == len(set(_keys(workdir)))
-  problem = run_guard.results_problem(results, changed)
+  problem = run_record.results_problem(results, changed)
   assert problem.startswith("it was resumed with --allow_resume_changes (learning_rate at "
                             "step 6)") and "--count-forced" in problem, problem
-  assert run_guard.results_problem(results, changed, count_forced=True) is None
+  assert run_record.results_problem(results, changed, count_forced=True) is None
   assert seeds.seed_state(workdir, changed) == "resume"
   assert seeds.seed_state(workdir, changed, count_forced=True) == "done"
   groups, left_out = compare.collect_runs(str(root))
@@ -187,12 +188,12 @@ def test_a_run_records_its_software_outside_its_config(finished):
   assert (results["jax_version"], results["device_kind"], results["device_count"],
           results["process_count"]) == (jax.__version__, jax.devices()[0].device_kind,
                                         jax.device_count(), 1)
-  assert results["config_fingerprint"] == run_guard.config_fingerprint(rerun_config())
-  assert run_guard.config_fingerprint(saved) == results["config_fingerprint"]
-  assert run_guard.results_problem(results, saved) is None
-  assert run_record.SOFTWARE_KEY not in train_lib.load_run_config(workdir)
+  assert results["config_fingerprint"] == run_record.config_fingerprint(rerun_config())
+  assert run_record.config_fingerprint(saved) == results["config_fingerprint"]
+  assert run_record.results_problem(results, saved) is None
+  assert run_record.SOFTWARE_KEY not in run_record.load_run_config(workdir)
   older = {**saved, run_record.SOFTWARE_KEY: {**software, "jax_version": "0.0.1"}}
-  assert run_guard.config_fingerprint(older) == results["config_fingerprint"]
+  assert run_record.config_fingerprint(older) == results["config_fingerprint"]
 
 
 # ----------------------------------------------------------------------------
@@ -220,7 +221,7 @@ def test_the_lock_is_released_on_every_exit_path(finished, presence_task, tmp_pa
   assert not os.path.exists(os.path.join(unbuildable, lock))
 
   refused = _copy(finished, tmp_path)
-  with pytest.raises(run_guard.ConfigMismatchError, match="seed: checkpoint 0, config 1"):
+  with pytest.raises(errors.ConfigMismatchError, match="seed: checkpoint 0, config 1"):
     train_lib.train_and_evaluate(rerun_config(seed=1), refused, data=presence_task)
   assert not os.path.exists(os.path.join(refused, lock))
   train_lib.train_and_evaluate(rerun_config(), refused, data=presence_task)   # not "in use"
@@ -254,7 +255,7 @@ def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_
         json.dump(meta, f)
       _truncate_largest(os.path.join(best, str(step)))
     workdir = str(tmp_path / f"target_{damage}")
-    with pytest.raises(run_guard.CheckpointError) as error:
+    with pytest.raises(errors.CheckpointError) as error:
       train_lib.train_and_evaluate(rerun_config(init_from=source), workdir, data=presence_task)
     message = str(error.value)
     assert message.startswith(f"init_from={source!r}: damaged checkpoint {best}/{step}: "
@@ -265,7 +266,7 @@ def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_
 
 def test_eval_with_another_tasks_config_names_the_task(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"task": "listops"}))
-  with pytest.raises(run_guard.ConfigMismatchError,
+  with pytest.raises(errors.ConfigMismatchError,
                      match=r"^--config is a config of task 'text', but .* trained task "
                            r"'listops' \(.*config.json\): pass a configs/listops/\.\.\. config"):
     train_lib.evaluate_checkpoint(str(tmp_path), config=lra.make_config("text", "simple",
@@ -303,7 +304,7 @@ def test_a_signal_while_precompiling_stops_as_a_preemption(presence_task, tmp_pa
   monkeypatch.setattr(precompile, "_in_threads", signalled)
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   workdir = str(tmp_path / "run")
-  with pytest.raises(run_guard.PreemptedError) as error:
+  with pytest.raises(preemption.PreemptedError) as error:
     train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task,
                                  precompile_workers=2)
   assert calls and (error.value.step, error.value.cause) == (0, "SIGINT")
@@ -473,7 +474,7 @@ def test_train_py_ctrl_c_while_precompiling_exits_cleanly(tmp_path):
       assert crash not in err, err[-3000:]
     assert not (workdir / run_guard.LOCK_FILE).exists()
     endings[name] = (proc.returncode, err.strip().splitlines()[-1])
-  assert endings["once"][0] == run_guard.PREEMPTED_EXIT_CODE, endings
+  assert endings["once"][0] == preemption.PREEMPTED_EXIT_CODE, endings
   assert endings["once"][1].startswith("train.py: preempted at step "), endings
   assert endings["twice"] == (130, "train.py: interrupted (SIGINT) before the run could save; "
                               "the last checkpoint stays: rerun the same command to continue "

@@ -17,6 +17,7 @@ import flops  # noqa: E402
 import speed_memory as sm  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax import models, train_lib  # noqa: E402
+from simpletron_jax import steps  # noqa: E402
 
 
 def test_einsum_scan_and_cond():
@@ -45,7 +46,7 @@ def test_train_step_matches_a_hand_count(name):
   state = jax.tree_util.tree_map(   # shapes suffice: no compile
       lambda x: jax.ShapeDtypeStruct((2, *x.shape), x.dtype),
       jax.eval_shape(lambda: train_lib.create_train_state(config, model, jax.random.PRNGKey(0))))
-  p_train, _ = train_lib.pmap_steps(model.apply)
+  p_train, _ = steps.pmap_steps(model.apply)
   data = step_time.random_batch(np.random.default_rng(0), 4, t - 1, sm.BYTE_VOCAB, 2, c)
   count = flops.function_flops(p_train, state, data, jax.random.PRNGKey(0))
   projections = 3 * 2 * b * t * e * e                     # query, key, value

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from simpletron_jax import train_lib
+from simpletron_jax import batches
 from simpletron_jax.data import grouping
 from tests.conftest import presence_examples
 
@@ -61,12 +61,12 @@ def _config(group: bool) -> ml_collections.ConfigDict:
 def test_train_batches_resume_at_any_micro_step():
   examples = presence_examples(100, np.random.default_rng(1))
   config = _config(True)
-  run = list(itertools.islice(train_lib.train_batches(examples, config, 0), 30))
-  resumed = list(itertools.islice(train_lib.train_batches(examples, config, 17), 13))
+  run = list(itertools.islice(batches.train_batches(examples, config, 0), 30))
+  resumed = list(itertools.islice(batches.train_batches(examples, config, 17), 13))
   for a, b in zip(run[17:], resumed):
     for key in a:
       np.testing.assert_array_equal(a[key], b[key])
   widths = [b["inputs"].shape[1] for b in run]
   plain = [b["inputs"].shape[1]
-           for b in itertools.islice(train_lib.train_batches(examples, _config(False), 0), 30)]
+           for b in itertools.islice(batches.train_batches(examples, _config(False), 0), 30)]
   assert sum(widths) < sum(plain)

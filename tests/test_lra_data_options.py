@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from configs import lra
-from simpletron_jax import tasks, train_lib
+from simpletron_jax import tasks
+from simpletron_jax import batches
 from simpletron_jax.data import image
 from simpletron_jax.data import pathfinder as pf
 from simpletron_jax.data.common import RaggedExamples
@@ -253,9 +254,9 @@ def _count(n, batch_size, drop, num_batches=-1):
                          labels=np.zeros(n, np.int32), explicit_mask=True)
   config = lra.make_config("image", "softmax")
   config.data.drop_last_eval_batch = drop
-  batches = list(train_lib.eval_index_batches(split, config, batch_size, num_batches))
-  assert all(len(idx) == batch_size for idx, _ in batches)
-  kept = np.concatenate([idx[valid] for idx, valid in batches]) if batches else np.zeros(0)
+  found = list(batches.eval_index_batches(split, config, batch_size, num_batches))
+  assert all(len(idx) == batch_size for idx, _ in found)
+  kept = np.concatenate([idx[valid] for idx, valid in found]) if found else np.zeros(0)
   assert len(set(kept.tolist())) == len(kept)
   return len(kept), kept
 

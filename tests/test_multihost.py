@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax import batches, distributed, tasks, train_lib
+from simpletron_jax import checkpoints, config_checks, evaluation
 from simpletron_jax.data.common import RaggedExamples
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
@@ -85,9 +86,9 @@ def single(tmp_path_factory):
   record = {"loads": [], "evals": []}
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(batches, "make_batch", batches.make_batch)  # restored on exit
-    mp.setattr(train_lib, "evaluate", train_lib.evaluate)
+    mp.setattr(evaluation, "evaluate", evaluation.evaluate)
     worker._record_loads(batches, data, record["loads"])  # pylint: disable=protected-access
-    worker._record_evals(train_lib, record["evals"])  # pylint: disable=protected-access
+    worker._record_evals(evaluation, record["evals"])  # pylint: disable=protected-access
     record["results"] = train_lib.train_and_evaluate(worker.worker_config(), str(workdir),
                                                      data=data)
   return workdir, record
@@ -97,8 +98,8 @@ def _final_params(workdir):
   config, data = worker.worker_config(), worker.presence_data()
   state = train_lib.create_train_state(config, train_lib.build_model(config, data),
                                        jax.random.PRNGKey(1))
-  manager = train_lib.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
-  state, _, step = train_lib.restore_checkpoint(manager, state)
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
+  state, _, step = checkpoints.restore_checkpoint(manager, state)
   assert step == STEPS
   return state.params
 
@@ -159,7 +160,7 @@ def test_each_process_loads_only_its_rows_of_each_global_batch(straight, single)
 def test_only_process_0_writes_metrics_tensorboard_and_results(straight):
   workdir, (rec0, rec1) = straight
   logs = ("metrics.jsonl", "results.json", "config.json")
-  # JSON files are written aside (``.tmp``) and renamed over the file (run_guard.write_*_atomic).
+  # JSON files are written aside (``.tmp``) and renamed over the file (atomic_io.write_*_atomic).
   assert set(logs) <= {w.removesuffix(".tmp") for w in rec0["writes"]}
   assert not [w for w in rec1["writes"] if w.removesuffix(".tmp") in logs or w.startswith("tb")], rec1["writes"]
   assert len(os.listdir(workdir / "tb")) == 1, "one TensorBoard event file: process 0's"
@@ -250,4 +251,4 @@ def test_batch_must_split_over_the_devices_of_all_hosts():
   with pytest.raises(ValueError, match=re.escape(
       "batch_size=6 must be divisible by grad_accum_steps=1 times the 4 device(s) of all "
       "hosts (2 host(s) x 2 local device(s))")):
-    train_lib.validate_config(config, 4, 2)
+    config_checks.validate_config(config, 4, 2)

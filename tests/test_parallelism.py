@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax import steps, train_lib
+from simpletron_jax import checkpoints, config_checks
 from simpletron_jax.data.common import make_batch
 from tests.test_train import tiny_config
 
@@ -57,14 +58,14 @@ def test_unknown_parallelism_is_named():
   with pytest.raises(ValueError, match="config.parallelism='vmap'"):
     steps.make_parallel("vmap")
   with pytest.raises(ValueError, match="parallelism='vmap'"):
-    train_lib.validate_config(tiny_config(parallelism="vmap"), 2)
+    config_checks.validate_config(tiny_config(parallelism="vmap"), 2)
 
 
 def _final_params(workdir, config, task):
   state = train_lib.create_train_state(config, train_lib.build_model(config, task),
                                        jax.random.PRNGKey(0))
-  manager = train_lib.checkpoint_manager(f"{workdir}/checkpoints", None)
-  return train_lib.restore_checkpoint(manager, state)[0].params
+  manager = checkpoints.checkpoint_manager(f"{workdir}/checkpoints", None)
+  return checkpoints.restore_checkpoint(manager, state)[0].params
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def test_loss_counts_only_masked_real_tokens_numpy_reference():
   np.testing.assert_allclose(float(sums["count"]), sel.sum())
   np.testing.assert_allclose(float(sums["loss"]), nll[sel].sum(), rtol=1e-5)
   np.testing.assert_allclose(float(loss), nll[sel].mean(), rtol=1e-5)
-  np.testing.assert_allclose(float(sums["correct"]), (logits.argmax(-1) == tokens)[sel].sum())
+  np.testing.assert_allclose(float(sums["accuracy"]), (logits.argmax(-1) == tokens)[sel].sum())
   # the mask is a pure function of the step's key: the same key masks the same tokens
   _, again = steps.loss_fn(params, model.apply, batch, rng, False)
   chex.assert_trees_all_equal(sums, again)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax import attention, published, reporting, run_record, tasks, train_lib
+from simpletron_jax import checkpoints, evaluation, steps
 from tests.test_train import Killed, _state, tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
@@ -67,13 +68,13 @@ def test_results_json_scores_the_final_and_the_best_validation_parameters(seed_r
     results = json.load(f)
   config = _config()
   model, fresh = _state(config, presence_task)
-  _, p_eval = train_lib.pmap_steps(model.apply)
+  _, p_eval = steps.pmap_steps(model.apply)
   for sub, key, step_key in (("checkpoints", "final", "final_step"),
                              ("best", "best_val", "best_step")):
-    manager = train_lib.checkpoint_manager(os.path.join(workdir, sub), 2)
-    state, _, step = train_lib.restore_checkpoint(manager, fresh)
+    manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), 2)
+    state, _, step = checkpoints.restore_checkpoint(manager, fresh)
     assert step == results[step_key]
-    test = train_lib.evaluate(p_eval, train_lib.replicate(state.params),
+    test = evaluation.evaluate(p_eval, steps.replicate(state.params),
                               presence_task.test, config)
     assert results[f"test_accuracy_{key}"] == test["accuracy"]
     assert results[f"test_loss_{key}"] == pytest.approx(test["loss"])

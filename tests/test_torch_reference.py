@@ -21,7 +21,8 @@ import jax_vs_torch  # noqa: E402
 import speed_memory  # noqa: E402
 import torch_step  # noqa: E402
 
-from simpletron_jax import models, train_lib  # noqa: E402
+from simpletron_jax import models  # noqa: E402
+from simpletron_jax import steps
 
 TINY = {"emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_layers": 2}
 LENGTH = 12
@@ -61,7 +62,7 @@ def test_torch_logits_and_gradients_equal_jax_with_padding(kind):
   def loss_of(p):
     logits = model.apply({"params": p}, jnp.asarray(tokens), jnp.asarray(mask),
                          deterministic=True)
-    sums = train_lib.metric_sums(logits, jnp.asarray(targets), jnp.ones(3))
+    sums = steps.metric_sums(logits, jnp.asarray(targets), jnp.ones(3))
     return sums["loss"] / sums["count"], logits
 
   (loss, logits), grads = jax.jit(jax.value_and_grad(loss_of, has_aux=True))(params)

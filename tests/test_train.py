@@ -12,6 +12,7 @@ import pytest
 
 from configs.listops import simple as simple_config
 from simpletron_jax import evaluation, precompile, steps, train_lib
+from simpletron_jax import batches, checkpoints, config_checks
 from simpletron_jax.data.common import make_batch
 
 
@@ -49,11 +50,11 @@ def test_pmap_on_two_devices_equals_one_device(presence_task):
   rng = jax.random.PRNGKey(3)
   results = []
   for n in (1, 2):
-    p_train, _ = train_lib.pmap_steps(model.apply, devices=jax.local_devices()[:n])
-    new_state, sums = p_train(train_lib.replicate(state, jax.local_devices()[:n]),
-                              train_lib.shard(batch, n), rng)
-    results.append((train_lib.unreplicate(new_state).params,
-                    jax.device_get(train_lib.unreplicate(sums))))
+    p_train, _ = steps.pmap_steps(model.apply, devices=jax.local_devices()[:n])
+    new_state, sums = p_train(steps.replicate(state, jax.local_devices()[:n]),
+                              steps.shard(batch, n), rng)
+    results.append((steps.unreplicate(new_state).params,
+                    jax.device_get(steps.unreplicate(sums))))
   (params_1, sums_1), (params_2, sums_2) = results
   chex.assert_trees_all_close(params_1, params_2, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(sums_1, sums_2, rtol=1e-5)
@@ -68,7 +69,7 @@ def test_bucket_padding_gives_same_loss_and_grads_as_max_length(presence_task, a
   bucketed = make_batch(presence_task.train, idx, max_length=40, bucket=8)
   full = make_batch(presence_task.train, idx, max_length=40, bucket=0)
   assert bucketed["inputs"].shape[1] < full["inputs"].shape[1] == 40
-  grad_fn = jax.jit(lambda params, batch: jax.value_and_grad(train_lib.loss_fn, has_aux=True)(
+  grad_fn = jax.jit(lambda params, batch: jax.value_and_grad(steps.loss_fn, has_aux=True)(
       params, model.apply, batch, jax.random.PRNGKey(0), True))
   (loss_b, _), grads_b = grad_fn(state.params, bucketed)
   (loss_f, _), grads_f = grad_fn(state.params, full)
@@ -94,19 +95,19 @@ def test_gradient_accumulation_equals_one_big_batch_and_compiles_once(presence_t
   batch = make_batch(presence_task.train, np.arange(16), max_length=40, bucket=0)
   halves = [{k: v[i * 8:(i + 1) * 8] for k, v in batch.items()} for i in range(2)]
   devices = jax.local_devices()[:1]
-  p_train, _ = train_lib.pmap_steps(model.apply, devices=devices)
+  p_train, _ = steps.pmap_steps(model.apply, devices=devices)
   params, compiles = [], []
-  for accum, batches in ((1, [batch]), (2, halves)):
+  for accum, micro_batches in ((1, [batch]), (2, halves)):
     config.grad_accum_steps = accum
-    state = train_lib.replicate(train_lib.create_train_state(config, model,
+    state = steps.replicate(train_lib.create_train_state(config, model,
                                                              jax.random.PRNGKey(0)), devices)
-    for b in batches:
+    for b in micro_batches:
       (state, _), n = _backend_compiles(
-          lambda: p_train(state, train_lib.shard(b, 1), jax.random.PRNGKey(1)))
+          lambda: p_train(state, steps.shard(b, 1), jax.random.PRNGKey(1)))
       compiles.append(n)
-    params.append(train_lib.unreplicate(state).params)
+    params.append(steps.unreplicate(state).params)
   chex.assert_trees_all_close(params[0], params[1], rtol=1e-5, atol=1e-6)
-  # Each batch shape compiles once: the state a step returns (train_lib.replicate's layout)
+  # Each batch shape compiles once: the state a step returns (steps.replicate's layout)
   # must not compile the step again, as flax.jax_utils.replicate's did.
   assert compiles[0] >= 1 and compiles[1] >= 1 and compiles[2] == 0, compiles
 
@@ -116,11 +117,11 @@ def test_checkpoint_round_trip(presence_task, tmp_path):
   model, state = _state(config, presence_task)
   state = state.replace(params=jax.tree_util.tree_map(lambda p: p + 0.5, state.params),
                         step=jnp.asarray(7))
-  manager = train_lib.checkpoint_manager(str(tmp_path / "ckpt"), 2)
-  train_lib.save_checkpoint(manager, 3, state, {"best_val_accuracy": 0.25})
+  manager = checkpoints.checkpoint_manager(str(tmp_path / "ckpt"), 2)
+  checkpoints.save_checkpoint(manager, 3, state, {"best_val_accuracy": 0.25})
   manager.wait_until_finished()
   _, fresh = _state(config, presence_task)
-  restored, meta, step = train_lib.restore_checkpoint(manager, fresh)
+  restored, meta, step = checkpoints.restore_checkpoint(manager, fresh)
   assert step == 3 and meta["best_val_accuracy"] == 0.25 and int(restored.step) == 7
   chex.assert_trees_all_equal(restored.params, state.params)
   chex.assert_trees_all_equal(restored.opt_state, state.opt_state)
@@ -132,8 +133,8 @@ class Killed(Exception):
 
 def _final_params(workdir, config, task):
   _, state = _state(config, task)
-  manager = train_lib.checkpoint_manager(os.path.join(workdir, "checkpoints"), 2)
-  return train_lib.restore_checkpoint(manager, state)[0].params
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), 2)
+  return checkpoints.restore_checkpoint(manager, state)[0].params
 
 
 def test_killed_run_resumes_to_the_same_parameters(presence_task, tmp_path):
@@ -181,17 +182,17 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
     assert (r["compile_seconds"] > 0) == (r["new_shapes"] > 0)
     assert r["steps_per_sec_excluding_compile"] >= r["steps_per_sec"]
   assert os.path.isdir(os.path.join(workdir, "tb"))
-  _, p_eval = train_lib.pmap_steps(train_lib.build_model(config, presence_task).apply)
+  _, p_eval = steps.pmap_steps(train_lib.build_model(config, presence_task).apply)
   model, state = _state(config, presence_task)
-  best = train_lib.checkpoint_manager(os.path.join(workdir, "best"), 1)
-  state, meta, step = train_lib.restore_checkpoint(best, state)
+  best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), 1)
+  state, meta, step = checkpoints.restore_checkpoint(best, state)
   assert step == results["best_step"]
-  test = train_lib.evaluate(p_eval, train_lib.replicate(state.params), presence_task.test,
+  test = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
                             config)
   assert test["accuracy"] == results["test_accuracy"] and test["count"] == 200
   assert test["majority_rate"] == pytest.approx(presence_task.test.majority_rate())
   # A subset evaluation reports the majority rate of the examples it read.
-  sub = train_lib.evaluate(p_eval, train_lib.replicate(state.params), presence_task.test,
+  sub = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
                            config, num_batches=2)
   k = int(sub["count"])
   assert 0 < k < 200
@@ -202,8 +203,8 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
 def test_precompile_finds_the_widths_the_run_meets(presence_task):
   config = tiny_config(**{"data.bucket": 8, "data.group_by_length": True})
   found = precompile.train_batches_by_width(presence_task.train, config, 3, 20)
-  batches = train_lib.train_batches(presence_task.train, config, 3)
-  met = {next(batches)["inputs"].shape[1] for _ in range(20)}
+  stream = batches.train_batches(presence_task.train, config, 3)
+  met = {next(stream)["inputs"].shape[1] for _ in range(20)}
   assert sorted(found) == sorted(met) and len(met) >= 2
   for width, batch in found.items():
     chex.assert_shape(batch["inputs"], (16, width))   # this host's [rows, width]
@@ -250,7 +251,7 @@ def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(pres
 def test_batch_size_must_split_over_devices_and_micro_steps():
   config = tiny_config(batch_size=15)
   with pytest.raises(ValueError, match="batch_size=15 must be divisible"):
-    train_lib.validate_config(config, 2)
+    config_checks.validate_config(config, 2)
 
 
 def test_in_flight_limit_waits_for_the_oldest_calls_only():
@@ -263,19 +264,19 @@ def test_in_flight_limit_waits_for_the_oldest_calls_only():
       return self
 
   waited = []
-  limit = train_lib.InFlightLimit(2)
+  limit = steps.InFlightLimit(2)
   for i in range(6):
     limit.add({"sums": Leaf(i)})
     assert waited == list(range(max(0, i - 1))), "calls older than the last 2 are waited for"
   with pytest.raises(ValueError, match="limit=0 must be >= 1"):
-    train_lib.InFlightLimit(0)
+    steps.InFlightLimit(0)
 
 
 def test_evaluate_keeps_few_batches_in_flight(presence_task, monkeypatch):
   # Unbounded run-ahead deadlocks XLA's CPU client with 2 devices (InFlightLimit's docstring).
   added = []
 
-  class Recording(train_lib.InFlightLimit):
+  class Recording(steps.InFlightLimit):
     def add(self, outputs):
       super().add(outputs)
       added.append(outputs)
@@ -285,8 +286,8 @@ def test_evaluate_keeps_few_batches_in_flight(presence_task, monkeypatch):
   monkeypatch.setattr(evaluation, "InFlightLimit", Recording)
   config = tiny_config()
   model, state = _state(config, presence_task)
-  _, p_eval = train_lib.pmap_steps(model.apply)
-  result = train_lib.evaluate(p_eval, train_lib.replicate(state.params), presence_task.test,
+  _, p_eval = steps.pmap_steps(model.apply)
+  result = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
                               config)
   assert result["count"] == 200
-  assert len(added) == -(-200 // train_lib.eval_batch_size(config)) > Recording().limit
+  assert len(added) == -(-200 // batches.eval_batch_size(config)) > Recording().limit

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax import lora, models, train_lib, transfer
+from simpletron_jax import steps
 from simpletron_jax.attention.linear import LinearAttention
 from simpletron_jax.attention.simple import SimpleAttention
 from simpletron_jax.attention.softmax import SoftmaxAttention
@@ -79,13 +80,13 @@ def test_frozen_parameters_stay_bit_identical(presence_task, freeze, lora_rank):
   model = train_lib.build_model(config, presence_task)
   state = train_lib.create_train_state(config, model, jax.random.PRNGKey(0))
   before = transfer.flatten(jax.device_get(state.params))
-  p_train, _ = train_lib.pmap_steps(state.apply_fn)
-  state_repl = train_lib.replicate(state)
+  p_train, _ = steps.pmap_steps(state.apply_fn)
+  state_repl = steps.replicate(state)
   for step in range(3):
     batch = make_batch(presence_task.train, np.arange(16 * step, 16 * step + 16),
                        max_length=40, bucket=8)
-    state_repl, _ = p_train(state_repl, train_lib.shard(batch, 2), jax.random.PRNGKey(step))
-  after = transfer.flatten(jax.device_get(train_lib.unreplicate(state_repl).params))
+    state_repl, _ = p_train(state_repl, steps.shard(batch, 2), jax.random.PRNGKey(step))
+  after = transfer.flatten(jax.device_get(steps.unreplicate(state_repl).params))
   assert sorted(after) == sorted(before)
   if lora_rank:  # the base tree; the 8 adapted kernels' A and B train
     frozen = [p for p in before if p.startswith("base/")]

@@ -33,7 +33,8 @@ if ROOT not in sys.path:
 import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax import cli, overrides, run_guard  # noqa: E402  pylint: disable=C0413
+from simpletron_jax import cli, overrides  # noqa: E402  pylint: disable=C0413
+from simpletron_jax import evaluation, steps  # noqa: E402  pylint: disable=C0413
 from simpletron_jax import run_record, tasks, train_lib  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
 
@@ -65,7 +66,7 @@ def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
 
 def run_cli(main: Callable[..., Any], argv: list[str] | None = None) -> Any:
   """Runs a script's ``main(argv)`` as a command: a user error (a ``ValueError`` or
-  ``OSError`` raised by the project's or the scripts' code, a ``run_guard.RunError``) exits
+  ``OSError`` raised by the project's or the scripts' code, a ``errors.RunError``) exits
   with status 1 and ``<script>: <cause>`` on one line; other errors, and every error with
   ``--verbose``, keep their traceback (:func:`simpletron_jax.cli.user_errors_exit`).
 
@@ -218,7 +219,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
     with open(saved) as f:
       tree = json.load(f)
     # Only the config's own fields: config.json also records what ran it (the software).
-    tree = {k: v for k, v in tree.items() if k in config and k != run_guard.CONFIG_HISTORY_KEY}
+    tree = {k: v for k, v in tree.items() if k in config and k != run_record.CONFIG_HISTORY_KEY}
     if run_record.config_fingerprint(tree) != run_record.config_fingerprint(config):
       raise ValueError(f"{workdir} holds a run with another config; pass another --runs "
                        "folder or delete it")
@@ -240,9 +241,9 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
   others, as ``train_lib.evaluate_checkpoint`` does.
   """
   model = train_lib.build_model(config, data)
-  _, p_eval = train_lib.pmap_steps(model.apply)
+  _, p_eval = steps.pmap_steps(model.apply)
   limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
-  return train_lib.evaluate(p_eval, train_lib.replicate(params), getattr(data, split),
+  return evaluation.evaluate(p_eval, steps.replicate(params), getattr(data, split),
                             config, limit)
 
 
