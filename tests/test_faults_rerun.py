@@ -37,7 +37,7 @@ from simpletron_jax import errors, preemption
 from simpletron_jax.data import text
 from simpletron_jax.metric_logging import read_records
 from tests.conftest import ROOT
-from tests.test_faults import _kill_at, _params, _truncate_largest, fault_config
+from tests.test_faults import _kill_at, _params, fault_config
 from tests.test_train import Killed
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -63,6 +63,17 @@ def _copy(finished, tmp_path, name="run"):
   workdir = str(tmp_path / name)
   shutil.copytree(finished[0], workdir)
   return workdir
+
+
+def _truncate_arrays(folder):
+  """Cuts every array data file (orbax's ``d/`` files) of a checkpoint in half: which of them
+  a restore reads depends on how orbax laid the arrays out."""
+  for d, _, names in os.walk(folder):
+    if os.path.basename(d) == "d":
+      for name in names:
+        path = os.path.join(d, name)
+        with open(path, "r+b") as f:
+          f.truncate(os.path.getsize(path) // 2)
 
 
 def _files(workdir):
@@ -247,13 +258,14 @@ def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_
       _params(source, rerun_config(), presence_task, "best"))
   for damage, problem in (("crc", "its parameters do not match the CRC-32 saved with them"),
                           ("truncated", "")):
+    # A fresh copy per damage: tensorstore caches what this process read from a path.
+    source = _copy(finished, tmp_path, f"source_{damage}")
+    best = os.path.join(source, "best")
     if damage == "crc":
-      with open(meta_path, "w") as f:
+      with open(os.path.join(best, str(step), "meta", "metadata"), "w") as f:
         json.dump({**meta, "params_crc32": meta["params_crc32"] ^ 1}, f)
     else:
-      with open(meta_path, "w") as f:
-        json.dump(meta, f)
-      _truncate_largest(os.path.join(best, str(step)))
+      _truncate_arrays(os.path.join(best, str(step)))
     workdir = str(tmp_path / f"target_{damage}")
     with pytest.raises(errors.CheckpointError) as error:
       train_lib.train_and_evaluate(rerun_config(init_from=source), workdir, data=presence_task)
