@@ -135,8 +135,10 @@ def _in_threads(thunks: list[Callable[[], Any]], workers: int,
   if workers < 1:
     raise ValueError(f"precompile workers must be >= 1, got {workers} (--precompile_workers)")
   pool = concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(thunks))))
+  futures = []   # filled one by one: a Ctrl-C can arrive between two submits
   try:
-    futures = [pool.submit(thunk) for thunk in thunks]
+    for thunk in thunks:
+      futures.append(pool.submit(thunk))
     pending = set(futures)
     while pending:
       done, pending = concurrent.futures.wait(
