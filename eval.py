@@ -16,7 +16,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax import cli, platforms, xla_cache
+from simpletron_jax.runtime import cli, platforms, xla_cache
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,7 +40,7 @@ def main(argv):
   Raises:
     app.UsageError: for positional arguments.
     SystemExit: with the cause on one line, for a user error (a missing workdir, checkpoint
-      or config; a bad config; :func:`simpletron_jax.cli.user_errors_exit`).
+      or config; a bad config; :func:`simpletron_jax.runtime.cli.user_errors_exit`).
   """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -54,8 +54,9 @@ def _evaluate(flag_values):
   cli.check_path_name(flag_values.workdir, "--workdir")   # printed and written below
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   xla_cache.enable(flags.FLAGS.xla_cache_dir)
-  from simpletron_jax import atomic_io, train_lib  # pylint: disable=import-outside-toplevel
-  result = train_lib.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
+  from simpletron_jax.runtime import atomic_io  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  result = trainer.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
                                         which=flag_values.which, step=flag_values.step,
                                         config=flag_values.config,
                                         precompile_workers=flag_values.precompile_workers)
@@ -68,7 +69,7 @@ def _evaluate(flag_values):
 
 
 def parse_flags(argv):
-  """absl's flag parsing with one-line errors (:func:`simpletron_jax.cli.parse_flags`)."""
+  """absl's flag parsing with one-line errors (:func:`simpletron_jax.runtime.cli.parse_flags`)."""
   return cli.parse_flags(argv, "eval.py")
 
 

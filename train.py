@@ -25,7 +25,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax import cli, metric_logging, platforms, profiling, xla_cache
+from simpletron_jax.runtime import cli, platforms, xla_cache
+from simpletron_jax.train import metric_logging, profiling
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 INTERRUPTED_EXIT_CODE = 130   # 128 + SIGINT, as a shell reports a process that SIGINT ended
@@ -95,8 +96,8 @@ def _train(fl):
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel
-  from simpletron_jax import preemption, train_lib  # pylint: disable=import-outside-toplevel
-  from simpletron_jax import distributed  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import preemption, trainer  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.runtime import distributed  # pylint: disable=import-outside-toplevel
   xla_cache.enable(fl.xla_cache_dir)
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,
@@ -109,10 +110,10 @@ def _train(fl):
   if profile_steps:
     profiling.check_profiler_can_run()   # before the data and the model, not at step A
   try:
-    results = train_lib.train_and_evaluate(config, workdir,
-                                           precompile_workers=fl.precompile_workers,
-                                           allow_resume_changes=fl.allow_resume_changes,
-                                           profile_steps=profile_steps)
+    results = trainer.train_and_evaluate(config, workdir,
+                                         precompile_workers=fl.precompile_workers,
+                                         allow_resume_changes=fl.allow_resume_changes,
+                                         profile_steps=profile_steps)
   except preemption.PreemptedError as e:  # SIGTERM/SIGINT: saved; exit 75 (EX_TEMPFAIL)
     print(f"train.py: {e}", file=sys.stderr)
     raise SystemExit(preemption.PREEMPTED_EXIT_CODE) from None
@@ -128,7 +129,7 @@ def _train(fl):
 def parse_flags(argv):
   """absl's flag parsing; a bad ``--config`` (a missing file, an unknown ``:variant``, a
   ``--config.<field>`` the config lacks) or flag value exits with status 1 and one line
-  (:func:`simpletron_jax.cli.parse_flags`)."""
+  (:func:`simpletron_jax.runtime.cli.parse_flags`)."""
   return cli.parse_flags(argv, "train.py")
 
 

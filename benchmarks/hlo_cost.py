@@ -64,9 +64,10 @@ from jax.sharding import PartitionSpec  # noqa: E402
 
 import speed_memory as sm  # noqa: E402
 import step_time  # noqa: E402
-from simpletron_jax import models, train_lib  # noqa: E402
-from simpletron_jax import steps  # noqa: E402
-from simpletron_jax.attention import softmax as softmax_attention  # noqa: E402
+from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.train import trainer  # noqa: E402
+from simpletron_jax.train import steps  # noqa: E402
+from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
 
 # H100 SXM5 80GB: 132 SMs at 1.98 GHz, 3.35 TB/s HBM3, 50 MiB L2, 228 KiB of shared memory
 # per SM (227 KiB to one block), compute capability 9.0 (NVIDIA's H100 datasheet and CUDA
@@ -372,7 +373,7 @@ def compile_step(label: str, length: int, batch: int, dtype: str, overrides: dic
                  mesh: jax.sharding.Mesh, target: str) -> str:
   """The optimized HLO text of the train step for one cell (:func:`cell_config`).
 
-  The step is :func:`simpletron_jax.steps.train_step` on one device, as
+  The step is :func:`simpletron_jax.train.steps.train_step` on one device, as
   ``speed_memory.py``'s pmapped step runs it (under ``shard_map`` over ``mesh`` here, so that
   it can be compiled for an abstract device), on ``batch`` full-length examples. The state
   is donated.
@@ -381,8 +382,8 @@ def compile_step(label: str, length: int, batch: int, dtype: str, overrides: dic
     ValueError: from :func:`cell_config`.
   """
   config, vocab, classes = cell_config(label, length, batch, dtype, overrides)
-  model = models.build_classifier(config.model, vocab_size=vocab, num_classes=classes)
-  state_shapes = jax.eval_shape(lambda r: train_lib.create_train_state(config, model, r),
+  model = encoders.build_classifier(config.model, vocab_size=vocab, num_classes=classes)
+  state_shapes = jax.eval_shape(lambda r: trainer.create_train_state(config, model, r),
                                 jax.random.PRNGKey(0))
 
   def step(state, data, rng):

@@ -53,8 +53,9 @@ import torch  # noqa: E402
 
 import speed_memory as sm  # noqa: E402
 import torch_step  # noqa: E402
-from simpletron_jax import models, train_lib  # noqa: E402
-from simpletron_jax.steps import pmap_steps, replicate, unreplicate  # noqa: E402
+from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.train import trainer  # noqa: E402
+from simpletron_jax.train.steps import pmap_steps, replicate, unreplicate  # noqa: E402
 
 
 def torch_kind(label: str) -> str:
@@ -68,9 +69,9 @@ def _jax_cell(label: str, length: int, batch: int, dtype: str, overrides: dict[s
   setup = sm.variant_setup(label, length)
   config = sm.lra_text_config(length, setup.attention, setup.attention_kwargs, batch, dtype,
                               {**setup.model_overrides, **overrides})
-  model = models.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
-                                  num_classes=sm.NUM_CLASSES)
-  state = replicate(train_lib.create_train_state(config, model,
+  model = encoders.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
+                                    num_classes=sm.NUM_CLASSES)
+  state = replicate(trainer.create_train_state(config, model,
                                                            jax.random.PRNGKey(0)))
   p_train, _ = pmap_steps(model.apply)
   data = sm._device_batch(batch, length, jax.local_device_count())  # pylint: disable=protected-access

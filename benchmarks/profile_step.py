@@ -35,8 +35,9 @@ sys.path.insert(0, HERE)
 import jax  # noqa: E402
 
 import speed_memory as sm  # noqa: E402
-from simpletron_jax import models, train_lib  # noqa: E402
-from simpletron_jax.steps import pmap_steps, replicate  # noqa: E402
+from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.train import trainer  # noqa: E402
+from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
 
 # Kernel kinds, first match wins (names of cuBLAS/cuDNN/XLA GPU kernels and XLA CPU ops;
 # XLA CPU runs many dots as XNNPACK/YNNPACK fusions, ``ynn_fusion.N``).
@@ -245,10 +246,10 @@ def profile(variant: str, length: int, dtype: str, batch: int, steps: int, out: 
   setup = sm.variant_setup(variant, length)
   config = sm.lra_text_config(length, setup.attention, setup.attention_kwargs, batch, dtype,
                               {**setup.model_overrides, **(model_overrides or {})})
-  model = models.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
-                                  num_classes=sm.NUM_CLASSES)
+  model = encoders.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
+                                    num_classes=sm.NUM_CLASSES)
   state = replicate(
-      train_lib.create_train_state(config, model, jax.random.PRNGKey(0)))
+      trainer.create_train_state(config, model, jax.random.PRNGKey(0)))
   p_train, _ = pmap_steps(model.apply)
   data = sm._device_batch(batch, length, jax.local_device_count())
   keys = jax.random.split(jax.random.PRNGKey(1), steps + 2)

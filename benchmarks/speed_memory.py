@@ -12,8 +12,8 @@
 The model is LRA's byte-level text classifier (``text_classification/configs/base_tc_config.py``
 of the LRA code): 4 layers, emb 256, 4 heads, qkv 256, mlp 1024, byte vocabulary 257, 2
 classes, CLS pooling, sinusoidal positions, dropout and attention dropout 0.1, AdamW. Every
-registered variant of :mod:`simpletron_jax.attention` is measured (``attention.names()`` at run
-time), and ``softmax`` three times: ``softmax`` (the LRA einsum form, the ratio baseline),
+registered variant of :mod:`simpletron_jax.model.attention` is measured (``attention.names()`` at
+run time), and ``softmax`` three times: ``softmax`` (the LRA einsum form, the ratio baseline),
 ``softmax_xla`` (``jax.nn.dot_product_attention(implementation="xla")``) and
 ``softmax_flash`` (``implementation="cudnn"``, cuDNN flash attention, with the key lengths
 taken from the padding mask; off a GPU or in float32 it falls back to XLA and the record's
@@ -37,7 +37,7 @@ Every (variant, length) cell runs in this one process:
   compile raised beside others is compiled again alone. On the 2-core CPU machine 2 workers
   took 0.72x and 0.86x of the one-by-one time for 4 cells
   (``benchmarks/results/cpu/compile_workers.md``).
-* steps/s: the real pmapped train step of :mod:`simpletron_jax.train_lib` (forward,
+* steps/s: the real pmapped train step of :mod:`simpletron_jax.train.trainer` (forward,
   backward, AdamW) on a random full-length byte batch placed on the devices once. After
   compiling and one warm-up step, ``--rounds`` timed runs of ``--steps`` back-to-back steps
   each block once at their end; the median per-step time is reported. With
@@ -117,9 +117,11 @@ import numpy as np  # noqa: E402
 
 import flops  # noqa: E402
 import step_time  # noqa: E402
-from simpletron_jax import attention, models, train_lib, xla_cache  # noqa: E402
-from simpletron_jax.steps import pmap_steps, replicate  # noqa: E402
-from simpletron_jax.attention import softmax as softmax_attention  # noqa: E402
+from simpletron_jax.model import attention, encoders  # noqa: E402
+from simpletron_jax.runtime import xla_cache  # noqa: E402
+from simpletron_jax.train import trainer  # noqa: E402
+from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
+from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
 
 BYTE_VOCAB = 257           # LRA text: byte ids 1..256, 0 = pad
 NUM_CLASSES = 2
@@ -163,7 +165,7 @@ def lra_text_config(length: int, attention_name: str, attention_kwargs: dict[str
     model_overrides: other ``model.*`` fields to replace (tests shrink the model).
 
   Returns:
-    A config with every field :mod:`simpletron_jax.train_lib` reads to build the
+    A config with every field :mod:`simpletron_jax.train.trainer` reads to build the
     optimizer and the train state.
 
   Raises:
@@ -491,11 +493,11 @@ def prepare_cell(label: str, length: int, batch: int, dtype: str,
     if batch % n_dev:
       raise ValueError(f"--batch {batch} is not divisible by the {n_dev} local devices")
     host_share = n_dev if jax.local_devices()[0].platform == "cpu" else 1  # CPUs share RAM
-    model = models.build_classifier(config.model, vocab_size=BYTE_VOCAB,
-                                    num_classes=NUM_CLASSES)
+    model = encoders.build_classifier(config.model, vocab_size=BYTE_VOCAB,
+                                      num_classes=NUM_CLASSES)
     rng = jax.random.PRNGKey(config.seed)
     start = time.perf_counter()
-    lowered_init = jax.jit(lambda r: train_lib.create_train_state(config, model, r)).lower(rng)
+    lowered_init = jax.jit(lambda r: trainer.create_train_state(config, model, r)).lower(rng)
     state_shapes = lowered_init.out_info   # the train state's shapes, traced once
     state_bytes = _tree_bytes(state_shapes)
     record["train_state_bytes"] = state_bytes

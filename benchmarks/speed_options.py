@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import speed_memory  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax import platforms  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.runtime import platforms  # noqa: E402  pylint: disable=wrong-import-position
 
 _BLOCK = {"block_diagonal": True}
 

@@ -33,8 +33,9 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from simpletron_jax import models, train_lib  # noqa: E402
-from simpletron_jax import steps
+from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.train import trainer  # noqa: E402
+from simpletron_jax.train import steps  # noqa: E402
 
 
 def load_config(spec: str):
@@ -95,9 +96,9 @@ def main():
   runs = []
   for spec in args.configs:
     config = load_config(spec)
-    model = models.build_classifier(config.model, vocab_size=args.vocab, num_classes=10)
+    model = encoders.build_classifier(config.model, vocab_size=args.vocab, num_classes=10)
     state = steps.replicate(
-        train_lib.create_train_state(config, model, jax.random.PRNGKey(0)))
+        trainer.create_train_state(config, model, jax.random.PRNGKey(0)))
     p_train, _ = steps.pmap_steps(model.apply)
     runs.append({"spec": spec, "config": config, "state": state, "p_train": p_train,
                  "batch_size": args.batch or config.batch_size})

@@ -17,7 +17,7 @@ from one device call. Two attentions:
   ``speed_memory``'s ``softmax_flash`` row.
 * ``simple``: SimpleTRON's ``Q (K^T V) / sqrt(n)`` with two ``torch.einsum`` calls, ``n`` the
   real tokens (CLS included), no output projection: the function of
-  :func:`simpletron_jax.attention.simple.simple_attention`.
+  :func:`simpletron_jax.model.attention.simple.simple_attention`.
 
 Each runs ``eager`` and ``compile`` (``torch.compile`` of the forward and loss, static shapes,
 one fresh compile per cell) in ``--modes``. The function is the JAX model's:
@@ -68,7 +68,7 @@ from torch import nn  # noqa: E402
 
 import speed_memory  # noqa: E402
 import step_time  # noqa: E402
-from simpletron_jax import layers  # noqa: E402
+from simpletron_jax.model import layers  # noqa: E402
 
 ATTENTIONS = ("softmax", "simple")
 MODES = ("eager", "compile")
@@ -90,7 +90,7 @@ class Attention(nn.Module):
 
   Call: ``(x_BxLxE, mask_BxL bool | None) -> [B, L, E]``; ``mask_BxL`` True for real tokens,
   None for no padding. Pads are never keys; ``simple`` zeroes Q, K and V at pads and divides by
-  ``sqrt`` of each row's real tokens (``simpletron_jax.attention.simple``), ``softmax`` scales
+  ``sqrt`` of each row's real tokens (``simpletron_jax.model.attention.simple``), ``softmax`` scales
   by ``1 / sqrt(K)`` (LRA's ``dot_product_attention``).
 
   Raises:
@@ -136,7 +136,7 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-  """LRA's pre-LN encoder block (``simpletron_jax.layers.EncoderBlock``)::
+  """LRA's pre-LN encoder block (``simpletron_jax.model.layers.EncoderBlock``)::
 
       x1 = x0 + Dropout(Attn(LN(x0)));  out = x1 + Dropout(Dense(Dropout(GELU(Dense(LN(x1))))))
 
@@ -161,9 +161,9 @@ class Block(nn.Module):
 
 
 class TextClassifier(nn.Module):
-  """LRA's text classifier (``simpletron_jax.models.ClassificationEncoder`` with CLS pooling and
-  sinusoidal positions): embedding, a zero-initialised CLS token in front, positions, embedding
-  dropout, pre-LN blocks, final LayerNorm, the CLS state in float32, then
+  """LRA's text classifier (``simpletron_jax.model.encoders.ClassificationEncoder`` with CLS
+  pooling and sinusoidal positions): embedding, a zero-initialised CLS token in front,
+  positions, embedding dropout, pre-LN blocks, final LayerNorm, the CLS state in float32, then
   Dense(mlp_dim) -> ReLU -> Dense(num_classes).
 
   Args:
@@ -214,8 +214,9 @@ class TextClassifier(nn.Module):
 
 
 def load_flax_params(model: TextClassifier, params: dict[str, Any]) -> None:
-  """Copies the parameters of the JAX :class:`simpletron_jax.models.ClassificationEncoder` into
-  ``model`` (same sizes and attention), in place.
+  """Copies the parameters of the JAX
+  :class:`simpletron_jax.model.encoders.ClassificationEncoder` into ``model`` (same sizes and
+  attention), in place.
 
   Flax kernels are ``[in, out]`` (attention: ``[E, H, K]`` and ``[H, K, E]``); torch weights
   are ``[out, in]``.

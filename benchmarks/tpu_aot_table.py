@@ -6,7 +6,7 @@
 
 Each row compiles ``train.py``'s pmapped train step (the widest batch, ``model.max_length``
 tokens; state donated as in training) of a paper config for one slice with
-:func:`simpletron_jax.tpu_aot.compile_report`, and records XLA's per-chip memory and the
+:func:`simpletron_jax.tools.tpu_aot.compile_report`, and records XLA's per-chip memory and the
 verdict. A paper-size compile takes one to three minutes on a 2-core CPU, so results are
 appended to ``<out>/table.json`` (``--out``, default ``runs/benchmarks/tpu-aot``; the committed
 table: ``--out benchmarks/results/tpu-aot``) after every row and a rerun skips the
@@ -122,7 +122,7 @@ def write_markdown(results: list[dict], path: str) -> None:
            "Made by `python benchmarks/tpu_aot_table.py` (jax and libtpu versions in "
            "`table.json`). The train step of `train.py` at the widest batch "
            "(`model.max_length` tokens), per chip: peak = arguments + outputs - donated + "
-           "temporaries + code, against the chip's HBM (`simpletron_jax/tpu_aot.py`, "
+           "temporaries + code, against the chip's HBM (`simpletron_jax/tools/tpu_aot.py`, "
            "`HBM_BYTES`). `flash`: the Pallas TPU flash-attention kernel, run with "
            "`attention_dropout_rate=0` (it has no attention dropout); XLA's FLOP count leaves "
            "its custom calls out. Check one row yourself with the `scripts/tpu_check.py` "
@@ -173,7 +173,7 @@ def main() -> None:
       print(r["name"])
     return
   import jax  # pylint: disable=import-outside-toplevel
-  from simpletron_jax import tpu_aot  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.tools import tpu_aot  # pylint: disable=import-outside-toplevel
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "table.json")
   results = json.load(open(path))["rows"] if os.path.exists(path) else []

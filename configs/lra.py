@@ -1,7 +1,7 @@
 """Config builder for every (task, attention) pair: LRA's settings, SimpleTRON's where it has them.
 
 Each file ``configs/<task>/<model>.py`` is one call to :func:`make_config`, which builds the
-config from the task's record (:class:`simpletron_jax.tasks.TaskSpec`, which holds every
+config from the task's record (:class:`simpletron_jax.data.tasks.TaskSpec`, which holds every
 number of the task; docs/tasks.md) and the rules below. The settings come as docs/configs.md
 gives them:
 
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from simpletron_jax import attention as attention_registry
-from simpletron_jax import tasks
+from simpletron_jax.model import attention as attention_registry
+from simpletron_jax.data import tasks
 
 SIMPLE_NAMES = ("simple", "simple_res", "simple_resl")
 # The SimpleTRON authors' function (``_authors``), for simple* on the tasks whose record has
@@ -35,7 +35,7 @@ AUTHORS_VARIANTS = {"authors": None, "tiny_authors": "tiny"}  # -> the size vari
 # The function LRA's code computed, bugs included (:func:`apply_lra_code`), for the LRA
 # baselines (:func:`lra_baselines`) on LRA's tasks.
 LRA_CODE_VARIANTS = {"lra_code": None, "tiny_lra_code": "tiny"}  # -> the size variant used
-# Self-pretraining (Amos et al., 2024; simpletron_jax/pretraining.py): the pretraining stage
+# Self-pretraining (Amos et al., 2024; simpletron_jax/train/pretraining.py): the pretraining stage
 # (masked-token denoising on the task's training split) and the fine-tuning stage (the
 # classifier with the [MASK] row reserved, run with --config.init_from=<pretraining run>),
 # at the published size or ``tiny``, on the tasks whose record has a recipe
@@ -121,7 +121,7 @@ def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
   config.wandb.entity = ""          # "": the W&B account's default
   config.wandb.mode = ""            # "": W&B's WANDB_MODE (online if unset); "online"; "offline"
 
-  # Weight surgery (simpletron_jax/transfer.py, lora.py); the papers' experiments.
+  # Weight surgery (simpletron_jax/model/transfer.py, lora.py); the papers' experiments.
   config.init_from = ""             # a train.py workdir: start from its best checkpoint's params
   config.init_include = ()          # regexes of parameter paths to copy; empty: every match
   config.freeze = ()                # regexes of parameter paths left untrained
@@ -330,15 +330,15 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
   of minutes.
 
   * A task's own variants (``tiny``, ListOps's ``tiny_lra``, AG News's ``from_bert`` and
-    ``tiny_from_bert``): the fields of its record's :class:`simpletron_jax.tasks.Variant`
+    ``tiny_from_bert``): the fields of its record's :class:`simpletron_jax.data.tasks.Variant`
     (docs/tasks.md describes each).
   * ``spt`` and ``tiny_spt`` (the tasks with a self-pretraining recipe): self-pretraining
     (Amos et al., ICLR 2024), the paper size or ``tiny`` with ``config.pretrain``
     (masked-token denoising at rate 0.5 on the training split;
-    :mod:`simpletron_jax.pretraining`); ``spt_ft`` and ``tiny_spt_ft``: the classifier that
+    :mod:`simpletron_jax.train.pretraining`); ``spt_ft`` and ``tiny_spt_ft``: the classifier that
     fine-tunes from it (``--config.init_from=<spt run>``), with the [MASK] embedding row
     reserved so the embedding transfers. ``spt`` and ``spt_ft`` train with the SPT code's
-    recipe for the task and stage (:func:`simpletron_jax.pretraining.apply_paper_recipe`: lr,
+    recipe for the task and stage (:func:`simpletron_jax.train.pretraining.apply_paper_recipe`: lr,
     weight decay, warmup then constant, batch, epochs, no dropout) on LRA's encoder; the
     ``tiny`` ones keep ``tiny``'s schedule.
   * ``authors`` and ``tiny_authors`` (the tasks with SimpleTRON's settings: ListOps, text,
@@ -376,7 +376,7 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     apply_lra_code(config)
     return config
   if variant in SPT_VARIANTS:
-    from simpletron_jax import pretraining  # pylint: disable=import-outside-toplevel
+    from simpletron_jax.train import pretraining  # pylint: disable=import-outside-toplevel
     size, objective = SPT_VARIANTS[variant]
     apply_variant(config, size)
     config.pretrain = pretraining.default_config(objective)
@@ -461,8 +461,8 @@ def make_config(task: str, attention: str, variant: str | None = None,
   """The config of ``attention`` on ``task``.
 
   Args:
-    task: a registered task (``simpletron_jax.tasks.names()``).
-    attention: a registered attention name (``simpletron_jax.attention.names()``).
+    task: a registered task (``simpletron_jax.data.tasks.names()``).
+    attention: a registered attention name (``simpletron_jax.model.attention.names()``).
     variant: ``None`` (the published size) or a name in ``task_variants(task)``.
     **attention_kwargs: fixed options of this config's attention, stored in
       ``model.attention_kwargs``.

@@ -15,7 +15,7 @@ listed under "Left out" with the reason (``run_record.results_problem``); the sc
 with status 1.
 For each group the table gives the test accuracy under both protocols (best-validation
 checkpoint and final step: mean ± sample std / best seed), the published number for the
-same attention and task (``simpletron_jax/published.py``), our number under the protocol
+same attention and task (``simpletron_jax/tools/published.py``), our number under the protocol
 the publication used, and the gap in points; under it, for context, the self-pretrained and
 state-of-the-art rows of ``published.REFERENCES`` for the same tasks, and the software each
 group was computed with (versions, devices, git commit; ``results.json``). Writes
@@ -37,7 +37,9 @@ from typing import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import published, reporting, run_record, tasks as task_registry  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.data import tasks as task_registry  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.tools import published, reporting  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
 # Folders a run writes that hold no run of their own (not searched).
@@ -125,7 +127,7 @@ def write_chart(rows, path: str) -> str | None:
 
 def references_markdown(tasks: Sequence[str]) -> str:
   """For context under the table: the self-pretrained and state-of-the-art rows of
-  :data:`simpletron_jax.published.REFERENCES` on each of ``tasks`` (LRA task names; others
+  :data:`simpletron_jax.tools.published.REFERENCES` on each of ``tasks`` (LRA task names; others
   are skipped), as a markdown list; "" when there are none. Not compared with our runs: they
   were trained with another recipe (SPT) or are other architectures."""
   unchecked = {r.model for r in published.REFERENCES if r.checked.startswith("NOT")}

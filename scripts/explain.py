@@ -12,7 +12,7 @@ N; ``--count K``: examples 0..K-1, or N..N+K-1 with both) writes into ``--out`` 
 * per encoder layer and head, the token-to-token map: the softmax weights (``softmax``), the
   exact implicit map ``A`` with ``y = A V`` (``simple``, ``simple_res``, ``simple_resl``,
   ``linear``, ``performer``), or the value Jacobian for the other variants
-  (``simpletron_jax/explain.py`` says what each is and when it is exact); drawn over the real
+  (``simpletron_jax/tools/explain.py`` says what each is and when it is exact); drawn over the real
   positions (CLS first under CLS pooling), signed maps in red and blue;
 * the relevance of each input token to the predicted class: gradient x input of its logit
   with respect to the token embedding (Shrikumar et al., 2016), for every variant alike;
@@ -45,7 +45,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import explain  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.tools import explain  # noqa: E402  pylint: disable=wrong-import-position
 
 IMAGE_TASKS = ("image", "pathfinder", "pathx")
 TEXT_TASKS = ("text", "retrieval")
@@ -106,12 +106,12 @@ def example_indices(index: int | None, count: int | None, size: int) -> list[int
 def load_run(workdir: str, which: str = "best", step: int | None = None):
   """The run's config, data, float32 model, apply function, parameters and restored step.
 
-  Follows ``train_lib.evaluate_checkpoint``: the saved config, the task's data, the
+  Follows ``trainer.evaluate_checkpoint``: the saved config, the task's data, the
   best-validation (or newest, or ``step``) checkpoint checked against the config.
 
   Returns:
     ``(config, data, model, apply_fn, params, step)``; ``model`` and ``apply_fn`` compute in
-    float32 (:func:`simpletron_jax.explain.float32_model_config`) and merge LoRA weights.
+    float32 (:func:`simpletron_jax.tools.explain.float32_model_config`) and merge LoRA weights.
 
   Raises:
     FileNotFoundError: the workdir, its config or its checkpoint folder is missing.
@@ -119,8 +119,10 @@ def load_run(workdir: str, which: str = "best", step: int | None = None):
   """
   # pylint: disable=import-outside-toplevel  (the training modules load only for a run)
   import jax
-  from simpletron_jax import lora, models, run_record, tasks, train_lib
-  from simpletron_jax.checkpoints import checkpoint_manager, restore_checkpoint
+  from simpletron_jax.data import tasks
+  from simpletron_jax.model import encoders, lora
+  from simpletron_jax.train import run_record, trainer
+  from simpletron_jax.train.checkpoints import checkpoint_manager, restore_checkpoint
   from simpletron_jax.data.common import PairedExamples
 
   if not os.path.isdir(workdir):
@@ -132,13 +134,13 @@ def load_run(workdir: str, which: str = "best", step: int | None = None):
     raise FileNotFoundError(f"{folder} not found: the run saved no "
                             f"{'best-validation ' if sub == 'best' else ''}checkpoint")
   data = tasks.load_task(config)
-  model = train_lib.build_model(config, data)
-  state = train_lib.create_train_state(config, model, jax.random.PRNGKey(0))
+  model = trainer.build_model(config, data)
+  state = trainer.create_train_state(config, model, jax.random.PRNGKey(0))
   state, _, restored = restore_checkpoint(checkpoint_manager(folder, config.max_to_keep),
                                           state, step, model_config=config.model)
-  model32 = models.build_classifier(explain.float32_model_config(config.model),
-                                    vocab_size=data.vocab_size, num_classes=data.num_classes,
-                                    dual=isinstance(data.train, PairedExamples))
+  model32 = encoders.build_classifier(explain.float32_model_config(config.model),
+                                      vocab_size=data.vocab_size, num_classes=data.num_classes,
+                                      dual=isinstance(data.train, PairedExamples))
   apply_fn = model32.apply
   rank = config.get("lora", {}).get("rank", 0)
   if rank > 0:
@@ -478,11 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   Raises:
     SystemExit: ``explain.py: <cause>`` (status 1) for a user error
-      (:func:`simpletron_jax.cli.user_errors_exit`: a missing file, a bad value, a damaged or
-      mismatched checkpoint), unless ``--verbose``.
+      (:func:`simpletron_jax.runtime.cli.user_errors_exit`: a missing file, a bad value, a damaged
+      or mismatched checkpoint), unless ``--verbose``.
   """
   args = parse_args(argv)
-  from simpletron_jax import cli  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.runtime import cli  # pylint: disable=import-outside-toplevel
   with cli.user_errors_exit("explain.py", args.verbose, dirs=(ROOT,)):
     explain_examples(args)
   return 0

@@ -16,7 +16,7 @@ runs ``train.py --config <config> <flags> <overrides> --workdir <workdir>`` (def
 stopped cell continues it. When the run is finished (``run_record.workdir_results_problem``:
 complete, every step, this config's fingerprint) it writes ``comparison.md`` (our test
 accuracy under the publication's protocol against the published number,
-``simpletron_jax.reporting``) and ``reproduce.json`` (cell, command, device, the row) into
+``simpletron_jax.tools.reporting``) and ``reproduce.json`` (cell, command, device, the row) into
 the workdir. Only ``--copy-to DIR`` writes elsewhere: it copies ``config.json``,
 ``metrics.jsonl``, ``results.json``, ``comparison.md`` and ``reproduce.json`` (never
 checkpoints) to ``DIR``.
@@ -154,7 +154,7 @@ def get_cell(name: str) -> Cell:
 
 def _load(cell: Cell, args: Sequence[str]):
   """``overrides.load_config`` of the cell's config file with ``args``; CellError on failure."""
-  from simpletron_jax import overrides as overrides_lib  # pylint: disable=C0415
+  from simpletron_jax.runtime import overrides as overrides_lib  # pylint: disable=C0415
   try:
     return overrides_lib.load_config(cell.config, args)
   except ValueError as e:
@@ -199,7 +199,7 @@ def user_command(cell: Cell, overrides: Sequence[str] = ()) -> str:
 
 def _device() -> dict[str, Any]:
   """``{"device_kind", "device_count", "platform"}`` of this process's JAX backend."""
-  from simpletron_jax import platforms  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.runtime import platforms  # pylint: disable=import-outside-toplevel
   platforms.skip_absent_tpu()   # as train.py: no libtpu start-up on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel
   devices = jax.devices()
@@ -211,14 +211,15 @@ def compare(cell: Cell, workdir: str, overrides: Sequence[str] = ()) -> dict[str
   """Writes ``comparison.md`` and ``reproduce.json`` for a finished run in ``workdir``.
 
   Returns:
-    The comparison row (``simpletron_jax.reporting.comparison_rows``), with ``ours`` and
+    The comparison row (``simpletron_jax.tools.reporting.comparison_rows``), with ``ours`` and
     ``published`` in % and ``gap`` in points.
 
   Raises:
     CellError: the run is not finished for this cell's config (the reason from
       ``run_record.workdir_results_problem``).
   """
-  from simpletron_jax import reporting, run_record  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.tools import reporting  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import run_record  # pylint: disable=import-outside-toplevel
   config = cell_config(cell, overrides)
   problem = run_record.workdir_results_problem(workdir, config)
   if problem is not None:
@@ -309,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       return status
     if status != 0:
       raise CellError(f"train.py exited {status} (its last lines above name the cause)")
-    from simpletron_jax import run_record  # pylint: disable=import-outside-toplevel
+    from simpletron_jax.train import run_record  # pylint: disable=import-outside-toplevel
     problem = run_record.workdir_results_problem(workdir, config)
     if problem is not None:
       print(f"reproduce.py: {cell.name} is not finished ({problem}); rerun the same command "

@@ -19,7 +19,7 @@ not count after training stops the script with a one-line error, as does a faile
 ``train.py`` (with train.py's own one-line error from its log).
 The script then writes ``summary.json`` and ``summary.md`` in the root: per-seed test
 accuracy under both protocols (best-validation checkpoint, final step), their mean ± std
-(sample std) and the best seed (``simpletron_jax.reporting``). ``--copy-to DIR`` also
+(sample std) and the best seed (``simpletron_jax.tools.reporting``). ``--copy-to DIR`` also
 copies every seed's ``config.json``, ``metrics.jsonl`` and ``results.json`` (never the
 checkpoints) and the summary into ``DIR``, ready to commit; a ``DIR`` that is a file is
 refused before any training.
@@ -38,9 +38,10 @@ from typing import Any, Callable, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
-from simpletron_jax import reporting, run_record  # noqa: E402  pylint: disable=C0413
-from simpletron_jax import preemption  # noqa: E402
+from simpletron_jax.runtime import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import preemption  # noqa: E402
 
 RUN_FILES = ("config.json", "metrics.jsonl", "results.json")
 TrainFn = Callable[[int, str], None]

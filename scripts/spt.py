@@ -1,5 +1,5 @@
 """Self-pretraining then fine-tuning, against training from scratch, over tasks, attentions
-and seeds (Amos et al., ICLR 2024; :mod:`simpletron_jax.pretraining`).
+and seeds (Amos et al., ICLR 2024; :mod:`simpletron_jax.train.pretraining`).
 
 Usage::
 
@@ -15,7 +15,7 @@ For each task, attention and seed, three runs in ``<root>/<task>_<attention>/see
   classifier head new) for ``--ft-steps`` steps;
 * ``scratch``: ``:<size>`` for the same ``--ft-steps`` steps and the same schedule; at the
   paper size (``--size ''``) with the same recipe as ``ft`` too (the SPT code's fine-tuning
-  optimisation, :func:`simpletron_jax.pretraining.apply_paper_recipe`), so the two arms
+  optimisation, :func:`simpletron_jax.train.pretraining.apply_paper_recipe`), so the two arms
   differ only in their initialisation.
 
 ``--spt-steps`` / ``--ft-steps`` (optimizer steps) default to the configs' own: at the paper
@@ -24,12 +24,12 @@ size the SPT code's epochs and warmups, at ``tiny`` the ``tiny`` schedule.
 ``--table-only`` trains nothing and rewrites the tables from the runs found.
 ``--warmup`` (default 10% of each run's steps when its steps are given, else the config's)
 and ``--config.<field>=<value>`` (the syntax of ``train.py``, parsed by
-:mod:`simpletron_jax.overrides`; repeatable) apply to all three;
+:mod:`simpletron_jax.runtime.overrides`; repeatable) apply to all three;
 ``--spt-config.<field>=<value>`` to the pretraining runs only (e.g. their learning rate), so
 the two arms still fine-tune with the same recipe.
 A run is not trained again when its ``results.json`` is a finished run of its very config:
 complete, at its step count, and with its ``config_fingerprint``
-(:func:`simpletron_jax.run_record.workdir_results_problem`, as ``scripts/seeds.py`` checks);
+(:func:`simpletron_jax.train.run_record.workdir_results_problem`, as ``scripts/seeds.py`` checks);
 any other resumes from its checkpoints (the reason is printed). The runs go to
 ``--workdir-root`` (default ``runs/spt_<size>``). After each seed the script writes
 ``table.md`` and ``table.json`` in the root; nothing under ``results/`` changes unless
@@ -56,8 +56,9 @@ from typing import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax import cli, overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
-from simpletron_jax import run_record  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.runtime import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
 
 STAGES = ("spt", "ft", "scratch")
 SPT_PREFIX = "--spt-config."
@@ -72,7 +73,7 @@ def stage_config(task: str, attention: str, size: str, stage: str, seed: int,
   ``steps`` (optimizer steps; None: the config's own) also sets the validation and
   checkpoint interval to one per run, and the warmup to 10% of it unless ``warmup`` is
   given. ``overrides`` (``--config.<field>=<value>`` strings) are applied after those, as
-  ``train.py`` applies them (:func:`simpletron_jax.overrides.apply_overrides`).
+  ``train.py`` applies them (:func:`simpletron_jax.runtime.overrides.apply_overrides`).
 
   Raises:
     ValueError: an unknown task, attention or variant (from ``configs/lra.py``), or (one
@@ -84,7 +85,7 @@ def stage_config(task: str, attention: str, size: str, stage: str, seed: int,
   variant = variant.lstrip("_") or None
   config = module.get_config(variant)
   if stage == "scratch" and not size:   # the paper size: the fine-tuning arm's recipe
-    from simpletron_jax import pretraining  # pylint: disable=import-outside-toplevel
+    from simpletron_jax.train import pretraining  # pylint: disable=import-outside-toplevel
     pretraining.apply_paper_recipe(config, "ft")
   config.seed = seed
   if steps is not None:
@@ -103,7 +104,7 @@ def stage_config(task: str, attention: str, size: str, stage: str, seed: int,
 def run_problem(workdir: str, config) -> str | None:
   """Why ``workdir/results.json`` is not a finished run of ``config`` (missing, incomplete,
   another step count or config fingerprint), or None when it is
-  (:func:`simpletron_jax.run_record.workdir_results_problem`)."""
+  (:func:`simpletron_jax.train.run_record.workdir_results_problem`)."""
   return run_record.workdir_results_problem(workdir, config)
 
 
@@ -271,7 +272,7 @@ def main(argv=None) -> int:
     if args.copy_to:
       copy_out(args.workdir_root, args.copy_to)
     return 0
-  from simpletron_jax import train_lib  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import trainer  # pylint: disable=import-outside-toplevel
   os.makedirs(args.workdir_root, exist_ok=True)
   for seed in args.seeds:   # seed-major: a cut-short grid still has every cell's first seeds
     for task in args.tasks:
@@ -286,7 +287,7 @@ def main(argv=None) -> int:
           if problem != "no results.json":
             print(f"spt.py: {workdir} not reused: {problem}", file=sys.stderr, flush=True)
           start = time.time()
-          train_lib.train_and_evaluate(config, workdir)
+          trainer.train_and_evaluate(config, workdir)
           print(f"spt.py: {task} {attention} seed {seed} {stage}: {time.time() - start:.0f} s",
                 file=sys.stderr, flush=True)
         write_table(args.workdir_root, args)

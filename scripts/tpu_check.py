@@ -9,7 +9,7 @@
 Compiles, on this machine and without a TPU (``libtpu`` installed: ``pip install -e
 ".[tpu]"``), the pmapped train and eval steps that ``train.py`` runs (``--steps eval``: only
 ``eval.py``'s step) for every chip of ``--slice``, with the config's dtype and options
-(:mod:`simpletron_jax.tpu_aot`). By default it compiles the widest batch (``model.max_length``
+(:mod:`simpletron_jax.tools.tpu_aot`). By default it compiles the widest batch (``model.max_length``
 tokens), which bounds the memory; ``--all_widths`` loads the data and compiles every padded
 width the run meets. Prints per chip: argument, output, temporary and code bytes, the peak
 against the chip's HBM, and XLA's FLOPs and bytes accessed per step.
@@ -34,7 +34,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 config_flags.DEFINE_config_file("config", None, "A configs/<task>/<model>.py[:variant] file.",
                                 lock_config=True)
 flags.DEFINE_string("slice", "v5e-8", "TPU slice, e.g. v4-8, v5e-8, v6e-8, v5e-16 (the keys of "
-                    "simpletron_jax.tpu_aot.SLICES), or a libtpu topology such as v5e:2x4.")
+                    "simpletron_jax.tools.tpu_aot.SLICES), or a libtpu topology such as v5e:2x4.")
 flags.DEFINE_list("steps", ["train", "eval"], "Which steps: train, eval (eval.py's step).")
 flags.DEFINE_bool("all_widths", False, "Load the data and compile every padded width the run "
                   "meets (one program per length bucket), not only the widest.")
@@ -72,7 +72,8 @@ def main(argv):
   """Compiles, prints, exits 0 (fits) or 1 (does not compile or fit); see the module doc."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from simpletron_jax import tasks, tpu_aot  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.data import tasks  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.tools import tpu_aot  # pylint: disable=import-outside-toplevel
   config = flags.FLAGS.config
   try:
     widths = None

@@ -20,7 +20,7 @@ import numpy as np
 from flax import traverse_util
 
 from configs import lra
-from simpletron_jax import models
+from simpletron_jax.model import encoders
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "lra"
 SCRIPT = pathlib.Path(__file__).parents[1] / "scripts" / "lra_golden.py"
@@ -164,8 +164,8 @@ def our_config(name: str, entry: dict):
 def build(name: str, entry: dict, vocab_size: int, num_classes: int):
   """(our model, its config) for fixture ``name``."""
   config = our_config(name, entry)
-  model = models.build_classifier(config.model, vocab_size=vocab_size,
-                                  num_classes=num_classes, dual=name.endswith("__retrieval"))
+  model = encoders.build_classifier(config.model, vocab_size=vocab_size,
+                                    num_classes=num_classes, dual=name.endswith("__retrieval"))
   return model, config
 
 
@@ -286,8 +286,8 @@ def extra_differences() -> list[tuple[str, float]]:
     kwargs = entry["kwargs"]
     if "weights_sha256" in entry:
       config = paper_config(entry)
-      model = models.build_classifier(config.model, vocab_size=kwargs["vocab_size"],
-                                      num_classes=kwargs["num_classes"])
+      model = encoders.build_classifier(config.model, vocab_size=kwargs["vocab_size"],
+                                        num_classes=kwargs["num_classes"])
       lra_flat = paper_weights(entry)
     else:
       model, _ = build(name, entry, kwargs["vocab_size"], kwargs["num_classes"])

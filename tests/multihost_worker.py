@@ -44,7 +44,7 @@ def worker_config():
 def presence_data():
   """The presence task of tests/conftest.py, rebuilt from its seed."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from simpletron_jax import tasks  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.data import tasks  # pylint: disable=import-outside-toplevel
   from tests.conftest import presence_examples  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   return tasks.TaskData(presence_examples(2000, rng), presence_examples(200, rng),
@@ -108,8 +108,9 @@ def main(argv):
   xla_flags = os.environ.get("XLA_FLAGS", "")
   data = presence_data()
   os.environ["XLA_FLAGS"] = xla_flags  # importing conftest added its 2 devices
-  from simpletron_jax import (  # pylint: disable=import-outside-toplevel
-      batches, distributed, evaluation, train_lib)
+  from simpletron_jax.data import batches  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.runtime import distributed  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import evaluation, trainer  # pylint: disable=import-outside-toplevel
   distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes, args.process_id,
                          timeout_s=TIMEOUT_S)
   import jax  # pylint: disable=import-outside-toplevel
@@ -132,8 +133,8 @@ def main(argv):
   config = worker_config()
   config.seed = args.seed
   config.parallelism = args.parallelism
-  record["results"] = train_lib.train_and_evaluate(config, args.workdir, step_hook=hook,
-                                                   data=data)
+  record["results"] = trainer.train_and_evaluate(config, args.workdir, step_hook=hook,
+                                                 data=data)
   dump()
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax import tasks
+from simpletron_jax.data import tasks
 from simpletron_jax.data import agnews
 from tests.conftest import ROOT
 

@@ -3,7 +3,7 @@
 With ``async_save=True`` orbax writes each checkpoint in a background thread. These tests
 hold that thread at chosen points (the write of the arrays, the finalisation that renames
 the step's temporary folder into place) to check the guarantees of
-:mod:`simpletron_jax.checkpoints`:
+:mod:`simpletron_jax.train.checkpoints`:
 
 * the arrays, CRC-32 and layout stored are those of the state handed to ``save_checkpoint``,
   even when the caller changes its arrays before the write (a private host copy);
@@ -28,7 +28,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from simpletron_jax import checkpoints, errors, run_guard, train_lib
+from simpletron_jax.runtime import errors
+from simpletron_jax.train import checkpoints, run_guard, trainer
 from tests.test_faults import fault_config
 from tests.test_faults_lifecycle import SmallDisk, deadline
 from tests.test_train import _state
@@ -231,7 +232,7 @@ def _run(presence_task, workdir, async_checkpoints, monkeypatch):
     on_disk[step] = tuple(real_manager(os.path.join(workdir, sub), None)
                           .all_steps() for sub in ("checkpoints", "best"))
 
-  results = train_lib.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
+  results = trainer.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
   assert made == [async_checkpoints] * 2, made   # checkpoints/ and best/
   return config, results, on_disk
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax import attention
+from simpletron_jax.model import attention
 
 B, L, E, H = 2, 12, 16, 4
 
@@ -64,7 +64,7 @@ def test_flat_head_projection_is_dense_general():
   # same outputs and gradients up to float rounding (the weight gradient's sum is grouped
   # differently on CPU).
   import flax.linen as nn  # noqa: PLC0415
-  from simpletron_jax.attention import base  # noqa: PLC0415
+  from simpletron_jax.model.attention import base  # noqa: PLC0415
   x = _inputs(L + 5)
   dense = nn.DenseGeneral(features=(H, E // H), kernel_init=base.KERNEL_INIT,
                           bias_init=base.BIAS_INIT)

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax import attention
-from simpletron_jax.attention import bigbird as bigbird_lib
+from simpletron_jax.model import attention
+from simpletron_jax.model.attention import bigbird as bigbird_lib
 from tests.test_attention import _build, _proj
 
 B, E, H = 2, 16, 4

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax import attention
-from simpletron_jax.attention import reformer as reformer_lib
-from simpletron_jax.attention import sinkhorn as sinkhorn_lib
-from simpletron_jax.attention import synthesizer as synthesizer_lib
+from simpletron_jax.model import attention
+from simpletron_jax.model.attention import reformer as reformer_lib
+from simpletron_jax.model.attention import sinkhorn as sinkhorn_lib
+from simpletron_jax.model.attention import synthesizer as synthesizer_lib
 from tests.test_attention import _build
 from tests.test_attention_variants import (_assert_real_close, _check_padding_invariance,
                                            _inputs, _mask, _quadratic_shapes)

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax import attention
-from simpletron_jax.attention import performer as performer_lib
+from simpletron_jax.model import attention
+from simpletron_jax.model.attention import performer as performer_lib
 from tests.test_attention import _build, _proj  # same shapes (B, L, E, H) as this file
 
 B, L, E, H = 2, 12, 16, 4

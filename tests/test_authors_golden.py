@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax import models, steps, train_lib
+from simpletron_jax.model import encoders
+from simpletron_jax.train import steps, trainer
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "authors")
 TASKS = ("listops", "retrieval")
@@ -96,8 +97,8 @@ def _config(task, hp, dropout=True):
 
 
 def _model(task, config, hp):
-  return models.build_classifier(config.model, vocab_size=hp["vocab"],
-                                 num_classes=hp["classes"], dual=task == "retrieval")
+  return encoders.build_classifier(config.model, vocab_size=hp["vocab"],
+                                   num_classes=hp["classes"], dual=task == "retrieval")
 
 
 def _flat(tree, prefix=""):
@@ -194,7 +195,7 @@ def test_three_training_losses_match_the_authors(task, warmup_key):
     config.warmup = hp["warmup2"]
   model = _model(task, config, hp)
   params, _ = _params(task, model, data, hp)
-  tx = train_lib.make_optimizer(config)
+  tx = trainer.make_optimizer(config)
   opt_state = tx.init(params)
 
   @jax.jit
@@ -268,4 +269,4 @@ def test_bad_choices_name_the_field(field, value):
   model = lra.make_config("listops", "simple", "tiny_authors").model.to_dict()
   model[field] = value   # a plain dict: ConfigDict refuses a value of another type
   with pytest.raises(ValueError, match=f"model.{field}="):
-    models.ModelConfig.from_config_dict(ml_collections.ConfigDict(model))
+    encoders.ModelConfig.from_config_dict(ml_collections.ConfigDict(model))

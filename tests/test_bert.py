@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax import bert_import, layers, models, tasks, transfer
-from simpletron_jax.attention.simple import SimpleAttention
+from simpletron_jax.data import tasks
+from simpletron_jax.model import encoders, layers, transfer
+from simpletron_jax.tools import bert_import
+from simpletron_jax.model.attention.simple import SimpleAttention
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.
 SIZES = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -47,7 +49,7 @@ def tiny_bert_config(attention="softmax", num_layers=2, **fields):
 def init_params(config, real=False):
   """``(model, params)``; the params are zeros of the right shapes (no compile) unless
   ``real``."""
-  model = models.build_classifier(config.model, vocab_size=SIZES["vocab_size"], num_classes=4)
+  model = encoders.build_classifier(config.model, vocab_size=SIZES["vocab_size"], num_classes=4)
   tokens = jnp.ones((1, MAX_LENGTH), jnp.int32)
   if real:
     return model, jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"]
@@ -288,7 +290,7 @@ def test_bad_bert_fields_are_named(field, value, match):
   model = tiny_bert_config().model.to_dict()
   model[field] = value
   with pytest.raises(ValueError, match=match):
-    models.ModelConfig.from_config_dict(ml_collections.ConfigDict(model))
+    encoders.ModelConfig.from_config_dict(ml_collections.ConfigDict(model))
 
 
 def test_agnews_configs_are_bert_base():

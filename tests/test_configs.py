@@ -5,10 +5,15 @@ import glob
 import importlib.util
 import os
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from configs import lra
-from simpletron_jax import attention, config_checks, models, tasks
+from simpletron_jax.data import tasks
+from simpletron_jax.model import attention, encoders
+from simpletron_jax.runtime import errors
+from simpletron_jax.train import config_checks
 from tests.conftest import ROOT
 
 CONFIG_FILES = sorted(f for f in glob.glob(os.path.join(ROOT, "configs", "*", "*.py"))
@@ -36,8 +41,8 @@ def test_config_builds_and_validates(path, variant):
   config = _load(path).get_config(variant)
   assert config.task == os.path.basename(os.path.dirname(path))
   config_checks.validate_config(config, n_devices=2)
-  model = models.build_classifier(config.model, vocab_size=16, num_classes=10,
-                                  dual=config.task == "retrieval")
+  model = encoders.build_classifier(config.model, vocab_size=16, num_classes=10,
+                                    dual=config.task == "retrieval")
   assert model.encoder.config.attention == config.model.attention
   kwargs = dict(config.model.attention_kwargs)
   if attention.get(config.model.attention).follows_max_length:   # + 1 for a prepended CLS token only
@@ -103,3 +108,22 @@ def test_unknown_variant():
     _load("configs/listops/linear.py").get_config("authors")
   with pytest.raises(ValueError, match="'tiny_authors' for task 'image'"):
     _load("configs/image/simple.py").get_config("tiny_authors")
+
+
+def test_switched_attention_drops_the_old_defaults_with_a_warning_and_refuses_the_rest():
+  """A config made for ``simple`` and switched to ``softmax`` (``--config.model.attention``)
+  keeps Simple's options at their defaults: the checks name them in one warning and the
+  model is built without them; one set away from its default is refused, naming the field."""
+  config = lra.make_config("listops", "simple", variant="tiny")
+  assert not attention.inherited_options("simple", config.model.attention_kwargs)
+  config.model.attention = "softmax"
+  dropped = attention.inherited_options("softmax", config.model.attention_kwargs)
+  assert dropped and "block_diagonal" in dropped
+  with pytest.warns(errors.RunWarning, match=r"model\.attention_kwargs .*'block_diagonal'"):
+    config_checks.validate_config(config, n_devices=2)
+  model = encoders.build_classifier(config.model, vocab_size=16, num_classes=10)
+  assert model.encoder.config.attention == "softmax"
+  config.model.attention_kwargs.block_diagonal = True
+  with pytest.raises(ValueError, match=r"model\.attention_kwargs has \['block_diagonal'\]"):
+    encoders.build_classifier(config.model, vocab_size=16, num_classes=10).init(
+        jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))

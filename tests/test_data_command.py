@@ -15,7 +15,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from simpletron_jax import tasks
+from simpletron_jax.data import tasks
 from simpletron_jax.data import __main__ as data_cli
 from simpletron_jax.data import agnews, image, listops, pathfinder, prepare, retrieval, text
 

@@ -6,8 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simpletron_jax import models, tasks, train_lib
-from simpletron_jax import batches
+from simpletron_jax.data import tasks
+from simpletron_jax.model import encoders
+from simpletron_jax.train import trainer
+from simpletron_jax.data import batches
 from simpletron_jax.data.common import PairedExamples, RaggedExamples, make_batch
 from tests.test_train import tiny_config
 
@@ -50,7 +52,7 @@ def test_paired_batch_pads_both_documents_to_one_width():
 
 def test_dual_encoder_logits_and_padding_invariance():
   config = tiny_config()
-  model = models.build_classifier(config.model, vocab_size=16, num_classes=2, dual=True)
+  model = encoders.build_classifier(config.model, vocab_size=16, num_classes=2, dual=True)
   rng = np.random.default_rng(1)
   a = rng.integers(1, 16, (3, 12)).astype(np.int32)
   b = rng.integers(1, 16, (3, 9)).astype(np.int32)
@@ -72,7 +74,7 @@ def test_dual_encoder_learns_matching(tmp_path):
   # steps to learn it than this test can afford.
   config = tiny_config(num_train_steps=200, eval_frequency=100, checkpoint_every=100,
                        log_every=20, **{"data.bucket": 16, "model.interaction": "nli"})
-  results = train_lib.train_and_evaluate(config, str(tmp_path / "run"), data=task)
+  results = trainer.train_and_evaluate(config, str(tmp_path / "run"), data=task)
   assert results["test_majority_rate"] < 0.6
   assert results["test_accuracy"] > 0.85, results
 

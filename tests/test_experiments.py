@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from simpletron_jax import transfer
+from simpletron_jax.model import transfer
 from tests.test_no_overwrite import committed_unchanged  # noqa: F401  pylint: disable=W0611
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -137,7 +137,7 @@ def test_only_a_finished_results_json_counts_as_done(tmp_path, monkeypatch):
   (workdir / "results.json").write_text(json.dumps(stopped))
   assert not exp_common.finished(str(workdir))
   trained = []
-  monkeypatch.setattr(exp_common.train_lib, "train_and_evaluate",
+  monkeypatch.setattr(exp_common.trainer, "train_and_evaluate",
                       lambda cfg, wd, data: trained.append(wd) or {**stopped, "complete": True,
                                                                   "final_step": 10})
   monkeypatch.setattr(exp_common, "read_records", lambda path: [])

@@ -1,4 +1,4 @@
-"""Issue 33: the attention maps and token relevance of ``simpletron_jax/explain.py`` and
+"""Issue 33: the attention maps and token relevance of ``simpletron_jax/tools/explain.py`` and
 ``scripts/explain.py``.
 
 * the maps the modules sow are exact: for Simple, Simple-Res, Simple-ResL, linear and the
@@ -23,9 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax import attention, explain, models, train_lib
-from simpletron_jax import steps
-from simpletron_jax.attention import base
+from simpletron_jax.model import attention, encoders
+from simpletron_jax.tools import explain
+from simpletron_jax.train import trainer
+from simpletron_jax.train import steps
+from simpletron_jax.model.attention import base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E, H = 8, 2   # width and heads of the module-level tests
@@ -181,13 +183,13 @@ def test_maps_come_out_only_when_asked():
 
 
 def _classifier(per_layer, dual=False, **attention_kwargs):
-  encoder = models.Encoder(config=models.ModelConfig(
+  encoder = encoders.Encoder(config=encoders.ModelConfig(
       emb_dim=E, num_heads=H, qkv_dim=E, mlp_dim=16, num_layers=len(per_layer), max_length=12,
       attention=per_layer[0], attention_per_layer=tuple(per_layer),
       attention_kwargs=attention_kwargs, learn_pos_emb=True), vocab_size=16)
   if dual:
-    return models.DualEncoderClassifier(encoder=encoder, num_classes=3)
-  return models.ClassificationEncoder(encoder=encoder, num_classes=3)
+    return encoders.DualEncoderClassifier(encoder=encoder, num_classes=3)
+  return encoders.ClassificationEncoder(encoder=encoder, num_classes=3)
 
 
 def _batch(dual=False):
@@ -294,8 +296,8 @@ def test_train_step_program_is_unchanged_by_the_sow(monkeypatch):
   config.model.emb_dim = config.model.qkv_dim = 16
   config.model.mlp_dim = 16
   config.model.max_length = 16
-  model = models.build_classifier(config.model, vocab_size=16, num_classes=10)
-  state = steps.replicate(train_lib.create_train_state(config, model,
+  model = encoders.build_classifier(config.model, vocab_size=16, num_classes=10)
+  state = steps.replicate(trainer.create_train_state(config, model,
                                                            jax.random.PRNGKey(0)))
   p_train, _ = steps.pmap_steps(model.apply)
   n = jax.local_device_count()
@@ -397,7 +399,7 @@ def test_script_index_and_count():
 @pytest.mark.slow
 def test_script_end_to_end_on_a_trained_run(presence_task, tmp_path, monkeypatch):
   from configs.listops import simple as simple_config   # pylint: disable=import-outside-toplevel
-  from simpletron_jax import tasks   # pylint: disable=import-outside-toplevel
+  from simpletron_jax.data import tasks  # pylint: disable=import-outside-toplevel
   config = simple_config.get_config("tiny")
   config.model.emb_dim = config.model.qkv_dim = 16
   config.model.mlp_dim = 16
@@ -409,7 +411,7 @@ def test_script_end_to_end_on_a_trained_run(presence_task, tmp_path, monkeypatch
   config.eval_frequency = config.checkpoint_every = 2
   config.num_eval_steps = config.num_test_steps = 1
   workdir = str(tmp_path / "run")
-  train_lib.train_and_evaluate(config, workdir, data=presence_task)
+  trainer.train_and_evaluate(config, workdir, data=presence_task)
   monkeypatch.setattr(tasks, "load_task", lambda c: presence_task)
   script = _script()
   out = str(tmp_path / "out")

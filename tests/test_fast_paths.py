@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax import attention, models
-from simpletron_jax.attention import softmax
+from simpletron_jax.model import attention, encoders
+from simpletron_jax.model.attention import softmax
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -205,11 +205,11 @@ def test_flash_equals_einsum_on_gpu_bfloat16_with_padding(fresh_log, caplog):
 
 def _classifier(attention_name, cls_only, pool="CLS", num_layers=1, length_multiple=1,
                 **attention_kwargs):
-  encoder = models.Encoder(config=models.ModelConfig(
+  encoder = encoders.Encoder(config=encoders.ModelConfig(
       emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=num_layers, max_length=12,
       attention=attention_name, attention_kwargs=attention_kwargs, classifier_pool=pool,
       last_block_cls_only=cls_only, length_multiple=length_multiple), vocab_size=20)
-  return models.ClassificationEncoder(encoder=encoder, num_classes=3)
+  return encoders.ClassificationEncoder(encoder=encoder, num_classes=3)
 
 
 def _tokens():
@@ -266,7 +266,7 @@ def test_num_queries_is_not_a_user_option():
   model = lra.make_config("listops", "softmax", "tiny").model
   model.attention_kwargs.num_queries = 1
   with pytest.raises(ValueError, match="model.last_block_cls_only"):
-    models.ModelConfig.from_config_dict(model)
+    encoders.ModelConfig.from_config_dict(model)
 
 
 # ----------------------------------------------------------------------------
@@ -301,6 +301,6 @@ def test_length_multiple_is_refused_where_it_would_change_the_function(attention
   model.attention_kwargs.update(kwargs)
   model.length_multiple = multiple
   with pytest.raises(ValueError, match=message):
-    models.ModelConfig.from_config_dict(model)
+    encoders.ModelConfig.from_config_dict(model)
   model.length_multiple = 1
-  models.ModelConfig.from_config_dict(model)
+  encoders.ModelConfig.from_config_dict(model)

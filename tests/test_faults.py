@@ -26,11 +26,13 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from simpletron_jax import attention, config_checks, models, run_guard, train_lib
-from simpletron_jax import atomic_io, checkpoints, errors
+from simpletron_jax.model import attention, encoders
+from simpletron_jax.train import config_checks, run_guard, trainer
+from simpletron_jax.runtime import atomic_io, errors
+from simpletron_jax.train import checkpoints
 from simpletron_jax.data import image, listops, retrieval, text
 from simpletron_jax.data.common import RaggedExamples
-from simpletron_jax.metric_logging import MetricLogger, read_records
+from simpletron_jax.train.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
 from tests.test_train import Killed, _state, tiny_config
 
@@ -60,7 +62,7 @@ def _strict_json_lines(path):
 def straight(presence_task, tmp_path_factory):
   """An uninterrupted run: (workdir, results)."""
   workdir = str(tmp_path_factory.mktemp("straight"))
-  return workdir, train_lib.train_and_evaluate(fault_config(), workdir, data=presence_task)
+  return workdir, trainer.train_and_evaluate(fault_config(), workdir, data=presence_task)
 
 
 # ----------------------------------------------------------------------------
@@ -105,11 +107,11 @@ def test_killed_runs_resume_bit_identical(presence_task, tmp_path, straight, mon
       if where:
         _kill_inside_save(m, step, where)
       with pytest.raises(KilledBySignal if where else Killed):
-        train_lib.train_and_evaluate(config, workdir, data=presence_task,
-                                     step_hook=None if where else _kill_at(step))
+        trainer.train_and_evaluate(config, workdir, data=presence_task,
+                                   step_hook=None if where else _kill_at(step))
   seen = []
-  results = train_lib.train_and_evaluate(config, workdir, step_hook=seen.append,
-                                         data=presence_task)
+  results = trainer.train_and_evaluate(config, workdir, step_hook=seen.append,
+                                       data=presence_task)
   assert seen == [7, 8, 9, 10], "the run must resume after the step-6 checkpoint"
   straight_dir, straight_results = straight
   chex.assert_trees_all_equal(_params(workdir, config, presence_task),
@@ -275,7 +277,7 @@ def test_save_failing_mid_run_stops_the_run(presence_task, tmp_path, monkeypatch
   workdir = str(tmp_path / "run")
   with pytest.raises(errors.CheckpointError,
                      match=r"saving step 4 to .*checkpoints/4 failed: PermissionError"):
-    train_lib.train_and_evaluate(fault_config(), workdir, data=presence_task)
+    trainer.train_and_evaluate(fault_config(), workdir, data=presence_task)
   assert not os.path.exists(os.path.join(workdir, "results.json"))
 
 
@@ -288,7 +290,7 @@ def test_nan_stops_the_run_naming_step_and_last_good_checkpoint(presence_task, t
   config = fault_config(learning_rate=1e6, warmup=1, num_train_steps=8, log_every=1)
   workdir = str(tmp_path / "run")
   with pytest.raises(errors.NonFiniteError) as error:
-    train_lib.train_and_evaluate(config, workdir, data=presence_task)
+    trainer.train_and_evaluate(config, workdir, data=presence_task)
   match = re.match(r"step (\d+): training became non-finite .*last good checkpoint is "
                    r"(\S+)\.", str(error.value))
   assert match, str(error.value)
@@ -322,11 +324,11 @@ def test_logs_stay_strict_json(tmp_path):
 def test_stale_best_from_an_earlier_start_is_never_reported(presence_task, tmp_path):
   """checkpoints/ deleted but best/ kept from a longer run: the rerun recomputes best/."""
   workdir = str(tmp_path / "run")
-  train_lib.train_and_evaluate(fault_config(num_train_steps=6, checkpoint_every=6),
-                               workdir, data=presence_task)
+  trainer.train_and_evaluate(fault_config(num_train_steps=6, checkpoint_every=6),
+                             workdir, data=presence_task)
   shutil.rmtree(os.path.join(workdir, "checkpoints"))
   with pytest.warns(errors.RunWarning, match=r"removing .*best/\d+: saved after step 0"):
-    results = train_lib.train_and_evaluate(
+    results = trainer.train_and_evaluate(
         fault_config(num_train_steps=4, checkpoint_every=4), workdir, data=presence_task)
   assert results["best_step"] <= 4
   best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None)
@@ -356,7 +358,7 @@ def test_second_run_on_a_workdir_is_refused_naming_pid_and_host(presence_task, t
         json.dumps({"pid": holder.pid, "host": socket.gethostname(), "time": 0}))
     with pytest.raises(errors.WorkdirLockedError,
                        match=rf"in use by pid {holder.pid} on host '{socket.gethostname()}'"):
-      train_lib.train_and_evaluate(fault_config(), str(workdir), data=presence_task)
+      trainer.train_and_evaluate(fault_config(), str(workdir), data=presence_task)
   finally:
     holder.kill()
     holder.wait()
@@ -388,7 +390,7 @@ def test_empty_split_stops_before_training(presence_task, tmp_path, split):
   empty = RaggedExamples.from_sequences([], [])
   data = dataclasses.replace(presence_task, **{split: empty})
   with pytest.raises(ValueError, match=rf"the {split} split is empty; data source 'synthetic'"):
-    train_lib.train_and_evaluate(fault_config(), str(tmp_path / "run"), data=data)
+    trainer.train_and_evaluate(fault_config(), str(tmp_path / "run"), data=data)
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
 
 
@@ -528,7 +530,7 @@ def test_attention_option_overrides_work_on_the_command_line(model, option, valu
   assert config.model.attention_kwargs[option] == value
   if model == "aft_full":  # follows_max_length: still follows model.max_length (+1 for CLS)
     assert config.model.attention_kwargs.max_length == 51
-  classifier = models.build_classifier(config.model, vocab_size=16, num_classes=2)
+  classifier = encoders.build_classifier(config.model, vocab_size=16, num_classes=2)
   assert classifier.encoder.config.attention_kwargs[option] == value
 
 

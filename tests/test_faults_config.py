@@ -22,7 +22,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import lra
-from simpletron_jax import checkpoints, cli, config_checks, errors, run_record, tasks, train_lib
+from simpletron_jax.data import tasks
+from simpletron_jax.runtime import cli, errors
+from simpletron_jax.train import checkpoints, config_checks, run_record, trainer
 from simpletron_jax.data import common, listops, retrieval, text
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
@@ -47,8 +49,8 @@ def killed_run(presence_task, tmp_path_factory):
   """A workdir whose run was killed after step 2's checkpoint."""
   workdir = str(tmp_path_factory.mktemp("killed") / "run")
   with pytest.raises(Killed):
-    train_lib.train_and_evaluate(small_config(), workdir, data=presence_task,
-                                 step_hook=_kill_at(2))
+    trainer.train_and_evaluate(small_config(), workdir, data=presence_task,
+                               step_hook=_kill_at(2))
   return workdir
 
 
@@ -73,8 +75,8 @@ def _history(workdir):
 def test_resume_with_another_seed_lr_and_batch_lists_each_field(resumable, presence_task):
   changed = small_config(seed=1, learning_rate=0.01, batch_size=8)
   with pytest.raises(errors.ConfigMismatchError) as info:
-    train_lib.train_and_evaluate(changed, resumable, data=presence_task,
-                                 step_hook=_kill_at(1))
+    trainer.train_and_evaluate(changed, resumable, data=presence_task,
+                               step_hook=_kill_at(1))
   message = str(info.value)
   for line in ("seed: checkpoint 0, config 1", "data.seed: checkpoint 0, config 1",
                "learning_rate: checkpoint 0.05, config 0.01",
@@ -94,18 +96,18 @@ def test_resume_with_other_data_or_fewer_steps_is_refused(resumable, presence_ta
                               train=presence_examples(2000, np.random.default_rng(7)))
   with pytest.raises(errors.ConfigMismatchError, match=r"data \(sha256 of the loaded "
                      r"splits\): checkpoint '[0-9a-f]{12}', config '[0-9a-f]{12}'"):
-    train_lib.train_and_evaluate(small_config(), resumable, data=other)
+    trainer.train_and_evaluate(small_config(), resumable, data=other)
   with pytest.raises(errors.ConfigMismatchError,
                      match=r"num_train_steps \(only upward.*checkpoint 6, config 4"):
-    train_lib.train_and_evaluate(small_config(num_train_steps=4), resumable,
-                                 data=presence_task)
+    trainer.train_and_evaluate(small_config(num_train_steps=4), resumable,
+                               data=presence_task)
 
 
 @pytest.mark.slow
 def test_reporting_changes_resume_and_are_recorded(resumable, presence_task, capsys):
   config = small_config(eval_frequency=3, log_every=1, num_train_steps=8)
   with pytest.raises(Killed):
-    train_lib.train_and_evaluate(config, resumable, data=presence_task, step_hook=_kill_at(3))
+    trainer.train_and_evaluate(config, resumable, data=presence_task, step_hook=_kill_at(3))
   # Truncation (max_length 24 on examples of up to 39 tokens): each split once.
   err = capsys.readouterr().err
   for split in ("train", "val", "test"):
@@ -122,16 +124,16 @@ def test_reporting_changes_resume_and_are_recorded(resumable, presence_task, cap
 def test_forced_changes_are_recorded_as_history(resumable, presence_task):
   changed = small_config(seed=1)
   with pytest.raises(Killed):
-    train_lib.train_and_evaluate(changed, resumable, data=presence_task,
-                                 step_hook=_kill_at(3), allow_resume_changes=True)
+    trainer.train_and_evaluate(changed, resumable, data=presence_task,
+                               step_hook=_kill_at(3), allow_resume_changes=True)
   [entry] = _history(resumable)
   assert entry["forced"] is True and entry["step"] == 2
   assert entry["changes"]["seed"] == {"old": 0, "new": 1, "allowed": False}
   # model.* stays refused even with the flag.
   with pytest.raises(errors.ConfigMismatchError, match=r"model.dropout_rate: checkpoint "
                      r"0.1, config 0.0.*model.\* fields cannot change"):
-    train_lib.train_and_evaluate(small_config(seed=1, **{"model.dropout_rate": 0.0}),
-                                 resumable, data=presence_task, allow_resume_changes=True)
+    trainer.train_and_evaluate(small_config(seed=1, **{"model.dropout_rate": 0.0}),
+                               resumable, data=presence_task, allow_resume_changes=True)
 
 
 def _as_earlier_release(workdir):
@@ -155,7 +157,7 @@ def test_a_checkpoint_of_an_earlier_release_is_refused_in_one_line(resumable, pr
   _as_earlier_release(resumable)
   for config in (small_config(), small_config(seed=1)):
     with pytest.raises(errors.ConfigMismatchError) as info:
-      train_lib.train_and_evaluate(config, resumable, data=presence_task)
+      trainer.train_and_evaluate(config, resumable, data=presence_task)
     message = str(info.value)
     assert "\n" not in message and "earlier release" in message, message
     assert os.path.join(resumable, "checkpoints") in message and "new --workdir" in message
@@ -301,8 +303,8 @@ def test_seed_and_data_seed_are_independent_settings(monkeypatch):
 def test_validation_runs_before_any_work(tmp_path, presence_task):
   workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=re.escape("model.dropout_rate=1.0 must be in [0, 1)")):
-    train_lib.train_and_evaluate(small_config(**{"model.dropout_rate": 1.0}), str(workdir),
-                                 data=presence_task)
+    trainer.train_and_evaluate(small_config(**{"model.dropout_rate": 1.0}), str(workdir),
+                               data=presence_task)
   assert not workdir.exists()
 
 
@@ -403,7 +405,7 @@ def test_a_workdir_name_that_is_not_utf8_is_refused_naming_the_bytes(tmp_path):
   name = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run\xff")   # as sys.argv holds it
   with pytest.raises(ValueError, match=r"^--workdir '.*run\\udcff': its name holds b'\\xff', "
                                        r"which is not UTF-8 text"):
-    train_lib.make_workdir(name)
+    trainer.make_workdir(name)
   assert os.listdir(tmp_path) == []
   cli.check_path_name(str(tmp_path / "run_ü"), "--workdir")   # UTF-8 is fine
 
@@ -412,13 +414,13 @@ def test_user_errors_and_bugs_are_told_apart(tmp_path):
   with pytest.raises(SystemExit, match=r"^x.py: --workdir '.*' is a file, not a folder"):
     with cli.user_errors_exit("x.py"):
       (tmp_path / "f").write_text("")
-      train_lib.make_workdir(str(tmp_path / "f"))
+      trainer.make_workdir(str(tmp_path / "f"))
   with pytest.raises(SystemExit, match=r"^x.py: CheckpointError: gone"):
     with cli.user_errors_exit("x.py"):
       raise errors.CheckpointError("gone")
   with pytest.raises(NotADirectoryError):       # --verbose: the traceback stays
     with cli.user_errors_exit("x.py", verbose=True):
-      train_lib.make_workdir(str(tmp_path / "f"))
+      trainer.make_workdir(str(tmp_path / "f"))
   with pytest.raises(ValueError, match="cannot reshape"):   # raised inside numpy: a bug
     with cli.user_errors_exit("x.py"):
       np.zeros(3).reshape(2, 2)
@@ -429,7 +431,7 @@ def test_user_errors_and_bugs_are_told_apart(tmp_path):
 
 def test_eval_of_a_missing_workdir_creates_nothing(tmp_path):
   with pytest.raises(FileNotFoundError, match="is not a folder: pass the workdir"):
-    train_lib.evaluate_checkpoint(str(tmp_path / "nowhere"))
+    trainer.evaluate_checkpoint(str(tmp_path / "nowhere"))
   assert not (tmp_path / "nowhere").exists()
 
 

@@ -29,8 +29,8 @@ import time
 import chex
 import pytest
 
-from simpletron_jax import run_guard, train_lib
-from simpletron_jax.metric_logging import read_records
+from simpletron_jax.train import run_guard, trainer
+from simpletron_jax.train.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _params, fault_config
 
@@ -40,7 +40,7 @@ import os, signal, sys, time
 sys.path.insert(0, {root!r})
 from tests import multihost_worker as worker
 from tests.test_faults import fault_config
-from simpletron_jax import train_lib
+from simpletron_jax.train import trainer
 
 mode, arg, workdir = sys.argv[1:4]
 
@@ -66,8 +66,8 @@ elif mode == "after_step":
   hook = lambda step: step == int(arg) and kill()
 elif mode == "slow":   # the parent kills it; each step takes `arg` seconds longer
   hook = lambda step: time.sleep(float(arg))
-train_lib.train_and_evaluate(fault_config(), workdir, data=worker.presence_data(),
-                             step_hook=hook)
+trainer.train_and_evaluate(fault_config(), workdir, data=worker.presence_data(),
+                           step_hook=hook)
 print("finished")
 """
 
@@ -124,7 +124,7 @@ def assert_same_records(killed, straight, log_every):
 def straight(presence_task, tmp_path_factory):
   """An uninterrupted :func:`fault_config` run: (workdir, results)."""
   workdir = str(tmp_path_factory.mktemp("straight") / "run")
-  return workdir, train_lib.train_and_evaluate(fault_config(), workdir, data=presence_task)
+  return workdir, trainer.train_and_evaluate(fault_config(), workdir, data=presence_task)
 
 
 @pytest.mark.slow
@@ -169,7 +169,7 @@ def test_sigkill_at_random_moments_resumes_bit_identical(straight, presence_task
   assert proc.returncode == -signal.SIGKILL, (story, output[-3000:])
   assert not os.path.exists(os.path.join(workdir, "results.json")), story
 
-  results = train_lib.train_and_evaluate(config, workdir, data=presence_task)
+  results = trainer.train_and_evaluate(config, workdir, data=presence_task)
   straight_dir, straight_results = straight
   for sub in ("checkpoints", "best"):
     ours, theirs = (_params(w, config, presence_task, sub) for w in (workdir, straight_dir))

@@ -34,9 +34,11 @@ import chex
 import orbax.checkpoint as ocp
 import pytest
 
-from simpletron_jax import batches, run_guard, train_lib
-from simpletron_jax import atomic_io, checkpoints, errors, metric_logging, preemption, run_record
-from simpletron_jax.metric_logging import MetricLogger, read_records
+from simpletron_jax.data import batches
+from simpletron_jax.train import run_guard, trainer
+from simpletron_jax.runtime import atomic_io, errors
+from simpletron_jax.train import checkpoints, metric_logging, preemption, run_record
+from simpletron_jax.train.metric_logging import MetricLogger, read_records
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
 from tests.test_faults import _params, fault_config
@@ -68,7 +70,7 @@ def _restored_steps(workdir, sub="checkpoints"):
 def straight(presence_task, tmp_path_factory):
   """An uninterrupted :func:`fault_config` run: (workdir, results)."""
   workdir = str(tmp_path_factory.mktemp("straight"))
-  return workdir, train_lib.train_and_evaluate(fault_config(), workdir, data=presence_task)
+  return workdir, trainer.train_and_evaluate(fault_config(), workdir, data=presence_task)
 
 
 # ----------------------------------------------------------------------------
@@ -116,8 +118,8 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   sent = random.Random(27).choice([2, 4, 6, 8])   # checkpoints every 2: saved anyway
   with pytest.raises(preemption.PreemptedError) as error:
-    train_lib.train_and_evaluate(config, workdir, data=presence_task,
-                                 step_hook=_send_at(sent, signal.SIGTERM))
+    trainer.train_and_evaluate(config, workdir, data=presence_task,
+                               step_hook=_send_at(sent, signal.SIGTERM))
   stopped = sent + 1   # the signal came after step `sent`'s check: the next step finishes
   assert str(error.value) == f"preempted at step {stopped}; rerun the same command to continue"
   assert (error.value.step, error.value.cause) == (stopped, "SIGTERM")
@@ -138,13 +140,13 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
     _send_at(config.num_train_steps, signal.SIGINT)(step)
 
   with pytest.raises(preemption.PreemptedError, match="^preempted at step 10;") as error:
-    train_lib.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
+    trainer.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
   assert seen == list(range(stopped + 1, 11)) and error.value.cause == "SIGINT"
   assert not os.path.exists(os.path.join(workdir, "results.json"))
 
   seen.clear()
-  results = train_lib.train_and_evaluate(config, workdir, data=presence_task,
-                                         step_hook=seen.append)
+  results = trainer.train_and_evaluate(config, workdir, data=presence_task,
+                                       step_hook=seen.append)
   assert seen == [], "step 10 was saved: only the tests run"
   straight_dir, straight_results = straight
   for sub in ("checkpoints", "best"):
@@ -214,8 +216,8 @@ _SIGNALLED_WORKER = """
 import os, signal, sys, time
 sys.path.insert(0, {root!r})
 from tests import multihost_worker as worker
-from simpletron_jax import train_lib
-train = train_lib.train_and_evaluate
+from simpletron_jax.train import trainer
+train = trainer.train_and_evaluate
 args = worker.parse_args(sys.argv[1:])
 
 def signalled(config, workdir, step_hook=None, **kwargs):
@@ -227,7 +229,7 @@ def signalled(config, workdir, step_hook=None, **kwargs):
       step_hook(step)
   return train(config, workdir, step_hook=hook, **kwargs)
 
-train_lib.train_and_evaluate = signalled
+trainer.train_and_evaluate = signalled
 worker.main(sys.argv[1:])
 """
 
@@ -274,7 +276,7 @@ def test_two_hosts_stop_at_the_same_step_when_one_gets_sigterm(tmp_path, monkeyp
   single, data, loads = str(tmp_path / "single"), worker.presence_data(), []
   monkeypatch.setattr(batches, "make_batch", batches.make_batch)   # restored after
   worker._record_loads(batches, data, loads)  # pylint: disable=protected-access
-  train_lib.train_and_evaluate(worker.worker_config(), single, data=data)
+  trainer.train_and_evaluate(worker.worker_config(), single, data=data)
   train_loads = [idx for split, idx in loads if split == "train"]
   resumed_first = [idx for split, idx in resumed["loads"] if split == "train"][0]
   assert resumed_first == train_loads[step][:len(train_loads[step]) // 2], "resumed at `step`"
@@ -483,7 +485,7 @@ def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, small_disk, monke
   fills, so the event writer meets ENOSPC. Where no tmpfs can be mounted, the event file's
   writes are made to fail as they do then. Every event before the failure stays readable,
   and no torn record is left behind."""
-  from simpletron_jax import tensorboard_writer  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import tensorboard_writer  # pylint: disable=import-outside-toplevel
   workdir = tmp_path / "run"
   os.makedirs(workdir)
   os.makedirs(os.path.join(small_disk.path, "tb"))
@@ -550,7 +552,7 @@ def test_a_disk_filling_during_a_run_stops_it_naming_the_file(presence_task, sma
       small_disk.fill()
 
   with deadline(300), pytest.raises((errors.WriteError, errors.CheckpointError)) as error:
-    train_lib.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
+    trainer.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
   message = str(error.value)
   assert "\n" not in message and workdir in message, message
   assert "No space left on device" in message or "errno 28" in message, message
@@ -560,7 +562,7 @@ def test_a_disk_filling_during_a_run_stops_it_naming_the_file(presence_task, sma
   assert saved and saved[-1] >= fill_at - 1
   _params(workdir, config, presence_task)   # the newest checkpoint restores (CRC checked)
   small_disk.free()
-  results = train_lib.train_and_evaluate(config, workdir, data=presence_task)
+  results = trainer.train_and_evaluate(config, workdir, data=presence_task)
   chex.assert_trees_all_equal(_params(workdir, config, presence_task),
                               _params(straight[0], config, presence_task))
   assert results["test_accuracy"] == straight[1]["test_accuracy"] and results["complete"]
@@ -574,7 +576,7 @@ def test_rerun_of_a_finished_run_on_a_full_disk_keeps_its_results(presence_task,
   finished run opens no log and writes nothing, issue 48; a forced change still does.)"""
   config = fault_config(num_train_steps=4, eval_frequency=2, warmup=2)
   workdir = os.path.join(small_disk.path, "run")
-  train_lib.train_and_evaluate(config, workdir, data=presence_task)
+  trainer.train_and_evaluate(config, workdir, data=presence_task)
   with open(os.path.join(workdir, "results.json")) as f:
     before = f.read()
 
@@ -585,8 +587,8 @@ def test_rerun_of_a_finished_run_on_a_full_disk_keeps_its_results(presence_task,
 
   monkeypatch.setattr(metric_logging, "MetricLogger", FillingLogger)
   with deadline(120), pytest.raises(errors.WriteError) as error:
-    train_lib.train_and_evaluate(fault_config(num_train_steps=4, eval_frequency=2, warmup=2,
-                                              learning_rate=0.01), workdir,
+    trainer.train_and_evaluate(fault_config(num_train_steps=4, eval_frequency=2, warmup=2,
+                                            learning_rate=0.01), workdir,
                                  data=presence_task, allow_resume_changes=True)
   _one_line_naming(error.value, workdir)
   print(f"failed write: {error.value}")
@@ -604,8 +606,8 @@ def test_rerun_of_a_finished_run_on_a_full_disk_keeps_its_results(presence_task,
 def test_a_resumed_run_removes_the_results_it_trains_past(presence_task, tmp_path):
   """A finished run continued to more steps and killed: no stale results.json is left."""
   workdir = str(tmp_path / "run")
-  first = train_lib.train_and_evaluate(fault_config(num_train_steps=4, warmup=2), workdir,
-                                       data=presence_task)
+  first = trainer.train_and_evaluate(fault_config(num_train_steps=4, warmup=2), workdir,
+                                     data=presence_task)
   assert first["complete"] and first["final_step"] == 4
 
   def kill(step):
@@ -613,11 +615,11 @@ def test_a_resumed_run_removes_the_results_it_trains_past(presence_task, tmp_pat
       raise KeyboardInterrupt   # killed without a handler: no save, no results
 
   with pytest.raises(KeyboardInterrupt):
-    train_lib.train_and_evaluate(fault_config(num_train_steps=6, warmup=2), workdir,
-                                 data=presence_task, step_hook=kill)
+    trainer.train_and_evaluate(fault_config(num_train_steps=6, warmup=2), workdir,
+                               data=presence_task, step_hook=kill)
   assert not os.path.exists(os.path.join(workdir, "results.json"))
   out_of_time = fault_config(num_train_steps=8, warmup=2, max_train_minutes=1e-9)
-  results = train_lib.train_and_evaluate(out_of_time, workdir, data=presence_task)
+  results = trainer.train_and_evaluate(out_of_time, workdir, data=presence_task)
   assert results["complete"] is False and results["final_step"] == 5
   assert results["stopped_by"] == "max_train_minutes"
   with open(os.path.join(workdir, "results.json")) as f:

@@ -31,11 +31,13 @@ import jax
 import pytest
 
 from configs import lra
-from simpletron_jax import (checkpoints, precompile, progress, reporting, run_guard,
-                            run_record, train_lib)
-from simpletron_jax import errors, preemption
+from simpletron_jax.runtime import progress
+from simpletron_jax.tools import reporting
+from simpletron_jax.train import checkpoints, precompile, run_guard, run_record, trainer
+from simpletron_jax.runtime import errors
+from simpletron_jax.train import preemption
 from simpletron_jax.data import text
-from simpletron_jax.metric_logging import read_records
+from simpletron_jax.train.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _kill_at, _params, fault_config
 from tests.test_train import Killed
@@ -56,7 +58,7 @@ def rerun_config(**overrides):
 def finished(presence_task, tmp_path_factory):
   """A finished :func:`rerun_config` run: (workdir, results)."""
   workdir = str(tmp_path_factory.mktemp("finished") / "run")
-  return workdir, train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task)
+  return workdir, trainer.train_and_evaluate(rerun_config(), workdir, data=presence_task)
 
 
 def _copy(finished, tmp_path, name="run"):
@@ -111,11 +113,11 @@ def test_a_rerun_of_a_finished_run_changes_nothing(finished, presence_task, tmp_
   workdir = _copy(finished, tmp_path)
   before = _files(workdir)
   assert run_guard.LOCK_FILE not in before
-  results = train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task)
+  results = trainer.train_and_evaluate(rerun_config(), workdir, data=presence_task)
   assert results == _results(workdir) == finished[1]
   # An allowed change (reporting only) computes nothing new either.
-  train_lib.train_and_evaluate(rerun_config(eval_frequency=2, log_every=1), workdir,
-                               data=presence_task)
+  trainer.train_and_evaluate(rerun_config(eval_frequency=2, log_every=1), workdir,
+                             data=presence_task)
   assert _files(workdir) == before, "a rerun of a finished run rewrote a file"
   assert len(_keys(workdir)) == len(set(_keys(workdir)))
 
@@ -132,10 +134,10 @@ def test_every_way_to_the_end_gives_the_same_results_and_no_duplicate(finished, 
   assert straight["val_majority_rate"] != val_split_rate, "the case needs a partial validation"
   workdir = str(tmp_path / "killed_at_the_end")
   with pytest.raises(Killed):
-    train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task,
-                                 step_hook=_kill_at(6))
+    trainer.train_and_evaluate(rerun_config(), workdir, data=presence_task,
+                               step_hook=_kill_at(6))
   assert not os.path.exists(os.path.join(workdir, "results.json"))
-  results = train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task)
+  results = trainer.train_and_evaluate(rerun_config(), workdir, data=presence_task)
   assert results["val_majority_rate"] == straight["val_majority_rate"]
   for key in set(straight) - set(PER_START) - {"steps_per_sec", "train_seconds"}:
     assert results[key] == straight[key], key
@@ -144,12 +146,12 @@ def test_every_way_to_the_end_gives_the_same_results_and_no_duplicate(finished, 
                               _params(straight_dir, rerun_config(), presence_task))
 
   os.remove(os.path.join(workdir, "results.json"))   # a kill after the test records
-  again = train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task)
+  again = trainer.train_and_evaluate(rerun_config(), workdir, data=presence_task)
   assert {k: v for k, v in again.items() if k not in PER_START} == {
       k: v for k, v in results.items() if k not in PER_START}
   assert _keys(workdir) == _keys(straight_dir), "test records written twice"
 
-  train_lib.train_and_evaluate(rerun_config(num_train_steps=8), workdir, data=presence_task)
+  trainer.train_and_evaluate(rerun_config(num_train_steps=8), workdir, data=presence_task)
   err = capsys.readouterr().err
   lines = [line for line in err.splitlines() if line.startswith("train: ")]
   assert lines and lines[-1].startswith("train: 8/8 (100%), ") and "loss=" in lines[-1], err
@@ -163,9 +165,9 @@ def test_a_forced_change_on_a_finished_run_is_marked_and_not_counted(finished, p
   workdir = _copy(finished, root, "seed0")
   changed = rerun_config(learning_rate=0.01)
   with pytest.raises(errors.ConfigMismatchError, match="--allow_resume_changes"):
-    train_lib.train_and_evaluate(changed, workdir, data=presence_task)
-  results = train_lib.train_and_evaluate(changed, workdir, data=presence_task,
-                                         allow_resume_changes=True)
+    trainer.train_and_evaluate(changed, workdir, data=presence_task)
+  results = trainer.train_and_evaluate(changed, workdir, data=presence_task,
+                                       allow_resume_changes=True)
   assert results["forced_resume_changes"] == [{"step": 6, "fields": ["learning_rate"]}]
   assert results == _results(workdir)
   assert results["config_fingerprint"] == run_record.config_fingerprint(changed)
@@ -184,7 +186,7 @@ def test_a_forced_change_on_a_finished_run_is_marked_and_not_counted(finished, p
   assert [len(g.results) for g in groups] == [1] and left_out == []
   # The same forced command again changes nothing.
   before = _files(workdir)
-  train_lib.train_and_evaluate(changed, workdir, data=presence_task, allow_resume_changes=True)
+  trainer.train_and_evaluate(changed, workdir, data=presence_task, allow_resume_changes=True)
   assert _files(workdir) == before
 
 
@@ -218,7 +220,7 @@ def test_the_lock_is_released_on_every_exit_path(finished, presence_task, tmp_pa
   missing = str(tmp_path / "missing_data")
   no_data = fault_config(**{"data.data_dir": str(tmp_path / "nowhere")})
   with pytest.raises(FileNotFoundError, match="nowhere"):
-    train_lib.train_and_evaluate(no_data, missing)
+    trainer.train_and_evaluate(no_data, missing)
   assert not os.path.exists(os.path.join(missing, lock))
 
   def broken_model(config, data):
@@ -226,16 +228,16 @@ def test_the_lock_is_released_on_every_exit_path(finished, presence_task, tmp_pa
 
   unbuildable = str(tmp_path / "model_error")
   with monkeypatch.context() as m:
-    m.setattr(train_lib, "build_model", broken_model)
+    m.setattr(trainer, "build_model", broken_model)
     with pytest.raises(ValueError, match="injected"):
-      train_lib.train_and_evaluate(rerun_config(), unbuildable, data=presence_task)
+      trainer.train_and_evaluate(rerun_config(), unbuildable, data=presence_task)
   assert not os.path.exists(os.path.join(unbuildable, lock))
 
   refused = _copy(finished, tmp_path)
   with pytest.raises(errors.ConfigMismatchError, match="seed: checkpoint 0, config 1"):
-    train_lib.train_and_evaluate(rerun_config(seed=1), refused, data=presence_task)
+    trainer.train_and_evaluate(rerun_config(seed=1), refused, data=presence_task)
   assert not os.path.exists(os.path.join(refused, lock))
-  train_lib.train_and_evaluate(rerun_config(), refused, data=presence_task)   # not "in use"
+  trainer.train_and_evaluate(rerun_config(), refused, data=presence_task)   # not "in use"
 
 
 # ----------------------------------------------------------------------------
@@ -268,7 +270,7 @@ def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_
       _truncate_arrays(os.path.join(best, str(step)))
     workdir = str(tmp_path / f"target_{damage}")
     with pytest.raises(errors.CheckpointError) as error:
-      train_lib.train_and_evaluate(rerun_config(init_from=source), workdir, data=presence_task)
+      trainer.train_and_evaluate(rerun_config(init_from=source), workdir, data=presence_task)
     message = str(error.value)
     assert message.startswith(f"init_from={source!r}: damaged checkpoint {best}/{step}: "
                               f"{problem}"), message
@@ -281,8 +283,8 @@ def test_eval_with_another_tasks_config_names_the_task(tmp_path):
   with pytest.raises(errors.ConfigMismatchError,
                      match=r"^--config is a config of task 'text', but .* trained task "
                            r"'listops' \(.*config.json\): pass a configs/listops/\.\.\. config"):
-    train_lib.evaluate_checkpoint(str(tmp_path), config=lra.make_config("text", "simple",
-                                                                        "tiny"))
+    trainer.evaluate_checkpoint(str(tmp_path), config=lra.make_config("text", "simple",
+                                                                      "tiny"))
 
 
 @pytest.fixture
@@ -317,8 +319,8 @@ def test_a_signal_while_precompiling_stops_as_a_preemption(presence_task, tmp_pa
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   workdir = str(tmp_path / "run")
   with pytest.raises(preemption.PreemptedError) as error:
-    train_lib.train_and_evaluate(rerun_config(), workdir, data=presence_task,
-                                 precompile_workers=2)
+    trainer.train_and_evaluate(rerun_config(), workdir, data=presence_task,
+                               precompile_workers=2)
   assert calls and (error.value.step, error.value.cause) == (0, "SIGINT")
   assert {s: signal.getsignal(s) for s in handlers} == handlers
   assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))

@@ -16,8 +16,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import flops  # noqa: E402
 import speed_memory as sm  # noqa: E402
 import step_time  # noqa: E402
-from simpletron_jax import models, train_lib  # noqa: E402
-from simpletron_jax import steps  # noqa: E402
+from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.train import trainer  # noqa: E402
+from simpletron_jax.train import steps  # noqa: E402
 
 
 def test_einsum_scan_and_cond():
@@ -42,10 +43,10 @@ def test_train_step_matches_a_hand_count(name):
   config = sm.lra_text_config(t - 1, name, kwargs, 4, "float32",
                               {"num_layers": 1, "emb_dim": e, "qkv_dim": e, "mlp_dim": m,
                                "num_heads": h})
-  model = models.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB, num_classes=c)
+  model = encoders.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB, num_classes=c)
   state = jax.tree_util.tree_map(   # shapes suffice: no compile
       lambda x: jax.ShapeDtypeStruct((2, *x.shape), x.dtype),
-      jax.eval_shape(lambda: train_lib.create_train_state(config, model, jax.random.PRNGKey(0))))
+      jax.eval_shape(lambda: trainer.create_train_state(config, model, jax.random.PRNGKey(0))))
   p_train, _ = steps.pmap_steps(model.apply)
   data = step_time.random_batch(np.random.default_rng(0), 4, t - 1, sm.BYTE_VOCAB, 2, c)
   count = flops.function_flops(p_train, state, data, jax.random.PRNGKey(0))

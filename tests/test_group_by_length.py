@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from simpletron_jax import batches
+from simpletron_jax.data import batches
 from simpletron_jax.data import grouping
 from tests.conftest import presence_examples
 

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from configs import lra
-from simpletron_jax import attention as attention_registry
-from simpletron_jax import models, tasks
+from simpletron_jax.model import attention as attention_registry
+from simpletron_jax.data import tasks
+from simpletron_jax.model import encoders
 
 # The tasks with SimpleTRON's appendix A settings, which have the :authors variants.
 AUTHORS_TASKS = tuple(t for t in tasks.names() if tasks.get(t).simpletron is not None)
@@ -101,7 +102,7 @@ def test_reformer_config_is_lras_structure(task, variant):
   assert (kwargs["num_buckets"], kwargs["num_hashes"], kwargs["lra_bugs"]) == (10, 1, False)
   assert "chunk_length" not in kwargs
   assert config.model.qkv_dim == config.model.emb_dim
-  models.ModelConfig.from_config_dict(config.model)
+  encoders.ModelConfig.from_config_dict(config.model)
 
 
 def test_text_length_and_retrieval_interaction():
@@ -119,9 +120,9 @@ def test_other_configs_keep_the_default_function():
     for name in ("simple", "simple_resl", "softmax", "linear", "performer", "linformer"):
       for variant in (None, "tiny"):
         config = lra.make_config(task, name, variant)
-        typed = models.ModelConfig.from_config_dict(config.model)
-        for field in dataclasses.fields(models.ModelConfig):
-          if field.name not in models.SIZES and field.name not in (
+        typed = encoders.ModelConfig.from_config_dict(config.model)
+        for field in dataclasses.fields(encoders.ModelConfig):
+          if field.name not in encoders.SIZES and field.name not in (
               "attention", "attention_kwargs", "dropout_rate", "attention_dropout_rate",
               "learn_pos_emb", "classifier_pool", "head", "interaction", "dtype"):
             assert getattr(typed, field.name) == field.default, (task, name, field.name)

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from configs import lra
-from simpletron_jax import tasks
-from simpletron_jax import batches
+from simpletron_jax.data import tasks
+from simpletron_jax.data import batches
 from simpletron_jax.data import image
 from simpletron_jax.data import pathfinder as pf
 from simpletron_jax.data.common import RaggedExamples

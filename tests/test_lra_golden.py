@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from tests import lra_golden_support as golden
-from simpletron_jax import models, train_lib
+from simpletron_jax.model import encoders
+from simpletron_jax.train import trainer
 from simpletron_jax.data import listops
 
 PAPER = "transformer__listops__paper"
@@ -88,7 +89,7 @@ def test_three_training_steps_give_lra_losses(suffix):
   assert not problems
   for field in ("learning_rate", "factors", "warmup", "weight_decay"):
     config[field] = schedule[field]
-  tx = train_lib.make_optimizer(config)
+  tx = trainer.make_optimizer(config)
   opt_state = tx.init(params)
 
   def loss_fn(p, x, y):
@@ -198,8 +199,8 @@ def test_paper_size_listops_transformer_gives_lra_logits():
   assert lengths.tolist() == entry["lengths"] and len(set(lengths.tolist())) == 2
   for row, n in zip(inputs, lengths):
     assert np.all(row[:n] != 0) and np.all(row[n:] == 0)   # pads at the end only
-  model = models.build_classifier(config.model, vocab_size=kwargs["vocab_size"],
-                                  num_classes=kwargs["num_classes"])
+  model = encoders.build_classifier(config.model, vocab_size=kwargs["vocab_size"],
+                                    num_classes=kwargs["num_classes"])
   lra_flat = golden.paper_weights(entry)   # asserts the hash LRA's run recorded
   params, problems = golden.our_params(model, arrays, lra_flat, "transformer")
   assert not problems, "parameter trees differ:\n" + "\n".join(problems)

@@ -24,8 +24,9 @@ import time
 import flax
 import pytest
 
-from simpletron_jax import errors, metric_logging, profiling, tensorboard_writer, train_lib
-from simpletron_jax.metric_logging import MetricLogger, read_records
+from simpletron_jax.runtime import errors
+from simpletron_jax.train import metric_logging, profiling, tensorboard_writer, trainer
+from simpletron_jax.train.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
 from tests.test_faults import _params, fault_config
 
@@ -93,7 +94,7 @@ def test_resumed_run_shows_one_value_per_step_in_tensorboard(tmp_path):
 
 
 def test_a_disabled_logger_writes_nothing_and_imports_no_tensorflow(tmp_path):
-  code = ("import sys; from simpletron_jax.metric_logging import MetricLogger, read_records; "
+  code = ("import sys; from simpletron_jax.train.metric_logging import MetricLogger, read_records; "
           f"MetricLogger({str(tmp_path)!r}, enabled=False).write(1, {{'loss': 1.0}}, 'train'); "
           "print('tensorflow' in sys.modules, 'wandb' in sys.modules)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -316,8 +317,8 @@ def test_a_run_resumed_past_the_first_profiled_step_traces_nothing(tmp_path):
 def test_tiny_run_writes_a_profile_of_the_chosen_steps_and_the_parameter_overview(
     presence_task, tmp_path):
   workdir = str(tmp_path / "run")
-  train_lib.train_and_evaluate(fault_config(num_train_steps=4, warmup=2), workdir,
-                               data=presence_task, profile_steps=(2, 3))
+  trainer.train_and_evaluate(fault_config(num_train_steps=4, warmup=2), workdir,
+                             data=presence_task, profile_steps=(2, 3))
   traces = glob.glob(os.path.join(workdir, "profile", "plugins", "profile", "*", "*.xplane.pb"))
   assert len(traces) == 1 and os.path.getsize(traces[0]) > 0, traces
   perfetto = glob.glob(os.path.join(os.path.dirname(traces[0]), "perfetto_trace.json.gz"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs.listops import simple as simple_config
-from simpletron_jax import attention, layers, models
+from simpletron_jax.model import attention, encoders, layers
 
 
 def _model_config(name, pool="CLS", learned=False):
@@ -30,8 +30,8 @@ def _model_config(name, pool="CLS", learned=False):
 @pytest.mark.parametrize("name,pool,learned", [
     (name, *(("CLS", True), ("MEAN", False))[i % 2]) for i, name in enumerate(attention.names())])
 def test_logits_shape_and_padding_invariance(name, pool, learned):
-  model = models.build_classifier(_model_config(name, pool, learned), vocab_size=16,
-                                  num_classes=10)
+  model = encoders.build_classifier(_model_config(name, pool, learned), vocab_size=16,
+                                    num_classes=10)
   rng = np.random.default_rng(0)
   tokens = rng.integers(1, 16, (3, 20)).astype(np.int32)
   tokens[1, 13:] = 0  # a shorter example inside the batch
@@ -46,7 +46,7 @@ def test_logits_shape_and_padding_invariance(name, pool, learned):
 
 
 def test_explicit_mask_keeps_zero_tokens():
-  model = models.build_classifier(_model_config("simple", "MEAN"), vocab_size=16, num_classes=2)
+  model = encoders.build_classifier(_model_config("simple", "MEAN"), vocab_size=16, num_classes=2)
   tokens = jnp.array([[0, 5, 0, 7]], jnp.int32)
   params = model.init(jax.random.PRNGKey(0), tokens)
   implicit = model.apply(params, tokens)
@@ -72,11 +72,11 @@ def test_config_errors_name_the_field(field, value, message):
   config = _model_config("simple")
   config[field] = value
   with pytest.raises(ValueError, match=message):
-    models.build_classifier(config, vocab_size=16, num_classes=2)
+    encoders.build_classifier(config, vocab_size=16, num_classes=2)
 
 
 def test_too_long_input_is_a_clear_error():
-  model = models.build_classifier(_model_config("simple"), vocab_size=16, num_classes=2)
+  model = encoders.build_classifier(_model_config("simple"), vocab_size=16, num_classes=2)
   with pytest.raises(ValueError, match="exceeds max_len=41"):
     model.init(jax.random.PRNGKey(0), jnp.ones((1, 45), jnp.int32))
 
@@ -84,7 +84,7 @@ def test_too_long_input_is_a_clear_error():
 def test_bfloat16_activations_run():
   config = _model_config("softmax")
   config.dtype = "bfloat16"
-  model = models.build_classifier(config, vocab_size=16, num_classes=2)
+  model = encoders.build_classifier(config, vocab_size=16, num_classes=2)
   tokens = jnp.ones((2, 10), jnp.int32)
   logits = model.apply(model.init(jax.random.PRNGKey(0), tokens), tokens)
   chex.assert_type(logits, jnp.float32)

@@ -21,8 +21,10 @@ import jax
 import numpy as np
 import pytest
 
-from simpletron_jax import batches, distributed, tasks, train_lib
-from simpletron_jax import checkpoints, config_checks, evaluation
+from simpletron_jax.data import batches, tasks
+from simpletron_jax.runtime import distributed
+from simpletron_jax.train import trainer
+from simpletron_jax.train import checkpoints, config_checks, evaluation
 from simpletron_jax.data.common import RaggedExamples
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
@@ -89,15 +91,15 @@ def single(tmp_path_factory):
     mp.setattr(evaluation, "evaluate", evaluation.evaluate)
     worker._record_loads(batches, data, record["loads"])  # pylint: disable=protected-access
     worker._record_evals(evaluation, record["evals"])  # pylint: disable=protected-access
-    record["results"] = train_lib.train_and_evaluate(worker.worker_config(), str(workdir),
-                                                     data=data)
+    record["results"] = trainer.train_and_evaluate(worker.worker_config(), str(workdir),
+                                                   data=data)
   return workdir, record
 
 
 def _final_params(workdir):
   config, data = worker.worker_config(), worker.presence_data()
-  state = train_lib.create_train_state(config, train_lib.build_model(config, data),
-                                       jax.random.PRNGKey(1))
+  state = trainer.create_train_state(config, trainer.build_model(config, data),
+                                     jax.random.PRNGKey(1))
   manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
   state, _, step = checkpoints.restore_checkpoint(manager, state)
   assert step == STEPS

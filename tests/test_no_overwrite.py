@@ -24,7 +24,8 @@ import sys
 
 import pytest
 
-from simpletron_jax import overrides, run_record
+from simpletron_jax.runtime import overrides
+from simpletron_jax.train import run_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = ("results", os.path.join("benchmarks", "results"))
@@ -66,7 +67,7 @@ def committed_unchanged():
 
 def _fake_train(calls: list):
   """A train.py stand-in: the config it would train (the command's --config and overrides,
-  parsed as train.py parses them) and the files train_lib writes, with that config's
+  parsed as train.py parses them) and the files the trainer writes, with that config's
   fingerprint."""
   def train_for(core):
     def train(cmd, workdir, name):

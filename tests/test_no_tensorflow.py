@@ -29,7 +29,7 @@ import types
 import numpy as np
 import pytest
 
-from simpletron_jax import errors
+from simpletron_jax.runtime import errors
 from simpletron_jax.data import tfds_io
 from tests.conftest import ROOT
 
@@ -118,7 +118,7 @@ def test_train_py_runs_without_tensorflow_and_tensorboard_reads_its_scalars(trai
     results = json.load(f)
   assert results["complete"] and results["final_step"] == 4
 
-  from simpletron_jax.metric_logging import \
+  from simpletron_jax.train.metric_logging import \
       read_records  # pylint: disable=import-outside-toplevel
   expected = {}
   for record in read_records(os.path.join(workdir, "metrics.jsonl")):
@@ -207,7 +207,7 @@ print(json.dumps({"failures": failures, "skipped": skipped}))
 
 def test_every_module_the_entry_points_import_imports_without_tensorflow(no_tf_env):
   imports = _imported(_entry_files())
-  assert ("simpletron_jax.tensorboard_writer", ("TensorBoardWriter",)) in imports
+  assert ("simpletron_jax.train.tensorboard_writer", ("TensorBoardWriter",)) in imports
   env = dict(no_tf_env)
   # The scripts import their neighbours (exp_common, seeds, torch_step, ...) by name.
   env["PYTHONPATH"] = os.pathsep.join(

@@ -9,7 +9,7 @@ examples, then each split becomes 4 copies of its longest example tiled to ``max
 so that every batch has the paper's full width and each cell compiles one train and one
 eval program. The model, its
 dtype, its attention implementation and every option stay the cell's. Each cell then trains
-2 steps, validates, tests and writes results.json through ``train_lib.train_and_evaluate``.
+2 steps, validates, tests and writes results.json through ``trainer.train_and_evaluate``.
 These compile 12 full-size models (several minutes on 2 cores), so they are marked
 ``paper_cells`` and run as CI's second step, ``python -m pytest tests -q -n 2 --paper-cells
 -m paper_cells`` (docs/testing.md).
@@ -31,7 +31,8 @@ import sys
 import numpy as np
 import pytest
 
-from simpletron_jax import tasks, train_lib
+from simpletron_jax.data import tasks
+from simpletron_jax.train import trainer
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.data import image, text
 
@@ -89,7 +90,7 @@ def smoke_config(cell: reproduce.Cell, data_dirs: dict[str, str]):
 
 def test_plan_order_and_published_numbers():
   """The plan's order and its published numbers are issue 43's; each cell's command parses."""
-  from simpletron_jax import published  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.tools import published  # pylint: disable=import-outside-toplevel
   expected = {"listops_transformer_lra_code": 36.37, "text_transformer_lra_code": 64.27,
               "text_simple_authors": 66.75, "listops_simple_authors": 37.45,
               "text_simple": 66.75, "listops_simple": 37.45,
@@ -153,7 +154,7 @@ def test_cell_trains_two_steps_on_cpu(name, data_dirs, tmp_path):
   cell = reproduce.get_cell(name)
   config = smoke_config(cell, data_dirs)
   data = full_width(tasks.load_task(config), config.model.max_length)
-  results = train_lib.train_and_evaluate(config, str(tmp_path / name), data=data)
+  results = trainer.train_and_evaluate(config, str(tmp_path / name), data=data)
   assert results["final_step"] == 2
   for key in ("test_accuracy_final", "test_accuracy_best_val", "test_loss_final"):
     assert math.isfinite(results[key]), key

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from simpletron_jax import steps, train_lib
-from simpletron_jax import checkpoints, config_checks
+from simpletron_jax.train import steps, trainer
+from simpletron_jax.train import checkpoints, config_checks
 from simpletron_jax.data.common import make_batch
 from tests.test_train import tiny_config
 
@@ -19,8 +19,8 @@ from tests.test_train import tiny_config
 def _run_steps(name, config, task, num_steps=3):
   """Params, last train metrics and an eval of ``num_steps`` train steps under ``name``."""
   parallel = steps.make_parallel(name)
-  model = train_lib.build_model(config, task)
-  state = train_lib.create_train_state(config, model, jax.random.PRNGKey(0))
+  model = trainer.build_model(config, task)
+  state = trainer.create_train_state(config, model, jax.random.PRNGKey(0))
   train, evaluate = parallel.steps(model.apply)
   state = parallel.put_state(state)
   for i in range(num_steps):
@@ -62,8 +62,8 @@ def test_unknown_parallelism_is_named():
 
 
 def _final_params(workdir, config, task):
-  state = train_lib.create_train_state(config, train_lib.build_model(config, task),
-                                       jax.random.PRNGKey(0))
+  state = trainer.create_train_state(config, trainer.build_model(config, task),
+                                     jax.random.PRNGKey(0))
   manager = checkpoints.checkpoint_manager(f"{workdir}/checkpoints", None)
   return checkpoints.restore_checkpoint(manager, state)[0].params
 
@@ -74,18 +74,18 @@ def test_a_pmap_run_resumed_under_jit_ends_where_a_straight_pmap_run_does(presen
   settings = {"num_train_steps": 6, "checkpoint_every": 3, "eval_frequency": 3, "warmup": 2,
               "num_eval_steps": 2, "num_test_steps": 2, "grad_accum_steps": 2}
   config = tiny_config(**settings)
-  straight = train_lib.train_and_evaluate(config, str(tmp_path / "pmap"), data=presence_task)
+  straight = trainer.train_and_evaluate(config, str(tmp_path / "pmap"), data=presence_task)
 
   def kill_at_3(step):
     if step == 3:
       raise KeyboardInterrupt
 
   with pytest.raises(KeyboardInterrupt):
-    train_lib.train_and_evaluate(config, str(tmp_path / "mixed"), data=presence_task,
-                                 step_hook=kill_at_3)
+    trainer.train_and_evaluate(config, str(tmp_path / "mixed"), data=presence_task,
+                               step_hook=kill_at_3)
   jit_config = tiny_config(parallelism="jit", **settings)
-  resumed = train_lib.train_and_evaluate(jit_config, str(tmp_path / "mixed"),
-                                         data=presence_task, precompile_workers=2)
+  resumed = trainer.train_and_evaluate(jit_config, str(tmp_path / "mixed"),
+                                       data=presence_task, precompile_workers=2)
   chex.assert_trees_all_close(_final_params(tmp_path / "mixed", config, presence_task),
                               _final_params(tmp_path / "pmap", config, presence_task),
                               rtol=1e-6, atol=1e-7)

@@ -291,7 +291,7 @@ def test_generated_level_is_lras_layout_with_the_originals_columns(tmp_path):
 @pytest.mark.parametrize("generator", ["dashed", "solid"])
 def test_the_task_loader_generates_with_the_configured_generator(generator, monkeypatch,
                                                                  tmp_path):
-  from simpletron_jax import tasks  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.data import tasks  # pylint: disable=import-outside-toplevel
 
   class Asked(Exception):
     pass

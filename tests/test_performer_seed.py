@@ -6,7 +6,7 @@ batch's queries, as LRA's ``models/performer/performer_attention.py`` does
 and the conversion saturates, so the golden grid (``test_lra_golden.py``) cannot tell the
 seed formula from a constant. Here:
 
-- :func:`simpletron_jax.attention.performer.lra_query_seed_key` on sums whose seeds are known
+- :func:`simpletron_jax.model.attention.performer.lra_query_seed_key` on sums whose seeds are known
   by hand (ceil, not floor, round or truncation; 1e7, not 1e6; saturation at both limits);
 - the golden case ``performer__listops__unsaturated_seed`` from ``scripts/lra_golden.py``:
   LRA's code on its tiny ListOps Performer with every query kernel times 2^-20, so the
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax.attention import performer
+from simpletron_jax.model.attention import performer
 from tests import lra_golden_support as golden
 
 CASE = "performer__listops__unsaturated_seed"

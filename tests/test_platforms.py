@@ -1,4 +1,4 @@
-"""No TPU start-up noise on a machine without a TPU (issue 48, ``simpletron_jax.platforms``).
+"""No TPU start-up noise on a machine without a TPU (``simpletron_jax.runtime.platforms``).
 
 * :func:`platforms.tpu_may_be_attached` reads the signs a TPU leaves (``/dev/accel*``, a
   numbered VFIO group, a PCI device of Google's vendor id), on fake ``/dev`` and sysfs trees.
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from simpletron_jax import platforms
+from simpletron_jax.runtime import platforms
 from tests.conftest import ROOT
 
 
@@ -56,7 +56,7 @@ def _env_without_jax_platforms():
 
 
 _PROBE = """
-from simpletron_jax import platforms
+from simpletron_jax.runtime import platforms
 replaced = platforms.skip_absent_tpu()
 import jax
 devices = jax.devices()

@@ -1,4 +1,4 @@
-"""Self-pretraining (simpletron_jax/pretraining.py): masking, the token-level loss, the LM
+"""Self-pretraining (simpletron_jax/train/pretraining.py): masking, the token-level loss, the LM
 model, the ``:spt`` configs, and fine-tuning from a pretrained encoder."""
 
 import json
@@ -13,7 +13,9 @@ import optax
 import pytest
 
 from configs import lra
-from simpletron_jax import models, pretraining, steps, tasks, train_lib, transfer
+from simpletron_jax.data import tasks
+from simpletron_jax.model import encoders, transfer
+from simpletron_jax.train import pretraining, steps, trainer
 from simpletron_jax.data.common import make_batch
 from tests.test_train import Killed, _final_params, tiny_config
 
@@ -141,7 +143,7 @@ def test_fine_tuning_starts_from_the_pretrained_encoder_exactly():
   model, params = _lm(spt)
   ft = _spt_config("none")
   clf = pretraining.build_model(ft, vocab_size=16, num_classes=2)
-  assert isinstance(clf, models.ClassificationEncoder)
+  assert isinstance(clf, encoders.ClassificationEncoder)
   target = clf.init({"params": jax.random.PRNGKey(1)}, jnp.ones((1, 8), jnp.int32), None,
                     deterministic=True)["params"]
   copied, report = transfer.transfer_params(params, target)
@@ -214,13 +216,13 @@ def test_bad_pretrain_fields_are_named():
 
 def test_encoder_states_are_one_per_token():
   config = tiny_config()
-  models.ModelConfig.from_config_dict(config.model)
-  encoder = models.build_encoder(config.model, vocab_size=16, return_states=True)
+  encoders.ModelConfig.from_config_dict(config.model)
+  encoder = encoders.build_encoder(config.model, vocab_size=16, return_states=True)
   tokens, mask = _batch(np.random.default_rng(2))
   params = encoder.init(jax.random.PRNGKey(0), tokens, mask)
   states = encoder.apply(params, tokens, mask)
   assert states.shape == (4, 12, config.model.emb_dim)
-  pooled = models.build_encoder(config.model, vocab_size=16).apply(params, tokens, mask)
+  pooled = encoders.build_encoder(config.model, vocab_size=16).apply(params, tokens, mask)
   assert pooled.shape == (4, config.model.emb_dim)
 
 
@@ -262,7 +264,7 @@ def test_spt_run_resumes_exactly_and_fine_tunes(presence_task, tmp_path):
   config = _spt_config(num_train_steps=6, checkpoint_every=3, eval_frequency=3, warmup=1,
                        **{"data.bucket": 0, "model.max_length": 24, "model.num_layers": 1})
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  first = train_lib.train_and_evaluate(config, straight, data=presence_task)
+  first = trainer.train_and_evaluate(config, straight, data=presence_task)
   assert 0 <= first["test_accuracy"] <= 1
 
   def kill_at_4(step):
@@ -270,14 +272,14 @@ def test_spt_run_resumes_exactly_and_fine_tunes(presence_task, tmp_path):
       raise Killed()
 
   with pytest.raises(Killed):
-    train_lib.train_and_evaluate(config, resumed, step_hook=kill_at_4, data=presence_task)
-  train_lib.train_and_evaluate(config, resumed, data=presence_task)
+    trainer.train_and_evaluate(config, resumed, step_hook=kill_at_4, data=presence_task)
+  trainer.train_and_evaluate(config, resumed, data=presence_task)
   chex.assert_trees_all_equal(_final_params(resumed, config, presence_task),
                               _final_params(straight, config, presence_task))
   ft = _spt_config("none", num_train_steps=2, checkpoint_every=2, eval_frequency=2, warmup=1,
                    init_from=straight,
                    **{"data.bucket": 0, "model.max_length": 24, "model.num_layers": 1})
-  train_lib.train_and_evaluate(ft, str(tmp_path / "ft"), data=presence_task)
+  trainer.train_and_evaluate(ft, str(tmp_path / "ft"), data=presence_task)
   with open(tmp_path / "ft" / "transfer.json") as f:
     report = json.load(f)
   assert sorted(report["new"]) == ["head_hidden/bias", "head_hidden/kernel",
@@ -286,7 +288,7 @@ def test_spt_run_resumes_exactly_and_fine_tunes(presence_task, tmp_path):
 
 
 def test_reference_rows_match_their_papers_averages():
-  from simpletron_jax import published  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.tools import published  # pylint: disable=import-outside-toplevel
   # each source's "Avg" (LRU's paper gives none: the mean of its six cells, rounded as
   # they are): a check on every transcribed cell
   averages = {"Transformer + Rotary + masked SPT": 86.21, "Transformer + causal SPT": 81.81,

@@ -11,8 +11,9 @@ import pytest
 from scipy import special
 
 from configs import lra
-from simpletron_jax import attention, layers, models, tasks
-from simpletron_jax.attention import simple
+from simpletron_jax.data import tasks
+from simpletron_jax.model import attention, encoders, layers
+from simpletron_jax.model.attention import simple
 from simpletron_jax.data.common import RaggedExamples, make_batch
 
 B, L, E, H = 2, 10, 8, 2
@@ -221,7 +222,7 @@ def _encoder(**kwargs):
               max_length=L, attention="simple", dropout_rate=0.5, learn_pos_emb=True)
   base.update(kwargs)
   vocab_size = base.pop("vocab_size")
-  return models.Encoder(config=models.ModelConfig(**base), vocab_size=vocab_size)
+  return encoders.Encoder(config=encoders.ModelConfig(**base), vocab_size=vocab_size)
 
 
 def _tokens():
@@ -285,7 +286,7 @@ def _gelu_exact(t):
 
 def test_gelu_head_matches_numpy():
   tokens = _tokens()
-  model = models.ClassificationEncoder(encoder=_encoder(head_activation="gelu"), num_classes=3)
+  model = encoders.ClassificationEncoder(encoder=_encoder(head_activation="gelu"), num_classes=3)
   params = model.init(jax.random.PRNGKey(0), tokens)
   logits, state = model.apply(params, tokens, capture_intermediates=True)
   pooled = np.asarray(state["intermediates"]["encoder"]["__call__"][0], np.float64)
@@ -299,8 +300,8 @@ def test_gelu_head_matches_numpy():
 @pytest.mark.parametrize("interaction,width", [("concat", 2), ("nli", 4)])
 def test_dual_interaction_matches_numpy(interaction, width):
   tokens = _tokens()
-  model = models.DualEncoderClassifier(encoder=_encoder(interaction=interaction),
-                                       num_classes=2)
+  model = encoders.DualEncoderClassifier(encoder=_encoder(interaction=interaction),
+                                         num_classes=2)
   params = model.init(jax.random.PRNGKey(0), tokens, None, tokens[::-1], None)
   p = params["params"]
   chex.assert_shape(p["head_hidden"]["kernel"], (width * E, 16))
@@ -320,4 +321,4 @@ def test_unknown_model_choices_name_the_field():
     model = ml_collections.ConfigDict(config.model.to_dict())
     model[field] = bad
     with pytest.raises(ValueError, match=f"model.{field}='{bad}'"):
-      models.build_classifier(model, vocab_size=12, num_classes=2)
+      encoders.build_classifier(model, vocab_size=12, num_classes=2)

@@ -11,8 +11,11 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from simpletron_jax import attention, published, reporting, run_record, tasks, train_lib
-from simpletron_jax import checkpoints, evaluation, steps
+from simpletron_jax.data import tasks
+from simpletron_jax.model import attention
+from simpletron_jax.tools import published, reporting
+from simpletron_jax.train import run_record, trainer
+from simpletron_jax.train import checkpoints, evaluation, steps
 from tests.test_train import Killed, _state, tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
@@ -43,7 +46,7 @@ def seed_runs(presence_task, tmp_path_factory):
     config = _config()
     config.seed = seed
     calls.append(seed)
-    train_lib.train_and_evaluate(config, workdir, step_hook=step_hook, data=presence_task)
+    trainer.train_and_evaluate(config, workdir, step_hook=step_hook, data=presence_task)
 
   def kill_at_3(step):
     if step == 3:

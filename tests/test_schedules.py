@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from simpletron_jax.schedules import create_learning_rate_schedule
+from simpletron_jax.train.schedules import create_learning_rate_schedule
 
 
 @pytest.mark.parametrize("warmup", [1000, 8000])

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpletron_jax import attention
+from simpletron_jax.model import attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""The task registry (simpletron_jax/tasks.py, docs/tasks.md): one record per task, read by the
+"""The task registry (simpletron_jax/data/tasks.py, docs/tasks.md): one record per task, read by the
 configs, the data, tpu_aot, pretraining, published and the config checks."""
 
 import dataclasses
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax import config_checks, pretraining, published, tasks, tpu_aot
+from simpletron_jax.data import tasks
+from simpletron_jax.tools import published, tpu_aot
+from simpletron_jax.train import config_checks, pretraining
 from simpletron_jax.data.common import RaggedExamples
 from tests.conftest import ROOT
 

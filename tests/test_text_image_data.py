@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from simpletron_jax import tasks
+from simpletron_jax.data import tasks
 from simpletron_jax.data import image, text
 from simpletron_jax.data.common import make_batch
 

@@ -21,8 +21,8 @@ import jax_vs_torch  # noqa: E402
 import speed_memory  # noqa: E402
 import torch_step  # noqa: E402
 
-from simpletron_jax import models  # noqa: E402
-from simpletron_jax import steps
+from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.train import steps  # noqa: E402
 
 TINY = {"emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_layers": 2}
 LENGTH = 12
@@ -32,8 +32,8 @@ def _jax_model(kind: str):
   setup = speed_memory.variant_setup(kind, LENGTH)
   config = speed_memory.lra_text_config(LENGTH, setup.attention, setup.attention_kwargs, 3,
                                         "float32", TINY)
-  return models.build_classifier(config.model, vocab_size=speed_memory.BYTE_VOCAB,
-                                 num_classes=speed_memory.NUM_CLASSES)
+  return encoders.build_classifier(config.model, vocab_size=speed_memory.BYTE_VOCAB,
+                                   num_classes=speed_memory.NUM_CLASSES)
 
 
 def test_the_torch_model_has_the_benchmark_model_sizes():

@@ -1,5 +1,5 @@
 """The TPU compile check (issue 37): ``train.py``'s steps compiled for TPU slices by libtpu on
-this CPU host (:mod:`simpletron_jax.tpu_aot`, ``scripts/tpu_check.py``).
+this CPU host (:mod:`simpletron_jax.tools.tpu_aot`, ``scripts/tpu_check.py``).
 
 libtpu is in the ``test`` extra, so these run in CI: they fail when a step stops compiling for
 a TPU, or the memory figures stop adding up.
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from configs.listops import simple, transformer
-from simpletron_jax import tpu_aot
+from simpletron_jax.tools import tpu_aot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -17,8 +17,8 @@ import pytest
 from jax.experimental import topologies
 from jax.experimental.pallas import tpu as pltpu
 
-from simpletron_jax import attention
-from simpletron_jax.attention import base, softmax
+from simpletron_jax.model import attention
+from simpletron_jax.model.attention import base, softmax
 
 TPU_KERNEL = softmax.FLASH_KERNELS["tpu"]
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from configs.listops import simple as simple_config
-from simpletron_jax import evaluation, precompile, steps, train_lib
-from simpletron_jax import batches, checkpoints, config_checks
+from simpletron_jax.train import evaluation, precompile, steps, trainer
+from simpletron_jax.data import batches
+from simpletron_jax.train import checkpoints, config_checks
 from simpletron_jax.data.common import make_batch
 
 
@@ -38,8 +39,8 @@ def tiny_config(attention="simple", **overrides):
 
 
 def _state(config, task):
-  model = train_lib.build_model(config, task)
-  return model, train_lib.create_train_state(config, model, jax.random.PRNGKey(0))
+  model = trainer.build_model(config, task)
+  return model, trainer.create_train_state(config, model, jax.random.PRNGKey(0))
 
 
 def test_pmap_on_two_devices_equals_one_device(presence_task):
@@ -99,7 +100,7 @@ def test_gradient_accumulation_equals_one_big_batch_and_compiles_once(presence_t
   params, compiles = [], []
   for accum, micro_batches in ((1, [batch]), (2, halves)):
     config.grad_accum_steps = accum
-    state = steps.replicate(train_lib.create_train_state(config, model,
+    state = steps.replicate(trainer.create_train_state(config, model,
                                                              jax.random.PRNGKey(0)), devices)
     for b in micro_batches:
       (state, _), n = _backend_compiles(
@@ -141,17 +142,17 @@ def test_killed_run_resumes_to_the_same_parameters(presence_task, tmp_path):
   config = tiny_config(num_train_steps=7, checkpoint_every=3, eval_frequency=4, grad_accum_steps=2,
                        **{"data.bucket": 0, "model.max_length": 24, "model.num_layers": 1})
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  train_lib.train_and_evaluate(config, straight, data=presence_task)
+  trainer.train_and_evaluate(config, straight, data=presence_task)
 
   def kill_at_5(step):
     if step == 5:
       raise Killed()
 
   with pytest.raises(Killed):
-    train_lib.train_and_evaluate(config, resumed, step_hook=kill_at_5, data=presence_task)
+    trainer.train_and_evaluate(config, resumed, step_hook=kill_at_5, data=presence_task)
   seen = []
-  results = train_lib.train_and_evaluate(config, resumed, step_hook=seen.append,
-                                         data=presence_task)
+  results = trainer.train_and_evaluate(config, resumed, step_hook=seen.append,
+                                       data=presence_task)
   assert seen == [4, 5, 6, 7], "the run must resume after the step-3 checkpoint"
   chex.assert_trees_all_equal(_final_params(resumed, config, presence_task),
                               _final_params(straight, config, presence_task))
@@ -166,7 +167,7 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   config = tiny_config(num_train_steps=150, eval_frequency=50, checkpoint_every=50,
                        log_every=10, **{"data.bucket": 16})
   workdir = str(tmp_path / "run")
-  results = train_lib.train_and_evaluate(config, workdir, data=presence_task)
+  results = trainer.train_and_evaluate(config, workdir, data=presence_task)
   assert results["test_majority_rate"] < 0.6
   assert results["test_accuracy"] > 0.9, results
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -182,7 +183,7 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
     assert (r["compile_seconds"] > 0) == (r["new_shapes"] > 0)
     assert r["steps_per_sec_excluding_compile"] >= r["steps_per_sec"]
   assert os.path.isdir(os.path.join(workdir, "tb"))
-  _, p_eval = steps.pmap_steps(train_lib.build_model(config, presence_task).apply)
+  _, p_eval = steps.pmap_steps(trainer.build_model(config, presence_task).apply)
   model, state = _state(config, presence_task)
   best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), 1)
   state, meta, step = checkpoints.restore_checkpoint(best, state)
@@ -217,7 +218,7 @@ def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(pres
                        num_eval_steps=2, num_test_steps=2,
                        **{"data.bucket": 8, "data.group_by_length": True,
                           "model.num_layers": 1})
-  plain = train_lib.train_and_evaluate(config, str(tmp_path / "plain"), data=presence_task)
+  plain = trainer.train_and_evaluate(config, str(tmp_path / "plain"), data=presence_task)
   direct_calls, pmap_steps = [], steps.pmap_steps
 
   class Counted:   # a pmapped step whose direct calls (which would compile) are counted
@@ -233,8 +234,8 @@ def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(pres
 
   monkeypatch.setattr(steps, "pmap_steps", lambda apply_fn: tuple(
       Counted(step, kind) for step, kind in zip(pmap_steps(apply_fn), ("train", "eval"))))
-  pre = train_lib.train_and_evaluate(config, str(tmp_path / "pre"), data=presence_task,
-                                     precompile_workers=2)
+  pre = trainer.train_and_evaluate(config, str(tmp_path / "pre"), data=presence_task,
+                                   precompile_workers=2)
   assert direct_calls == [], "every step must run a precompiled program"
   assert pre["train_shapes_compiled_in_loop"] == 0
   assert pre["precompiled_train_shapes"] == plain["train_shapes_compiled_in_loop"] >= 2
@@ -244,8 +245,8 @@ def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(pres
   chex.assert_trees_all_equal(_final_params(str(tmp_path / "pre"), config, presence_task),
                               _final_params(str(tmp_path / "plain"), config, presence_task))
   with pytest.raises(ValueError, match="--precompile_workers"):
-    train_lib.train_and_evaluate(config, str(tmp_path / "bad"), data=presence_task,
-                                 precompile_workers=-1)
+    trainer.train_and_evaluate(config, str(tmp_path / "bad"), data=presence_task,
+                               precompile_workers=-1)
 
 
 def test_batch_size_must_split_over_devices_and_micro_steps():

@@ -7,7 +7,7 @@ From scratch (the paper: 89.9%; Table 2 by depth)::
 
 From BERT's weights (the paper: 92.7% with 12 blocks, 92.3% with 6)::
 
-    python -m simpletron_jax.bert_import ~/bert-base-cased runs/bert_init
+    python -m simpletron_jax.tools.bert_import ~/bert-base-cased runs/bert_init
     python train.py --config configs/agnews/simple_resl.py:from_bert \
         --config.init_from=runs/bert_init --config.data.data_dir=~/data/ag_news_csv \
         --config.data.vocab_path=~/bert-base-cased [--config.model.num_layers=6]

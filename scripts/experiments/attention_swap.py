@@ -29,7 +29,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import exp_common  # noqa: E402  pylint: disable=wrong-import-position
 
-from simpletron_jax import transfer  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.model import transfer  # noqa: E402  pylint: disable=wrong-import-position
 
 NAME = "attention_swap"
 QUICK = {"steps": 600, "eval_every": 200, "finetune_steps": 200}

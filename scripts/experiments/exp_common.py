@@ -1,11 +1,11 @@
 """Shared pieces of the papers' experiments (``scripts/experiments/*.py``): command-line
-options, configs, training through ``train_lib``, evaluating a parameter tree, and the
+options, configs, training through ``trainer``, evaluating a parameter tree, and the
 JSON / markdown / PNG outputs.
 
 Every script has a CPU ``--quick`` mode on the ``:tiny`` configs and a paper-size mode (the
 configs without a suffix); ``--steps`` and ``--eval-every`` override the step counts, and
 ``--config.model.max_length=256`` any config field of every run (the syntax of ``train.py``,
-parsed by :mod:`simpletron_jax.overrides`).
+parsed by :mod:`simpletron_jax.runtime.overrides`).
 
 Outputs go under ``runs/`` unless asked otherwise: the runs in ``--runs`` (default
 ``runs/experiments/<name>/``), the JSON, markdown table and PNG in ``--out`` (default: the
@@ -33,10 +33,11 @@ if ROOT not in sys.path:
 import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax import cli, overrides  # noqa: E402  pylint: disable=C0413
-from simpletron_jax import evaluation, steps  # noqa: E402  pylint: disable=C0413
-from simpletron_jax import run_record, tasks, train_lib  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.runtime import cli, overrides  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import evaluation, steps  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.data import tasks  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import run_record, trainer  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
 
 
 OUTPUT_EXTENSIONS = ("json", "md", "png")
@@ -45,7 +46,7 @@ OUTPUT_EXTENSIONS = ("json", "md", "png")
 def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
   """Adds ``--quick``, ``--steps``, ``--eval-every``, ``--out``, ``--copy-to``, ``--runs``,
   ``--verbose`` (the ``--config.<field>=<value>`` overrides are taken by
-  :class:`simpletron_jax.overrides.OverrideParser`)."""
+  :class:`simpletron_jax.runtime.overrides.OverrideParser`)."""
   parser.add_argument("--quick", action="store_true",
                       help="CPU mode: the :tiny configs and few steps")
   parser.add_argument("--steps", type=int, default=None,
@@ -68,7 +69,7 @@ def run_cli(main: Callable[..., Any], argv: list[str] | None = None) -> Any:
   """Runs a script's ``main(argv)`` as a command: a user error (a ``ValueError`` or
   ``OSError`` raised by the project's or the scripts' code, a ``errors.RunError``) exits
   with status 1 and ``<script>: <cause>`` on one line; other errors, and every error with
-  ``--verbose``, keep their traceback (:func:`simpletron_jax.cli.user_errors_exit`).
+  ``--verbose``, keep their traceback (:func:`simpletron_jax.runtime.cli.user_errors_exit`).
 
   Args:
     main: the script's ``main(argv)``.
@@ -84,7 +85,7 @@ def run_cli(main: Callable[..., Any], argv: list[str] | None = None) -> Any:
 
 
 def make_parser(name: str, doc: str) -> argparse.ArgumentParser:
-  """The parser of script ``name`` (a :class:`simpletron_jax.overrides.OverrideParser`): its
+  """The parser of script ``name`` (a :class:`simpletron_jax.runtime.overrides.OverrideParser`): its
   docstring's first paragraph and the common options."""
   parser = overrides.OverrideParser(
       old_flags=("--override",), description=doc.split("\n\n")[0],
@@ -158,7 +159,7 @@ def make_config(args, task: str, attention: str, steps: int | None = None,
 
   Raises:
     ValueError: one line, for an override of a field the config lacks or a value its type
-      refuses (:func:`simpletron_jax.overrides.apply_overrides`).
+      refuses (:func:`simpletron_jax.runtime.overrides.apply_overrides`).
   """
   config = lra.make_config(task, attention, "tiny" if args.quick else None)
   steps = args.steps or steps or config.num_train_steps
@@ -196,13 +197,13 @@ class DataCache:
 
 def finished(workdir: str, config: ml_collections.ConfigDict | None = None) -> bool:
   """Whether ``workdir/results.json`` is a finished run (of ``config`` when given):
-  :func:`simpletron_jax.run_record.workdir_results_problem` finds nothing wrong with it."""
+  :func:`simpletron_jax.train.run_record.workdir_results_problem` finds nothing wrong with it."""
   return run_record.workdir_results_problem(workdir, config) is None
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData) -> dict:
-  """Trains with ``train_lib.train_and_evaluate``, or reads a finished run's results (one
-  that :func:`simpletron_jax.run_record.results_problem` accepts for ``config``; any other
+  """Trains with ``trainer.train_and_evaluate``, or reads a finished run's results (one
+  that :func:`simpletron_jax.train.run_record.results_problem` accepts for ``config``; any other
   run resumes from its last checkpoint).
 
   Returns:
@@ -211,7 +212,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
 
   Raises:
     ValueError: if ``workdir`` holds a run of another config: its ``config.json`` has another
-      :func:`simpletron_jax.run_record.config_fingerprint` (choose another ``--runs``).
+      :func:`simpletron_jax.train.run_record.config_fingerprint` (choose another ``--runs``).
   """
   path = os.path.join(workdir, "results.json")
   saved = os.path.join(workdir, "config.json")
@@ -227,7 +228,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
     with open(path) as f:
       results = json.load(f)
   else:   # none yet, or e.g. stopped by max_train_minutes: resume from its checkpoint
-    results = train_lib.train_and_evaluate(config, workdir, data=data)
+    results = trainer.train_and_evaluate(config, workdir, data=data)
   records = read_records(os.path.join(workdir, "metrics.jsonl"))
   curve = {r["step"]: r["accuracy"] for r in records if r.get("split") == "val"}
   return {**results, "val_curve": sorted(curve.items()), "workdir": workdir}
@@ -238,9 +239,9 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
   """Accuracy and loss of ``params`` in the model of ``config`` on ``split``.
 
   Reads ``num_test_steps`` batches for the test split and ``num_eval_steps`` for the
-  others, as ``train_lib.evaluate_checkpoint`` does.
+  others, as ``trainer.evaluate_checkpoint`` does.
   """
-  model = train_lib.build_model(config, data)
+  model = trainer.build_model(config, data)
   _, p_eval = steps.pmap_steps(model.apply)
   limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
   return evaluation.evaluate(p_eval, steps.replicate(params), getattr(data, split),
@@ -250,8 +251,8 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
 def init_params(config: ml_collections.ConfigDict, data: tasks.TaskData):
   """Freshly initialised parameters of the model of ``config`` (seed ``config.seed``)."""
   import jax  # pylint: disable=import-outside-toplevel
-  model = train_lib.build_model(config, data)
-  return train_lib.create_train_state(config, model, jax.random.PRNGKey(config.seed)).params
+  model = trainer.build_model(config, data)
+  return trainer.create_train_state(config, model, jax.random.PRNGKey(config.seed)).params
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

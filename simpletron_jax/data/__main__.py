@@ -21,7 +21,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from simpletron_jax import cli, overrides
+from simpletron_jax.runtime import cli, overrides
 from simpletron_jax.data import prepare as prep
 
 PROGRAM = "python -m simpletron_jax.data"

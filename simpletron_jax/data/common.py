@@ -134,6 +134,11 @@ class PairedExamples:
 
 Split = RaggedExamples | PairedExamples
 
+# One batch as make_batch builds it and the steps read it: ``inputs`` and ``mask`` ``[B, L]``,
+# ``targets`` ``[B]`` int32, ``weights`` ``[B]`` float32 (0 for filler rows); retrieval adds
+# ``inputs2`` and ``mask2``.
+Batch = dict[str, np.ndarray]
+
 
 def bucketed_length(longest: int, bucket: int, max_length: int) -> int:
   """Rounds ``longest`` up to a multiple of ``bucket``, capped at ``max_length``.
@@ -170,7 +175,7 @@ def _gather(examples: RaggedExamples, indices: np.ndarray, max_length: int,
 
 
 def make_batch(examples: Split, indices: np.ndarray, *, max_length: int,
-               bucket: int, valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
+               bucket: int, valid: np.ndarray | None = None) -> Batch:
   """Gathers examples into one padded batch.
 
   Sequences longer than ``max_length`` are truncated to their first

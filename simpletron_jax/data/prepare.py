@@ -16,10 +16,10 @@ a public address (:data:`DOWNLOADS`):
 * AG News's ``ag_news_csv.tgz`` (or its folder);
 * a prepared tfds data dir, found where the loaders look: ``data.tfds_data_dir``, else tfds's
   default (``$TFDS_DATA_DIR``, else ``~/tensorflow_datasets``;
-  :func:`simpletron_jax.tasks.source_dirs`).
+  :func:`simpletron_jax.data.tasks.source_dirs`).
 
 :func:`where` reports where a task reads from with the loaders' own search
-(:mod:`simpletron_jax.tasks` and each reader's ``find_*`` function), or one line naming the
+(:mod:`simpletron_jax.data.tasks` and each reader's ``find_*`` function), or one line naming the
 file to fetch, its address and the command that puts it in place. :func:`prepare` writes the
 files into ``--dest`` (default ``~/data``, where the loaders look without a flag) with a
 manifest, ``simpletron_prepared.json``: each output's size and SHA-256, and the source's size
@@ -29,7 +29,8 @@ where it is known (CIFAR-10, IMDB, AG News: equal classes); elsewhere it reports
 
 Task settings (the ListOps and Pathfinder generator arguments, the data folders) come from a
 config, ``configs/<task>/transformer.py`` unless ``--config`` names another, with
-``--config.<field>=<value>`` overrides (:mod:`simpletron_jax.overrides`), as for ``train.py``.
+``--config.<field>=<value>`` overrides (:mod:`simpletron_jax.runtime.overrides`), as for
+``train.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from typing import Any, Callable, Iterator, Sequence
 import ml_collections
 import numpy as np
 
-from simpletron_jax import atomic_io, overrides, tasks
+from simpletron_jax.data import tasks
+from simpletron_jax.runtime import atomic_io, overrides
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx", "agnews")
 MANIFEST = "simpletron_prepared.json"
@@ -146,7 +148,7 @@ def task_config(task: str, spec: str | None = None,
 
   Raises:
     ValueError: an unknown task (naming ``--task``), or a config or override that cannot be
-      loaded (one line, :func:`simpletron_jax.overrides.load_config`).
+      loaded (one line, :func:`simpletron_jax.runtime.overrides.load_config`).
   """
   if task not in TASKS:
     raise ValueError(f"--task {task!r} is not a task; the tasks: {', '.join(TASKS)}")
@@ -728,7 +730,7 @@ def prepare(task: str, config: ml_collections.ConfigDict, source: str | None = N
 
   * ``listops``, ``pathfinder``, ``pathx`` without ``source``: generates the data the config
     names into the cache, exactly as training would on first use
-    (:func:`simpletron_jax.tasks.listops_generator_args`, ``pathfinder_generator_args``).
+    (:func:`simpletron_jax.data.tasks.listops_generator_args`, ``pathfinder_generator_args``).
   * with ``source`` = ``lra_release.gz``: copies the task's part of LRA's release
     (``listops-1000/basic_*.tsv``; ``tsv_data/new_aan_pairs.*.tsv``; the config's Pathfinder
     level) into ``{dest}/lra_release/``; an unpacked release folder is used where it is.

@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any, Sequence
 
-from simpletron_jax import errors
+from simpletron_jax.runtime import errors
 
 _INSTALL = 'pip install -e ".[tfds]"'
 

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from simpletron_jax import progress
+from simpletron_jax.runtime import progress
 from simpletron_jax.data import workers as worker_pool
 from simpletron_jax.data.listops.tokens import (_END_ID, _MIN_ID, _SM_ID, END, NUM_CLASSES,
                                                 OPERATORS, VOCAB, _evaluate_ids)
@@ -344,7 +344,7 @@ def generate_splits(seed: int, *, num_train: int = 96000, num_val: int = 2000,
   ``random.Random`` seeded with ``(seed, b)``. Blocks are merged in block
   order, and a duplicate keeps its first occurrence. So the result is a pure
   function of the arguments other than ``num_workers``. The number of
-  processes only changes the speed. A progress bar (:func:`simpletron_jax.progress.bar`)
+  processes only changes the speed. A progress bar (:func:`simpletron_jax.runtime.progress.bar`)
   counts accepted examples.
 
   With the defaults, LRA's lengths are 500 < tokens < 2000.

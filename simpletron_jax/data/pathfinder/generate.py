@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from simpletron_jax import atomic_io, progress as progress_bar
+from simpletron_jax.runtime import atomic_io, progress as progress_bar
 from simpletron_jax.data import workers as worker_pool
 from simpletron_jax.data.pathfinder.dashed import dashed_example_rng, render_dashed_info
 from simpletron_jax.data.pathfinder.draw import example_rng, render_example_info
@@ -156,7 +156,7 @@ def generate_dataset(out_dir: str, *, seed: int, resolution: int = 32, level: st
     level: ``easy``, ``intermediate`` or ``hard`` (or an LRA folder name).
     num_images: images to make, >= 1.
     num_workers: processes; None means every CPU this process may use, 1 means this process.
-    progress: show a progress bar (:func:`simpletron_jax.progress.bar`) and print the speed.
+    progress: show a progress bar (:func:`simpletron_jax.runtime.progress.bar`) and print the speed.
     images_per_shard: images per shard folder (layout only; the images do not change).
     generator: ``dashed`` (LRA's images, :mod:`.dashed`) or ``solid`` (connected paths,
       :mod:`.draw`); ``data.generator``.

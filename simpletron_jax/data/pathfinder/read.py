@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from simpletron_jax import progress as progress_bar
+from simpletron_jax.runtime import progress as progress_bar
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.data.pathfinder.params import LEVELS, _level_name
 
@@ -259,7 +259,7 @@ def load_pathfinder(data_dir: str, *, resolution: int, level: str, seed: int,
     level: ``easy``, ``intermediate``, ``hard`` or an LRA folder name.
     seed: keys the split hash. Keep it fixed to compare runs on the same test set.
     split_fractions: train, val and test fractions, summing to 1.
-    progress: show a progress bar while decoding (:func:`simpletron_jax.progress.bar`).
+    progress: show a progress bar while decoding (:func:`simpletron_jax.runtime.progress.bar`).
     split_hash: ``data.split_hash``, one of :data:`SPLIT_HASHES`.
 
   Returns:

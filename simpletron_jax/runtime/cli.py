@@ -1,0 +1,262 @@
+"""The command-line boundary of ``train.py``, ``eval.py`` and ``scripts/experiments/*``:
+one line, no traceback, for every user error.
+
+A *user error* is an exception the project raises itself with a message that names the cause,
+the file or config field and what to do: a :class:`simpletron_jax.runtime.errors.RunError`, or a
+``ValueError`` / ``OSError`` (``FileNotFoundError``, ``NotADirectoryError``, ...) whose
+traceback ends in the project's own code (the package, or the folders a script names, e.g. the
+repository's ``configs/``). It is printed as ``<program>: <message>`` on one line and the
+program exits with status 1. Anything else (an error inside JAX, orbax, grain, or any other
+exception type) is a bug and keeps its traceback; so does every error under ``--verbose``.
+
+Flag parsing (:func:`parse_flags`) turns ml_collections' errors into the same one line: a
+missing config file (with or without ``--config.<field>`` overrides), a config file that does
+not load (a syntax error, a failed import), a ``:variant`` the config does not have (with the
+known ones), a ``--config.<field>`` the config lacks, a value absl cannot parse, a stray
+positional argument. :func:`check_path_name` refuses a ``--workdir`` whose name is not UTF-8.
+
+This module imports no JAX, so a flag error is reported before JAX starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+import traceback
+from typing import Iterable, Iterator, Sequence
+
+from absl import flags
+from ml_collections import config_flags
+
+from simpletron_jax.runtime import errors
+
+# The simpletron_jax folder, and the folder above it: in a checkout, the one that holds
+# configs/ and .git/ (an installed copy has neither there).
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(PACKAGE_DIR)
+# The exception types a user error can have (besides errors.RunError).
+USER_ERROR_TYPES = (ValueError, OSError)
+
+
+def one_line(message: str) -> str:
+  """``message`` with its lines joined by single spaces (empty lines dropped)."""
+  return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def raised_in(error: BaseException, dirs: Iterable[str]) -> bool:
+  """True when the innermost frame of ``error``'s traceback lies in one of ``dirs``.
+
+  Files under a ``site-packages`` or ``dist-packages`` folder never count, so a virtual
+  environment inside the repository is not mistaken for the project's code.
+  """
+  frames = traceback.extract_tb(error.__traceback__)
+  if not frames:
+    return False
+  filename = os.path.abspath(frames[-1].filename)
+  if any(part in ("site-packages", "dist-packages") for part in filename.split(os.sep)):
+    return False
+  return any(filename.startswith(os.path.abspath(d) + os.sep) for d in dirs)
+
+
+def user_error_message(error: BaseException, dirs: Iterable[str] = ()) -> str | None:
+  """The one-line message of a user error (see the module docstring), or None for a bug.
+
+  Args:
+    error: the exception.
+    dirs: folders of project code besides the package (a script's own folder, ``configs/``).
+
+  Returns:
+    ``"<ErrorType>: <message>"`` for a :class:`errors.RunError` (its type names the
+    cause: ``ConfigMismatchError``, ``NonFiniteError``, ...), the message for a
+    ``ValueError`` or ``OSError`` raised in the project's code, else None.
+  """
+  if isinstance(error, errors.RunError):
+    return one_line(f"{type(error).__name__}: {error}")
+  if isinstance(error, USER_ERROR_TYPES) and raised_in(error, (PACKAGE_DIR, *dirs)):
+    return one_line(str(error))
+  return None
+
+
+@contextlib.contextmanager
+def user_errors_exit(program: str, verbose: bool = False,
+                     dirs: Sequence[str] = ()) -> Iterator[None]:
+  """Turns a user error raised in the ``with`` block into ``SystemExit("<program>: ...")``
+  (printed on stderr, exit status 1); other exceptions, and all under ``verbose``, pass.
+
+  Args:
+    program: the name printed first (``"train.py"``).
+    verbose: the program's ``--verbose``: keep every traceback.
+    dirs: see :func:`user_error_message`.
+  """
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except  (re-raised unless a user error)
+    message = None if verbose else user_error_message(e, dirs)
+    if message is None:
+      raise
+    raise SystemExit(f"{program}: {message}") from None
+
+
+def _config_arg(argv: Sequence[str], flag_values: flags.FlagValues) -> str:
+  """The config file ``--config`` names (its ``:variant`` dropped): from the parsed flag, or
+  from ``argv`` when the flag's own parsing failed (a config file that does not load)."""
+  try:
+    return config_flags.get_config_filename(flag_values["config"])
+  except Exception:  # pylint: disable=broad-except  (absl: not parsed; no such flag)
+    pass
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg[len("--config="):].split(":")[0]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1].split(":")[0]
+  return "?"
+
+
+def _load_cause(error: BaseException) -> str:
+  """The cause of a config file's failure to load, on one line: ``file:line`` and the message
+  of a syntax error, else the error's type and first line (ml_collections' messages go on
+  with the paths it tried)."""
+  if isinstance(error, SyntaxError):
+    return f"SyntaxError at {error.filename}:{error.lineno}: {error.msg}"
+  first = (str(error).strip().splitlines() or [""])[0]
+  return f"{type(error).__name__}: {first}"
+
+
+def _config_file_message(path: str, error: BaseException) -> str:
+  """Why the config file ``path`` could not be loaded, with the files next to it when it does
+  not exist."""
+  folder = os.path.dirname(path) or "."
+  if os.path.exists(path):
+    return (f"--config {path}: the file cannot be loaded: {_load_cause(error)}; fix the "
+            "file, or pass another config")
+  known = ""
+  if os.path.isdir(folder):
+    names = sorted(f for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py")
+    known = f"; the configs in {folder}: {', '.join(names)}" if names else ""
+  return (f"--config {path}: no such config file{known}. Configs are "
+          "configs/<task>/<attention>.py[:variant], e.g. configs/listops/simple.py:tiny")
+
+
+def _flag_error_message(error: flags.Error) -> str:
+  """absl's message for a flag value it refused; for an error inside a config file's
+  ``get_config`` (e.g. an unknown ``:variant``) the flag and that error's last line, not the
+  config file's traceback that ml_collections puts in the message."""
+  lines = [line for line in str(error).splitlines() if line.strip()]
+  if len(lines) > 1 and "Traceback" in str(error):
+    flag_part = lines[0].split(": Error whilst parsing config file")[0]
+    cause = re.sub(r"^\w+(Error|Exception): ", "", lines[-1].strip())
+    return f"{flag_part.strip()}: {cause}"
+  return one_line(str(error))
+
+
+def _config_fields(config, prefix: str = "") -> list[str]:
+  """The dotted names of every field of a ConfigDict (sections included)."""
+  names = []
+  for key, value in (config.items() if hasattr(config, "items") else ()):
+    names.append(f"{prefix}{key}")
+    if hasattr(value, "items"):
+      names += _config_fields(value, f"{prefix}{key}.")
+  return names
+
+
+def _unknown_flag_message(error: flags.UnrecognizedFlagError,
+                          flag_values: flags.FlagValues) -> str:
+  """absl's "Unknown command line flag", as a missing config field with the nearest names
+  when the flag is a ``--config.<field>`` override."""
+  name = getattr(error, "flagname", "") or ""
+  if not name.startswith("config.") or "config" not in flag_values:
+    return f"{one_line(str(error))} (see --help)"
+  field = name[len("config."):]
+  try:
+    known = _config_fields(flag_values["config"].value)
+  except OSError as e:   # the config file itself failed to load: that is the cause
+    return _config_file_message(config_flags.get_config_filename(flag_values["config"]), e)
+  close = difflib.get_close_matches(field, known, n=3)
+  hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+  return (f"the config has no field {field!r}{hint}; overrides set existing fields only, "
+          "e.g. --config.batch_size=8")
+
+
+def parse_flags(argv: list[str], program: str,
+                flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """absl's flag parsing (``app.run(main, flags_parser=...)``) with one-line errors.
+
+  Exits with status 1 and ``<program>: <cause>`` for: a ``--config.<field>`` override of a
+  field the config lacks (with the nearest field names); an unknown flag; a flag value
+  absl refuses, including an error raised by the config file's ``get_config`` such as an
+  unknown ``:variant`` (its message lists the known ones); a ``--config`` file that does not
+  exist (listing the configs in its folder), with or without overrides; a config file that
+  does not load (a ``SyntaxError`` with its file and line, a failed import); a positional
+  argument (the programs take flags only; absl would print its whole help first).
+
+  Args:
+    argv: ``sys.argv``.
+    program: the name printed first.
+    flag_values: the flags to parse into (absl's global ``FLAGS`` by default).
+
+  Returns:
+    The arguments left after the flags (``argv[0]`` and positional ones).
+
+  Raises:
+    SystemExit: for the errors above.
+  """
+  try:
+    rest = flag_values(argv)
+  except (AttributeError, KeyError) as e:
+    given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+    field = re.search(r"'(\w+)", str(e))
+    hint = re.search(r'Did you mean "(\w+)"', str(e))
+    raise SystemExit(
+        f"{program}: the config has no field {field.group(1) if field else e!r}"
+        f"{f' (did you mean {hint.group(1)!r}?)' if hint else ''}; overrides: "
+        f"{', '.join(given)}. The options "
+        "of a variant are listed under model.attention_kwargs in its config, e.g. python -c "
+        "\"from configs.listops import simple; print(simple.get_config('tiny').model)\"") from None
+  except flags.UnrecognizedFlagError as e:
+    raise SystemExit(f"{program}: {_unknown_flag_message(e, flag_values)}") from None
+  except flags.Error as e:
+    raise SystemExit(f"{program}: {_flag_error_message(e)} (see --help)") from None
+  except (OSError, SyntaxError, ImportError) as e:   # the config file, loaded while parsing
+    raise SystemExit(
+        f"{program}: {_config_file_message(_config_arg(argv, flag_values), e)}") from None
+  if "config" in flag_values and flag_values["config"].value is not None:
+    try:
+      getattr(flag_values.config, "keys")   # ml_collections defers a load error to first use
+    except OSError as e:
+      raise SystemExit(
+          f"{program}: {_config_file_message(_config_arg(argv, flag_values), e)}") from None
+  if len(rest) > 1:
+    raise SystemExit(f"{program}: unexpected argument(s) {' '.join(map(repr, rest[1:]))}: "
+                     f"{program} takes flags only, as --name=value (quote a value that holds "
+                     "spaces or brackets, e.g. --config.freeze=\"('^encoder/',)\"); "
+                     "see --help")
+  return rest
+
+
+def check_path_name(path: str, flag: str) -> None:
+  """Refuses a path whose name is not UTF-8 text.
+
+  Python hands a command-line byte that is not UTF-8 over as a lone surrogate
+  (``surrogateescape``); the run writes its folder's name into UTF-8 logs and JSON files
+  (``metrics.jsonl``, TensorBoard, ``config.json``), which cannot hold it.
+
+  Args:
+    path: the path as given.
+    flag: the flag that gave it, for the message (``--workdir``).
+
+  Raises:
+    ValueError: one line naming the flag, the path (escaped) and the bytes that are not UTF-8.
+  """
+  try:
+    path.encode("utf-8")
+  except UnicodeEncodeError as e:
+    bad = path[e.start:e.end]
+    try:
+      shown = repr(bad.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+      shown = ascii(bad)
+    raise ValueError(f"{flag} {ascii(path)}: its name holds {shown}, which is not UTF-8 text; "
+                     "the run writes its folder's name into UTF-8 logs and JSON files: use a "
+                     "name of UTF-8 characters only") from None

@@ -1,0 +1,510 @@
+"""Checkpoints a killed run resumes from, verified before use.
+
+Orbax managers keep ``workdir/checkpoints`` (the newest ``max_to_keep``) and ``workdir/best``
+(the best-validation step). :func:`save_checkpoint` refuses a non-finite state and stores a
+CRC-32 and the layout of the arrays with each step; :func:`restore_checkpoint` restores the
+newest intact step, setting damaged ones aside (:func:`run_guard.state_crc32`), and refuses a
+checkpoint of another model config or train-state layout, or of another checkpoint format
+(:data:`FORMAT`: a checkpoint saved before this release is refused in one line, never read).
+:func:`reconcile_best` keeps ``best/`` to this run's lineage, and :func:`prune_best` to one step.
+
+With ``config.async_checkpoints`` the managers save in orbax's background thread:
+:func:`save_checkpoint` returns once the state is copied to the host, and
+:func:`finish_saves` waits for the write and reports a failed one as
+:class:`errors.CheckpointError` naming its step folder (docs/faults.md, "Asynchronous
+checkpoint saves").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+import weakref
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from simpletron_jax.runtime import distributed, errors
+from simpletron_jax.train import run_guard, run_record
+from simpletron_jax.train.steps import TrainState
+
+# The layout of a checkpoint's meta, stored in it under FORMAT_KEY by save_checkpoint. 2: this
+# release's (a run record, a run id, val_majority_rate, CRCs and layout, every model option);
+# a checkpoint without it was saved by an earlier release and is not read.
+FORMAT_KEY = "checkpoint_format"
+FORMAT = 2
+
+
+def _ckpt_tree(state: TrainState, private_copy: bool = False) -> dict[str, Any]:
+  """Step, params and optimizer state as host numpy arrays.
+
+  Numpy, not jax arrays: on several hosts, orbax refuses the host-local arrays that
+  ``pmap`` returns ("Cannot serialize host local jax.Array"), while numpy arrays are
+  written once, by process 0, and read by every host (orbax ``NumpyHandler``).
+
+  ``private_copy``: every array is a fresh copy that nothing else refers to.
+  ``jax.device_get`` hands back a numpy leaf as it is and may share a CPU array's buffer;
+  an asynchronous save writes after :func:`save_checkpoint` returns, so it must not read
+  memory the caller can still change.
+  """
+  tree = jax.device_get({"step": state.step, "params": state.params,
+                         "opt_state": state.opt_state})
+  if private_copy:
+    tree = jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
+  return tree
+
+
+class _Saves:
+  """What :func:`save_checkpoint` and :func:`finish_saves` know of one manager."""
+
+  def __init__(self, async_save: bool):
+    self.async_save = async_save
+    self.pending: int | None = None   # the step whose background save is not yet confirmed
+
+
+# Managers made by checkpoint_manager -> their _Saves (weak: a dropped manager is forgotten).
+_SAVES: "weakref.WeakKeyDictionary[ocp.CheckpointManager, _Saves]" = weakref.WeakKeyDictionary()
+
+
+def _saves(manager: ocp.CheckpointManager) -> _Saves:
+  """The :class:`_Saves` of ``manager``; a manager not made by :func:`checkpoint_manager`
+  counts as synchronous."""
+  if manager not in _SAVES:
+    _SAVES[manager] = _Saves(async_save=False)
+  return _SAVES[manager]
+
+
+def check_async_supported(async_save: bool, process_count: int) -> None:
+  """Refuses asynchronous saves on several processes.
+
+  Args:
+    async_save: ``config.async_checkpoints``.
+    process_count: ``jax.process_count()``.
+
+  Raises:
+    ValueError: naming ``config.async_checkpoints`` when ``async_save`` and
+      ``process_count > 1``. Process 0 alone writes the (numpy) checkpoint; a background
+      write that fails there would leave the other processes waiting at orbax's commit
+      barrier (up to its 20-minute time-out) instead of stopping with the error, and the
+      combination is not tested (docs/faults.md).
+  """
+  if async_save and process_count > 1:
+    raise ValueError(
+        f"config.async_checkpoints=True is not supported on several processes (this run has "
+        f"{process_count}): set config.async_checkpoints=False (docs/faults.md, "
+        "\"Asynchronous checkpoint saves\")")
+
+
+def checkpoint_manager(directory: str, max_to_keep: int | None,
+                       async_save: bool = False) -> ocp.CheckpointManager:
+  """An orbax manager keeping the newest ``max_to_keep`` checkpoints in ``directory``.
+
+  Args:
+    directory: the folder (created if missing; made absolute).
+    max_to_keep: how many of the newest steps to keep; None keeps all.
+    async_save: ``config.async_checkpoints``. False: each save is written before
+      :func:`save_checkpoint` returns, and a failed save raises there. True: orbax writes in
+      a background thread (``enable_async_checkpointing``); :func:`save_checkpoint` returns
+      once the state is copied to the host, and a failed write is raised by the next
+      :func:`save_checkpoint` or by :func:`finish_saves` (which the training loop calls
+      before it returns, is preempted, or calls ``step_hook``).
+
+  Returns:
+    An ``orbax.checkpoint.CheckpointManager``.
+
+  Raises:
+    ValueError: ``async_save`` with ``jax.process_count() > 1``
+      (:func:`check_async_supported`).
+  """
+  check_async_supported(bool(async_save), jax.process_count())
+  manager = ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=bool(async_save)))
+  _SAVES[manager] = _Saves(async_save=bool(async_save))
+  return manager
+
+
+def finish_saves(*managers: ocp.CheckpointManager) -> None:
+  """Waits until every save started in ``managers`` is written, renamed into place and
+  its old steps removed; reports a failed background save.
+
+  A no-op for synchronous managers. The training loop calls it after the loop (so the
+  newest step is on disk before the run returns or raises ``PreemptedError``) and before
+  ``step_hook``; :func:`save_checkpoint` and :func:`restore_checkpoint` call it first.
+
+  Args:
+    managers: managers made by :func:`checkpoint_manager`.
+
+  Raises:
+    errors.CheckpointError: naming the step folder whose background save failed (orbax's
+      exception is chained), or whose folder is missing after orbax reported success.
+      The step is gone from ``manager.all_steps()``; its files stay in orbax's temporary
+      folder (``<step>.orbax-checkpoint-tmp``), which no restore reads, and the steps saved
+      before it are kept.
+  """
+  for manager in managers:
+    saves = _saves(manager)
+    step, saves.pending = saves.pending, None
+    where = step_dir(manager, step) if step is not None else str(manager.directory)
+    try:
+      manager.wait_until_finished()
+    except Exception as e:  # a failed background write, of any kind, stops the run
+      raise errors.CheckpointError(
+          f"the background save of step {step} to {where} failed: {type(e).__name__}: "
+          f"{_first_line(e)}. The checkpoints saved before it are kept.") from e
+    if (step is not None and step in manager.all_steps() and jax.process_index() == 0
+        and not os.path.isdir(where)):
+      raise errors.CheckpointError(
+          f"the background save of step {step} to {where} ended without the folder: orbax "
+          "reported no error but did not finish the checkpoint")
+
+
+def _is_closed_loop_callback(value: BaseException | None, tb) -> bool:
+  """An orbax read abandoned by a failed restore: tensorstore finishing it after orbax closed
+  its event loop (``RuntimeError: Event loop is closed`` in ``call_soon_threadsafe``)."""
+  return (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+          and any(frame.name == "call_soon_threadsafe"
+                  for frame in traceback.extract_tb(tb)))
+
+
+def quiet_abandoned_reads() -> None:
+  """Drops the tracebacks of reads that a failed restore abandoned (installed once).
+
+  When one array of a damaged checkpoint fails to load, orbax stops the restore and closes
+  its asyncio event loop while tensorstore still reads the other arrays; each read that
+  finishes then fails to post its result (``RuntimeError: Event loop is closed``), and
+  tensorstore reports that error as unraisable, which Python prints as a traceback (15 to 50
+  of them after one truncated checkpoint, depending on timing). Nothing waits for those
+  reads: the damage is already reported, once, by :func:`restore_checkpoint`. This wraps
+  ``sys.unraisablehook`` so that exactly those errors are not printed; every other one
+  reaches the previous hook.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_abandoned_reads", False):
+    return
+
+  def hook(unraisable):
+    if not _is_closed_loop_callback(unraisable.exc_value, unraisable.exc_traceback):
+      previous(unraisable)
+
+  hook.drops_abandoned_reads = True
+  sys.unraisablehook = hook
+
+
+def check_format(meta: dict[str, Any], where: str) -> None:
+  """Refuses a checkpoint whose ``meta`` (its JSON meta dict) is not of this release's
+  :data:`FORMAT`; ``where`` names it in the message.
+
+  Raises:
+    errors.ConfigMismatchError: one line naming ``where``, both formats and what to do.
+  """
+  if meta.get(FORMAT_KEY) != FORMAT:
+    raise errors.ConfigMismatchError(
+        f"{where} was saved by an earlier release of simpletron-jax (checkpoint format "
+        f"{meta.get(FORMAT_KEY, 1)}, this release reads {FORMAT}) and cannot be resumed, "
+        "evaluated or transferred: train again in a new --workdir, or use the release that "
+        "saved it.")
+
+
+def verify_params_checkpoint(directory: str, what: str) -> int:
+  """Checks the newest checkpoint of ``directory`` before its parameters are used elsewhere
+  (``init_from``, :mod:`simpletron_jax.model.transfer`), as :func:`restore_checkpoint` checks one
+  it restores: its arrays load, match the CRC-32 saved with them, and are finite.
+
+  Without a train state to restore into, the arrays are read as saved, and their
+  ``params_crc32`` (the CRC-32 of the parameters) is compared.
+
+  Args:
+    directory: a checkpoint folder (``<workdir>/best``).
+    what: the setting that names it, for messages (``"init_from='runs/a'"``).
+
+  Returns:
+    The step checked.
+
+  Raises:
+    FileNotFoundError: the folder holds no checkpoint.
+    errors.CheckpointError: the checkpoint is damaged (unreadable, another CRC-32, NaN or
+      inf), naming its folder and what to do.
+    errors.ConfigMismatchError: an earlier release saved it (:func:`check_format`).
+  """
+  quiet_abandoned_reads()
+  with ocp.CheckpointManager(os.path.abspath(directory)) as manager:
+    step = manager.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"{what}: no checkpoint in {directory}")
+    where = step_dir(manager, step)
+    try:
+      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      tree = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore()))["state"]
+    except Exception as e:  # a damaged checkpoint fails in many ways; each is named
+      raise errors.CheckpointError(
+          f"{what}: damaged checkpoint {where}: {type(e).__name__}: {_first_line(e)}. Use an "
+          "intact run (eval.py --workdir on it checks one) or retrain it.") from e
+  check_format(meta, f"{what}: {where}")
+  problem = None
+  if run_guard.state_crc32(tree["params"]) != meta["params_crc32"]:
+    problem = "its parameters do not match the CRC-32 saved with them"
+  if problem is None and not run_guard.tree_is_finite(tree["params"]):
+    problem = "its parameters hold NaN or inf"
+  if problem:
+    raise errors.CheckpointError(f"{what}: damaged checkpoint {where}: {problem}. Use an "
+                                 "intact run or retrain it.")
+  return step
+
+
+def model_config_dict(model_config) -> dict[str, Any]:
+  """``config.model`` as the plain JSON dict that checkpoints record (references resolved)."""
+  if isinstance(model_config, ml_collections.ConfigDict):
+    model_config = model_config.to_dict()
+  return json.loads(json.dumps(model_config))
+
+
+def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
+  """The folder of ``step`` in ``manager``'s directory (named in messages)."""
+  return os.path.join(str(manager.directory), str(step))
+
+
+def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState,
+                    meta: dict[str, Any]) -> None:
+  """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``.
+
+  ``meta`` is stored with :data:`FORMAT_KEY`, ``state_crc32`` (:func:`run_guard.state_crc32`
+  of the params and optimizer state), ``params_crc32`` (of the params alone, for
+  :func:`verify_params_checkpoint`) and ``state_structure`` (:func:`run_guard.state_structure`)
+  added, which :func:`restore_checkpoint` verifies.
+
+  With an asynchronous manager (:func:`checkpoint_manager` ``async_save=True``) it first
+  waits for the previous save (:func:`finish_saves`), then returns once orbax holds a
+  private host copy of ``state``: the stored CRC-32 and layout are those of ``state`` as it
+  was at the call, whatever the caller does with it afterwards. The step folder appears
+  (renamed from orbax's temporary folder) only when the write has finished; until then a
+  new manager on the folder, such as a resumed run's, does not list the step.
+
+  Raises:
+    errors.NonFiniteError: ``state`` holds NaN or inf; nothing is saved.
+    errors.CheckpointError: naming the path and the reason, when the save fails (e.g. a
+      read-only folder) or when orbax skips it because the folder already holds a step at
+      or after ``step``; with an asynchronous manager, also when the previous step's
+      background save failed (naming that step's folder).
+  """
+  saves = _saves(manager)
+  if saves.async_save:
+    finish_saves(manager)   # orbax would wait anyway; this names a failed previous step
+  tree = _ckpt_tree(state, private_copy=saves.async_save)
+  where = step_dir(manager, step)
+  if not run_guard.tree_is_finite(tree):
+    raise errors.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
+  arrays = (tree["params"], tree["opt_state"])
+  params_crc = run_guard.state_crc32(tree["params"])
+  meta = {**meta, FORMAT_KEY: FORMAT,
+          "state_crc32": run_guard.state_crc32(tree["opt_state"], params_crc),
+          "params_crc32": params_crc, "state_structure": run_guard.state_structure(arrays)}
+  try:
+    saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
+                                                       meta=ocp.args.JsonSave(meta)))
+    if not saves.async_save:
+      manager.wait_until_finished()
+  except Exception as e:  # any failure of the library or the file system stops the run
+    raise errors.CheckpointError(
+        f"saving step {step} to {where} failed: {type(e).__name__}: {_first_line(e)}") from e
+  if saved and saves.async_save:
+    saves.pending = step
+  if not saved:
+    raise errors.CheckpointError(
+        f"orbax skipped saving step {step} to {manager.directory}: the folder holds step "
+        f"{manager.latest_step()}, and orbax only saves newer steps")
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+  text = str(error).strip().splitlines()
+  return (text[0] if text else "")[:limit]
+
+
+def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: int,
+                      model_config, resume_check=None) -> tuple[TrainState, dict[str, Any], int]:
+  """Restores one step and checks its model config (or calls ``resume_check``), layout, CRC
+  and finiteness (see :func:`restore_checkpoint`)."""
+  where = step_dir(manager, step)
+  meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+  check_format(meta, where)
+  diff = []
+  if model_config is not None and "model_config" in meta:
+    diff = run_record.flat_diff(meta["model_config"], model_config_dict(model_config))
+  if resume_check is not None:
+    resume_check(where, meta, diff)
+  elif diff:
+    raise errors.ConfigMismatchError(
+        f"{where} was saved with another model config: {'; '.join(diff)}. Resume with the "
+        "checkpoint's values, or use another --workdir.")
+  target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _ckpt_tree(state))
+  structure = run_guard.state_structure((target["params"], target["opt_state"]))
+  if meta["state_structure"] != structure:
+    # Not damage: restoring would fail, and the checkpoint would be set aside as damaged.
+    raise errors.ConfigMismatchError(
+        f"{where} holds a train state of another layout: the parameter shapes (the task's "
+        "vocabulary size and class count, model sizes) or the optimizer settings that change "
+        "it (grad_accum_steps > 1, grad_clip_norm > 0, freeze, lora.rank) differ from the "
+        "checkpoint's. Resume with the values in the workdir's config.json, or use another "
+        "--workdir.")
+  tree = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(target)))["state"]
+  crc = run_guard.state_crc32((tree["params"], tree["opt_state"]))
+  if crc != meta["state_crc32"]:
+    raise errors.CheckpointError("its arrays do not match the CRC-32 saved with them")
+  if not run_guard.tree_is_finite(tree):
+    raise errors.NonFiniteError("it holds NaN or inf")
+  state = state.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"])
+  return state, meta, step
+
+
+def _quarantine(manager: ocp.CheckpointManager, step: int, quarantine_dir: str) -> str:
+  """Moves a damaged step folder out of the manager's directory; returns its new path.
+
+  Every host reads the same files and so finds the same damage; only process 0 moves the
+  folder (a shared workdir), and the others wait for it before they reload.
+  """
+  target = os.path.join(quarantine_dir, f"{os.path.basename(str(manager.directory))}_{step}")
+  if jax.process_index() == 0:
+    os.makedirs(quarantine_dir, exist_ok=True)
+    target += f"_{time.strftime('%Y%m%d-%H%M%S')}"
+    shutil.move(step_dir(manager, step), target)
+  distributed.barrier(f"quarantine_{step}")
+  manager.reload()
+  return target
+
+
+def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
+                       step: int | None = None, model_config=None,
+                       quarantine_dir: str | None = None,
+                       resume_check: Callable[[str, dict, list[str]], None] | None = None
+                       ) -> tuple[TrainState, dict[str, Any], int]:
+  """Restores ``step`` (default: the newest intact one) into the structure of ``state``.
+
+  A checkpoint is intact when its meta loads, its arrays load into ``state``'s structure,
+  they match the CRC-32 saved with them and they are finite.
+  With ``step=None`` a checkpoint that is not intact is skipped with a
+  :class:`errors.RunWarning` naming it, moved to ``quarantine_dir`` when given (so the
+  run can save that step again), and the next older one is tried.
+
+  Args:
+    manager: the checkpoint folder.
+    state: a TrainState giving the structure, shapes and dtypes.
+    step: restore exactly this optimizer step (no fallback).
+    model_config: ``config.model``; when given, a checkpoint saved with another model config
+      is an error rather than a damaged checkpoint.
+    quarantine_dir: where damaged checkpoints go; None: they stay.
+    resume_check: called as ``resume_check(checkpoint folder, its meta, model_diff)`` before
+      the arrays are read, in place of the ``model_config`` check (``model_diff`` lists the
+      ``model.*`` differences as :func:`run_record.flat_diff` lines); it raises
+      :class:`errors.ConfigMismatchError` to refuse the checkpoint
+      (:func:`simpletron_jax.train.trainer.train_and_evaluate` compares the whole run record there).
+
+  Returns:
+    ``(state, meta, step)``.
+
+  Raises:
+    FileNotFoundError: the folder holds no checkpoint, or not ``step``.
+    errors.ConfigMismatchError: listing every ``model.*`` field that differs; or, in one
+      line, a checkpoint of another :data:`FORMAT` (an earlier release's).
+    errors.CheckpointError: ``step`` is damaged, or no checkpoint is intact (each one
+      named with its problem), or a background save of ``manager`` failed
+      (:func:`finish_saves`).
+  """
+  finish_saves(manager)   # an asynchronous save of this manager is read only once written
+  quiet_abandoned_reads()   # a damaged step is reported once, below
+  available = sorted(manager.all_steps(), reverse=True)
+  if not available or (step is not None and step not in available):
+    raise FileNotFoundError(f"no checkpoint{'' if step is None else f' at step {step}'} in "
+                            f"{manager.directory} (it holds steps {sorted(available)})")
+  problems = []
+  for candidate in ([step] if step is not None else available):
+    try:
+      return _restore_verified(manager, state, candidate, model_config, resume_check)
+    except errors.ConfigMismatchError:
+      raise
+    except Exception as e:  # a damaged checkpoint fails in many ways; each is reported
+      problem = f"{step_dir(manager, candidate)}: {type(e).__name__}: {_first_line(e)}"
+      if step is not None:
+        raise errors.CheckpointError(f"damaged checkpoint {problem}") from e
+      problems.append(problem)
+      moved = _quarantine(manager, candidate, quarantine_dir) if quarantine_dir else None
+      errors.warn(f"skipping damaged checkpoint {problem}"
+                     + (f"; moved to {moved}" if moved else ""))
+  raise errors.CheckpointError(f"no intact checkpoint in {manager.directory}: "
+                                  + " | ".join(problems))
+
+
+def _best_run_id(best: ocp.CheckpointManager, step: int) -> str | None:
+  meta = best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  return meta.get("run_id")
+
+
+def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any],
+                   resume_step: int) -> dict[str, Any]:
+  """Makes ``best/`` hold only checkpoints of this run's lineage, up to ``resume_step``.
+
+  The lineage is ``meta["run_id"]`` (:func:`run_guard.lineage_id`): every checkpoint of a
+  run, in ``checkpoints/`` and ``best/``, carries it. At start-up:
+
+  * a ``best/`` step of another lineage is an error: ``best/`` never reports another run;
+  * ``best/`` steps after ``resume_step`` were saved by this lineage after the checkpoint
+    the run resumes from (at a fresh start, ``resume_step`` 0, by an earlier start killed
+    before its first checkpoint, or kept after ``checkpoints/`` was deleted). They are
+    removed with a warning; the run recomputes them;
+  * a damaged ``best/`` step is removed with a warning;
+  * if ``meta["best_step"]`` is then missing, the best so far is reset with a warning.
+
+  Args:
+    best: the ``best/`` manager (``max_to_keep=None``; :func:`prune_best` trims it).
+    meta: the resumed checkpoint's meta, with ``run_id`` set.
+    resume_step: the step the run resumes from (0: fresh start).
+
+  Returns:
+    ``meta``, with ``best_val_accuracy`` and ``best_step`` reset if their checkpoint is gone.
+
+  Raises:
+    errors.CheckpointError: naming a ``best/`` step of another lineage.
+  """
+  for step in best.all_steps():
+    where = step_dir(best, step)
+    try:
+      run_id = _best_run_id(best, step)
+    except Exception as e:  # unreadable meta: a damaged checkpoint
+      errors.warn(f"removing damaged best checkpoint {where}: {_first_line(e)}")
+      best.delete(step)
+      continue
+    if run_id != meta["run_id"]:
+      raise errors.CheckpointError(
+          f"{where} belongs to run {run_id}, not to this workdir's run {meta['run_id']}; "
+          f"best/ must come from the run in checkpoints/. Move {best.directory} away or use "
+          "another --workdir.")
+    if step > resume_step:
+      errors.warn(f"removing {where}: saved after step {resume_step}, where this run "
+                     "(re)starts; it will be recomputed")
+      best.delete(step)
+  best.reload()
+  if meta["best_step"] >= 0 and meta["best_step"] not in best.all_steps():
+    errors.warn(f"the best checkpoint of step {meta['best_step']} is missing from "
+                   f"{best.directory}; the best validation restarts from this run's next one")
+    meta.update(best_val_accuracy=-1.0, best_step=-1)
+  return meta
+
+
+def prune_best(best: ocp.CheckpointManager, keep_step: int) -> None:
+  """Deletes every ``best/`` step but ``keep_step``; call after a regular checkpoint.
+
+  It does not wait for an asynchronous save of ``keep_step`` (the newest best step): the
+  steps it deletes are older, and orbax finished them before it began that save.
+  """
+  for step in best.all_steps():
+    if step != keep_step:
+      best.delete(step)

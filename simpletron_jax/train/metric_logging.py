@@ -1,0 +1,321 @@
+"""Metrics to a JSONL file (one record per line, easy to plot), to TensorBoard and, when
+``config.wandb.project`` is set, to Weights & Biases, through writers with clu's
+``MetricWriter`` interface; and the run's parameter table (``clu.parameter_overview``).
+
+Every record is written in the caller's thread and flushed before :meth:`MetricLogger.write`
+returns, so a failed write (a full disk, a read-only folder) stops the run at once with a
+:class:`simpletron_jax.runtime.errors.WriteError` naming the file. TensorBoard's event file
+is written by :class:`simpletron_jax.train.tensorboard_writer.TensorBoardWriter`, which needs no
+TensorFlow and has no writer thread; nothing here imports TensorFlow.
+
+The writers are imported only when a logger is created, so ``from
+simpletron_jax.train.metric_logging import read_records`` stays cheap (no JAX, no TensorBoard).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from typing import Any, Mapping
+
+from simpletron_jax.runtime import atomic_io, errors
+
+# config.wandb.mode: "" leaves the mode to W&B (its WANDB_MODE variable, else online).
+WANDB_MODES = ("", "online", "offline")
+PARAMETER_OVERVIEW_FILE = "parameter_overview.txt"
+
+
+def read_records(path: str) -> list[dict[str, Any]]:
+  """The records of a ``metrics.jsonl`` file.
+
+  A torn last line (no newline after it: a run killed while writing it) is dropped with a
+  warning.
+
+  Raises:
+    ValueError: ``{path}:{line}: ...`` for any other line that is not a JSON object with an
+      integer ``step``.
+  """
+  with open(path) as f:
+    lines = f.read().split("\n")
+  records = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        raise ValueError("not a JSON object with an integer 'step'")
+    except ValueError as e:
+      if i == len(lines) - 1:  # no newline after it: the write was cut short
+        warnings.warn(f"{path}:{i + 1}: dropping a torn last record ({e})", stacklevel=2)
+        continue
+      raise ValueError(f"{path}:{i + 1}: {e}") from None
+    records.append(record)
+  return records
+
+
+def _strict(record: Mapping[str, Any]) -> dict[str, Any]:
+  """``record`` with NaN and infinite floats replaced by None (JSON ``null``)."""
+  return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+          for k, v in record.items()}
+
+
+def flat_config(config: Any) -> dict[str, bool | int | float | str]:
+  """``config`` as hyperparameters: ``{"model.num_layers": 4, ...}``.
+
+  Args:
+    config: an ``ml_collections.ConfigDict`` or a nested mapping.
+
+  Returns:
+    One entry per leaf, keyed by its dotted path; bools, ints, floats and strings are kept,
+    ``None`` becomes ``""`` and anything else (tuples, lists) its JSON text, since TensorBoard's
+    hparams plugin takes only those four types.
+  """
+  tree = config.to_dict() if hasattr(config, "to_dict") else config
+  flat = {}
+
+  def visit(prefix: str, node: Any) -> None:
+    if isinstance(node, Mapping):
+      for key, value in node.items():
+        visit(f"{prefix}.{key}" if prefix else str(key), value)
+    elif node is None:
+      flat[prefix] = ""
+    elif isinstance(node, (bool, int, float, str)):
+      flat[prefix] = node
+    else:
+      flat[prefix] = json.dumps(node, default=str)
+
+  visit("", tree)
+  return flat
+
+
+def wandb_settings(config: Any) -> dict[str, str] | None:
+  """The checked ``config.wandb`` fields, or None when W&B logging is off.
+
+  Args:
+    config: the run config; ``config.wandb.project`` ("" or missing: off), ``.entity`` ("":
+      the W&B account's default) and ``.mode`` (``""``, the default: W&B's own ``WANDB_MODE``
+      environment variable decides, online when unset; ``"online"`` or ``"offline"``
+      override it).
+
+  Returns:
+    ``{"project", "entity", "mode"}`` (entity "" for the default, mode "" for W&B's choice)
+    when ``project`` is set.
+
+  Raises:
+    ValueError: ``config.wandb.mode`` is not ``""``, ``"online"`` or ``"offline"`` (checked
+      even when the project is empty, so a typo shows before a run relies on it).
+    errors.RunError: a project is set but ``wandb`` is not installed; says
+      ``pip install -e ".[wandb]"``.
+  """
+  section = config.get("wandb", None) if config is not None else None
+  if section is None:
+    return None
+  mode = section.get("mode", "")
+  mode = "" if mode is None else mode
+  if mode not in WANDB_MODES:
+    raise ValueError(f"config.wandb.mode={mode!r} is not one of '', online, offline: '' "
+                     "(the default) leaves it to W&B's WANDB_MODE variable (online when "
+                     "unset), 'online' logs to the W&B server as the run goes, 'offline' "
+                     "writes workdir/wandb for a later `wandb sync`")
+  project = str(section.get("project", "") or "")
+  if not project:
+    return None
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  if importlib.util.find_spec("wandb") is None:
+    raise errors.RunError(f"config.wandb.project={project!r} asks for Weights & Biases "
+                          "logging, but the wandb package is not installed: run "
+                          "pip install -e \".[wandb]\", or set --config.wandb.project='' "
+                          "to log to metrics.jsonl and TensorBoard only")
+  return {"project": project, "entity": str(section.get("entity", "") or ""), "mode": mode}
+
+
+def wandb_run_id(workdir: str, run_id: str | None = None) -> str:
+  """The W&B run id of ``workdir``: the same on every start, so a resumed run continues it.
+
+  Args:
+    workdir: the run directory.
+    run_id: the run's lineage id (the trainer's ``meta["run_id"]``, ``workdir/run_id``);
+      used when given.
+
+  Returns:
+    ``run_id``, else the id in ``workdir/run_id`` if that file exists, else the first 32 hex
+    digits of the sha256 of the workdir's absolute path.
+  """
+  if run_id:
+    return run_id
+  path = os.path.join(workdir, "run_id")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = f.read().strip()
+    if saved:
+      return saved
+  return hashlib.sha256(os.path.abspath(workdir).encode()).hexdigest()[:32]
+
+
+def write_parameter_overview(workdir: str, params: Any) -> str:
+  """Prints ``clu.parameter_overview``'s table of ``params`` to stderr and writes it to
+  ``workdir/parameter_overview.txt`` (whole or not at all, :func:`atomic_io.write_text_atomic`).
+
+  Args:
+    workdir: the run directory (exists).
+    params: the parameter tree (arrays on one device or on the host).
+
+  Returns:
+    The table: one row per parameter (path ``a/b/kernel``, shape, dtype, size, mean, std),
+    then ``Total: N -- B bytes`` (N with thousands separators).
+
+  Raises:
+    errors.WriteError: the file could not be written (named).
+  """
+  from clu import parameter_overview  # pylint: disable=import-outside-toplevel
+  text = parameter_overview.get_parameter_overview(params)
+  print(text, file=sys.stderr)
+  atomic_io.write_text_atomic(os.path.join(workdir, PARAMETER_OVERVIEW_FILE), text + "\n")
+  return text
+
+
+class MetricLogger:
+  """Writes ``{"step", "split", "time", **metrics}`` lines to ``workdir/metrics.jsonl``, the
+  same scalars as ``split/name`` to TensorBoard under ``workdir/tb``
+  (:class:`simpletron_jax.train.tensorboard_writer.TensorBoardWriter`) and, when
+  ``config.wandb.project`` is set, to Weights & Biases
+  (:class:`simpletron_jax.train.wandb_writer.WandbWriter`, files under ``workdir/wandb``).
+
+  On a resumed run, records with ``step > resume_step`` (written after the
+  checkpoint the run resumes from) and the ``info`` record at ``resume_step`` (the run
+  writes it again) are dropped from the JSONL file first (written aside, then renamed over
+  it), so a killed-and-resumed run leaves one record per step and split.
+
+  Each start writes a new TensorBoard event file, ``tb/events.out.tfevents.<time>.<host>.
+  <pid>.<n>.v2``, which starts with TensorBoard's restart marker (a ``SessionLog.START``
+  event at ``resume_step + 1``): TensorBoard then hides a killed run's events after its
+  checkpoint, so a killed-and-resumed run shows one value per step, the resumed run's. With
+  ``config``, the flattened config (:func:`flat_config`) is written as hyperparameters to
+  every writer.
+
+  Args:
+    workdir: run directory; must exist.
+    resume_step: the optimizer step the run restarts from (0 for a new run).
+    enabled: False on non-zero hosts of a multi-host run; then nothing is
+      written and nothing (TensorBoard's protos, wandb) is imported.
+    config: the run config, for the hyperparameters and ``config.wandb``; None: neither.
+    run_id: the run's lineage id, the W&B run id (see :func:`wandb_run_id`).
+
+  Attributes:
+    path: the JSONL file. tb_path: this start's event file (None when disabled).
+
+  Raises:
+    ValueError: ``metrics.jsonl`` holds a damaged record (see :func:`read_records`), or
+      ``config.wandb.mode`` is not '', online or offline (:func:`wandb_settings`).
+    errors.RunError: W&B is asked for but not installed, or its run cannot start.
+    errors.WriteError: a file could not be written; here and in :meth:`write` and
+      :meth:`close`, naming it.
+  """
+
+  def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True,
+               config: Any = None, run_id: str | None = None):
+    self.enabled = enabled
+    self.workdir = workdir
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tb_path = None
+    self._file, self._writers = None, []
+    if not enabled:
+      return
+    wandb_on = wandb_settings(config)   # checked before any file is touched
+    if os.path.exists(self.path):
+      kept = [json.dumps(_strict(r), allow_nan=False) + "\n"
+              for r in read_records(self.path) if r["step"] < resume_step
+              or (r["step"] == resume_step and r.get("split") != "info")]
+      atomic_io.write_text_atomic(self.path, "".join(kept))
+    try:
+      self._file = open(self.path, "a", encoding="utf-8")  # pylint: disable=R1732
+    except OSError as e:
+      raise atomic_io.write_error(self.path, e) from e
+    try:
+      from simpletron_jax.train.tensorboard_writer import TensorBoardWriter  # pylint: disable=C0415
+      tensorboard = TensorBoardWriter(os.path.join(workdir, "tb"), start_step=resume_step + 1)
+      self._writers.append(tensorboard)
+      self.tb_path = tensorboard.path
+      if wandb_on is not None:
+        from simpletron_jax.train.wandb_writer import WandbWriter  # pylint: disable=C0415
+        self._writers.append(WandbWriter(
+            project=wandb_on["project"], entity=wandb_on["entity"], mode=wandb_on["mode"],
+            run_id=wandb_run_id(workdir, run_id), directory=workdir,
+            name=os.path.basename(os.path.abspath(workdir))))
+      if config is not None:
+        hparams = flat_config(config)
+        for writer in self._writers:
+          writer.write_hparams(hparams)
+          writer.flush()
+    except BaseException:
+      self._close_quietly()
+      raise
+
+  def write(self, step: int, metrics: Mapping[str, float], split: str) -> None:
+    """Logs scalar ``metrics`` of ``split`` ("train", "val", "test", "info") at ``step``.
+
+    The JSONL line and the TensorBoard events are on disk (handed to the OS) before this
+    returns (W&B's own service process writes its files). A NaN or infinite value is
+    written as JSON ``null`` (the file stays strict JSON) and as the float itself to
+    TensorBoard and W&B.
+
+    Raises:
+      errors.WriteError: naming ``metrics.jsonl`` or the event file that could not be
+        written; what was written before is kept.
+    """
+    if not self.enabled:
+      return
+    now = time.time()
+    record = {"step": int(step), "split": split, "time": now,
+              **{k: float(v) for k, v in metrics.items()}}
+    try:
+      self._file.write(json.dumps(_strict(record), allow_nan=False) + "\n")
+      self._file.flush()
+    except OSError as e:
+      raise atomic_io.write_error(self.path, e, "the records before this one are kept") from e
+    scalars = {f"{split}/{name}": float(value) for name, value in metrics.items()}
+    for writer in self._writers:
+      writer.write_scalars(int(step), scalars)
+      writer.flush()
+
+  def write_parameter_overview(self, params: Any) -> str | None:
+    """:func:`write_parameter_overview` of ``params`` into this logger's workdir; nothing
+    (None) when the logger is disabled (a non-zero host)."""
+    return write_parameter_overview(self.workdir, params) if self.enabled else None
+
+  def close(self) -> None:
+    """Flushes and closes every output (the W&B run is finished); later calls do nothing.
+
+    Raises:
+      errors.WriteError: a final flush failed (everything is closed anyway).
+    """
+    file, writers, self._file, self._writers = self._file, self._writers, None, []
+    failure = None
+    if file is not None:
+      try:
+        file.close()
+      except OSError as e:
+        failure = atomic_io.write_error(self.path, e)
+    for writer in writers:
+      try:
+        writer.close()
+      except errors.WriteError as e:
+        failure = failure or e
+    if failure is not None:
+      raise failure
+
+  def _close_quietly(self) -> None:
+    """Closes every output, ignoring errors: after a failure."""
+    file, writers, self._file, self._writers = self._file, self._writers, None, []
+    for handle in (file, *writers):
+      try:
+        if handle is not None:
+          handle.close()
+      except Exception:  # pylint: disable=broad-except
+        pass   # the failure being reported is the one that matters

@@ -1,0 +1,477 @@
+"""What a run was computed with, so that nothing resumes or reports silently.
+
+* The :func:`run_record` a checkpoint carries in its meta under :data:`RECORD_KEY` (the config,
+  a digest of the data, the vocabulary size and class count, the device and host counts) and
+  :func:`check_resume`, which refuses to resume a checkpoint computed with other settings
+  (only :data:`RESUME_ALLOWED_FIELDS` may change, or any but ``model.*`` with
+  ``--allow_resume_changes``); :func:`flat_diff` lists ``model.*`` differences.
+* ``config.json``: :func:`read_config_json`, :func:`config_with_history` (the changes let
+  through at each resume, under :data:`CONFIG_HISTORY_KEY`) and :func:`load_run_config`.
+* :func:`config_fingerprint`, which ``results.json`` carries, and :func:`results_problem`,
+  which says whether a ``results.json`` is a finished run of a config
+  (:func:`workdir_results_problem`: the same for a run folder's file); a run resumed with
+  ``--allow_resume_changes`` lists those changes (:func:`forced_changes`) and is not one.
+* :func:`software`: the versions, devices and git commit a run was computed with, which
+  ``config.json`` (under :data:`SOFTWARE_KEY`) and ``results.json`` record; never part of a
+  fingerprint or a resume check.
+
+No JAX here (the caller passes the device facts).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from typing import Any, Iterable, Mapping
+
+import ml_collections
+
+from simpletron_jax.runtime import cli
+from simpletron_jax.runtime.errors import ConfigMismatchError
+
+
+# Config fields that a resumed run may change: they change what is reported or when, not the
+# parameters a step computes. The data paths may move; the data themselves are compared
+# (the ``data_sha256`` of :func:`run_record`). ``num_train_steps`` only upward, and only when
+# the schedule does not depend on it (a factor in SCHEDULE_LENGTH_FACTORS). Every other field
+# (seed, task, data.*, the optimizer and schedule, batch_size, grad_accum_steps, model.*, the
+# evaluation sizes num_eval_steps / num_test_steps / eval_batch_size, weight surgery) and the
+# device and host counts are refused unless train.py gets --allow_resume_changes.
+RESUME_ALLOWED_FIELDS = ("eval_frequency", "num_train_steps", "max_train_minutes", "log_every",
+                         "checkpoint_every", "max_to_keep", "data.data_dir", "data.cache_dir",
+                         "data.tfds_data_dir", "parallelism", "async_checkpoints",
+                         "wandb.project", "wandb.entity", "wandb.mode")
+# Learning-rate factors whose rate depends on num_train_steps (their period).
+SCHEDULE_LENGTH_FACTORS = ("cosine_decay",)
+# The checkpoint meta key holding :func:`run_record`, and config.json's list of changes.
+RECORD_KEY = "run_record"
+CONFIG_HISTORY_KEY = "config_history"
+# config.json's record of the software and devices (:func:`software`); not a config field.
+SOFTWARE_KEY = "software"
+# config.json's keys that are not config fields.
+NOT_CONFIG_KEYS = (CONFIG_HISTORY_KEY, SOFTWARE_KEY)
+# results.json's list of the changes --allow_resume_changes let through (:func:`forced_changes`).
+FORCED_KEY = "forced_resume_changes"
+# The distributions whose versions :func:`software` records, with the key each gets.
+SOFTWARE_PACKAGES = (("jax", "jax_version"), ("jaxlib", "jaxlib_version"),
+                     ("flax", "flax_version"), ("optax", "optax_version"),
+                     ("orbax-checkpoint", "orbax_checkpoint_version"),
+                     ("numpy", "numpy_version"))
+# What each non-config entry of a run record is, for the messages.
+RECORD_LABELS = {
+    "vocab_size": "vocab_size (of the task's data: the embedding's rows)",
+    "num_classes": "num_classes (of the task's data: the output layer's width)",
+    "num_devices": "number of devices (jax.device_count(): the data and dropout layout)",
+    "num_hosts": "number of hosts (jax.process_count())",
+    "data_sha256": "data (sha256 of the loaded splits)",
+}
+
+
+def flatten_config(config: Any) -> dict[str, Any]:
+  """``{"model.emb_dim": 64, ...}``: every leaf of a config as plain JSON values.
+
+  Args:
+    config: an ``ml_collections.ConfigDict`` (references resolved) or a nested dict as read
+      from ``config.json``; tuples become lists either way. The ``config_history`` and
+      ``software`` keys (:data:`NOT_CONFIG_KEYS`) are left out.
+  """
+  if hasattr(config, "to_json_best_effort"):
+    config = json.loads(config.to_json_best_effort())
+  out: dict[str, Any] = {}
+
+  def walk(node, prefix):
+    for key, value in node.items():
+      if not prefix and key in NOT_CONFIG_KEYS:
+        continue
+      name = f"{prefix}{key}"
+      if isinstance(value, Mapping) and value:
+        walk(value, name + ".")
+      else:
+        out[name] = json.loads(json.dumps(value, default=str))
+  walk(config, "")
+  return out
+
+
+def _schedule_uses_length(flat: Mapping[str, Any]) -> bool:
+  return any(f in str(flat.get("factors", "")) for f in SCHEDULE_LENGTH_FACTORS)
+
+
+def computed_fields(config: Any) -> dict[str, Any]:
+  """The fields of ``config`` that change what is computed: every leaf of
+  :func:`flatten_config` but :data:`RESUME_ALLOWED_FIELDS` (``num_train_steps`` stays when
+  the schedule depends on it)."""
+  flat = flatten_config(config)
+  keep_length = _schedule_uses_length(flat)
+  return {k: v for k, v in flat.items()
+          if k not in RESUME_ALLOWED_FIELDS or (k == "num_train_steps" and keep_length)}
+
+
+def config_fingerprint(config: Any) -> str:
+  """SHA-256 (64 hex digits) of the canonical JSON (sorted keys, no spaces) of
+  :func:`computed_fields`: two configs share it exactly when they compute the same run,
+  whatever their reporting settings (:data:`RESUME_ALLOWED_FIELDS`) and data paths."""
+  text = json.dumps(computed_fields(config), sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_record(config: Any, *, vocab_size: int, num_classes: int, num_devices: int,
+               num_hosts: int, data_sha256: str | None = None) -> dict[str, Any]:
+  """What a checkpoint's numbers depend on, stored in its meta under :data:`RECORD_KEY`.
+
+  Args:
+    config: the run config.
+    vocab_size, num_classes: the task data's sizes (the model's embedding and output).
+    num_devices, num_hosts: ``jax.device_count()`` and ``jax.process_count()``.
+    data_sha256: a digest of the loaded splits
+      (:func:`simpletron_jax.runtime.distributed.data_fingerprint`); None: not compared.
+
+  Returns:
+    A JSON-ready dict: ``config`` (nested, as ``config.json``) and the other arguments.
+  """
+  tree = (json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort")
+          else dict(config))
+  for key in NOT_CONFIG_KEYS:
+    tree.pop(key, None)
+  return {"config": tree, "vocab_size": int(vocab_size), "num_classes": int(num_classes),
+          "num_devices": int(num_devices), "num_hosts": int(num_hosts),
+          "data_sha256": data_sha256}
+
+
+def resume_changes(saved: Mapping[str, Any], current: Mapping[str, Any],
+                   skip_prefixes: tuple[str, ...] = ("model.",)) -> list[dict[str, Any]]:
+  """Every difference between two :func:`run_record`\\ s, in field order.
+
+  Args:
+    saved: the record of the checkpoint (may lack entries: an older checkpoint, or only a
+      ``config`` read from ``config.json``; what is missing is not compared).
+    current: the record of this start.
+    skip_prefixes: config fields compared elsewhere (``model.*``: by the checkpoint's
+      ``model_config``, with the defaults of options added since).
+
+  Returns:
+    ``[{"field", "old", "new", "allowed"}]``, the record's own entries (sizes, devices,
+    data) first, then the config fields in name order; ``allowed`` is True for the
+    :data:`RESUME_ALLOWED_FIELDS` (``num_train_steps`` only upward and when the schedule
+    does not depend on it).
+  """
+  changes = []
+  for key in RECORD_LABELS:
+    old, new = saved.get(key), current.get(key)
+    if old is not None and new is not None and old != new:
+      changes.append({"field": key, "old": old, "new": new, "allowed": False})
+  old_cfg = flatten_config(saved.get("config") or {})
+  new_cfg = flatten_config(current.get("config") or {})
+  if old_cfg:
+    length_matters = _schedule_uses_length(old_cfg) or _schedule_uses_length(new_cfg)
+    for field in sorted(set(old_cfg) | set(new_cfg)):
+      if field.startswith(skip_prefixes):
+        continue
+      old, new = old_cfg.get(field, "<absent>"), new_cfg.get(field, "<absent>")
+      if old == new:
+        continue
+      allowed = field in RESUME_ALLOWED_FIELDS
+      if field == "num_train_steps":
+        allowed = (not length_matters and isinstance(old, int) and isinstance(new, int)
+                   and new >= old)
+      changes.append({"field": field, "old": old, "new": new, "allowed": allowed})
+  return changes
+
+
+def describe_change(change: Mapping[str, Any]) -> str:
+  """``"<field>: checkpoint A, config B"`` (with what a record entry is)."""
+  name = RECORD_LABELS.get(change["field"], change["field"])
+  old, new = change["old"], change["new"]
+  if change["field"] == "data_sha256":
+    old, new = str(old)[:12], str(new)[:12]
+  elif change["field"] == "num_train_steps" and not change["allowed"]:
+    name += " (only upward, and not with a cosine_decay schedule, whose period it is)"
+  return f"{name}: checkpoint {old!r}, config {new!r}"
+
+
+def check_resume(where: str, saved: Mapping[str, Any] | None, current: Mapping[str, Any], *,
+                 model_diff: Iterable[str] = (), allow_changes: bool = False
+                 ) -> list[dict[str, Any]]:
+  """Refuses to resume the checkpoint at ``where`` with settings that compute something else.
+
+  Args:
+    where: the checkpoint folder, for the message.
+    saved: the checkpoint's :func:`run_record` (None: it predates records; nothing but
+      ``model_diff`` is checked).
+    current: this start's record.
+    model_diff: the ``model.*`` differences (:func:`flat_diff` lines); never allowed.
+    allow_changes: train.py's ``--allow_resume_changes``: continue despite the other changes.
+
+  Returns:
+    Every change (:func:`resume_changes`), allowed or forced, for the config history.
+
+  Raises:
+    ConfigMismatchError: one line listing each refused field with both values, and what
+      to do.
+  """
+  model_diff = list(model_diff)
+  changes = resume_changes(saved or {}, current)
+  refused = [c for c in changes if not c["allowed"]]
+  if model_diff or (refused and not allow_changes):
+    listed = "; ".join([describe_change(c) for c in refused] + model_diff)
+    todo = ("Resume with the checkpoint's values (the workdir's config.json) or use another "
+            "--workdir")
+    if refused:
+      todo += ("; or pass --allow_resume_changes to continue with the new values (recorded in "
+               f"config.json's {CONFIG_HISTORY_KEY})")
+    if model_diff:
+      todo += "; model.* fields cannot change on resume"
+    raise ConfigMismatchError(f"{where} was computed with other settings: {listed}. {todo}.")
+  return changes
+
+
+def flat_diff(saved: Mapping[str, Any], current: Mapping[str, Any],
+              prefix: str = "model") -> list[str]:
+  """``"field: saved A, now B"`` for every field where two nested dicts differ."""
+  out = []
+  for key in sorted(set(saved) | set(current)):
+    a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+      out += flat_diff(a, b, f"{prefix}.{key}")
+    elif a != b:
+      out.append(f"{prefix}.{key}: checkpoint {a!r}, config {b!r}")
+  return out
+
+
+def read_config_json(path: str) -> dict[str, Any] | None:
+  """The config a run saved at ``path`` as a nested dict (with its ``config_history``), or
+  None when the file is missing or unreadable (a torn write: it is rewritten at start)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      tree = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return tree if isinstance(tree, dict) else None
+
+
+def config_with_history(config: ml_collections.ConfigDict, history: list,
+                        changes: list[dict[str, Any]], step: int) -> dict[str, Any]:
+  """``config`` as the nested dict of ``config.json``, with its history of changes.
+
+  Args:
+    config: this start's config.
+    history: the ``config_history`` of the previous ``config.json`` (a list, maybe empty).
+    changes: :func:`check_resume`'s changes at this start (empty: none).
+    step: the optimizer step this start resumes from.
+
+  Returns:
+    The config's fields, plus under :data:`CONFIG_HISTORY_KEY` (when any start
+    changed a setting) one entry per such start: ``{"step", "time"`` (ISO 8601, local),
+    ``"changes": {field: {"old", "new", "allowed"}}, "forced"`` (True when a change that
+    alters what is computed was let through by ``--allow_resume_changes``)``}``.
+  """
+  tree = json.loads(config.to_json_best_effort())
+  history = list(history) if isinstance(history, list) else []
+  if changes:
+    entry = {"step": int(step), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "changes": {c["field"]: {"old": c["old"], "new": c["new"],
+                                      "allowed": c["allowed"]} for c in changes},
+             "forced": any(not c["allowed"] for c in changes)}
+    last = history[-1] if history else {}
+    if not (last.get("step") == entry["step"] and last.get("changes") == entry["changes"]):
+      history.append(entry)   # a start killed before its first save repeats the same change
+  if history:
+    tree[CONFIG_HISTORY_KEY] = history
+  return tree
+
+
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run saved in ``workdir/config.json``.
+
+  Raises:
+    FileNotFoundError: if the file is missing (not a train.py workdir).
+    ValueError: if it is not a JSON object.
+  """
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: is {workdir!r} a train.py workdir? "
+                            "Pass --config to evaluate with an explicit config.")
+  tree = read_config_json(path)
+  if tree is None:
+    raise ValueError(f"{path} is not a JSON object (damaged?); pass --config to evaluate "
+                     "with an explicit config")
+  for key in NOT_CONFIG_KEYS:
+    tree.pop(key, None)
+  return ml_collections.ConfigDict(tree)
+
+
+def forced_changes(history: Any) -> list[dict[str, Any]]:
+  """The starts of a run that ``--allow_resume_changes`` let change what is computed.
+
+  Args:
+    history: ``config.json``'s ``config_history`` (:func:`config_with_history`); anything
+      but a list counts as empty.
+
+  Returns:
+    ``[{"step": N, "fields": [the refused fields that were forced, in order]}]``, one per
+    ``forced`` entry; empty for a run computed with one config throughout.
+  """
+  out = []
+  for entry in history if isinstance(history, list) else []:
+    if isinstance(entry, Mapping) and entry.get("forced"):
+      fields = [f for f, c in (entry.get("changes") or {}).items()
+                if isinstance(c, Mapping) and not c.get("allowed", False)]
+      out.append({"step": entry.get("step"), "fields": fields})
+  return out
+
+
+def _describe_forced(forced: list) -> str:
+  """``"learning_rate at step 60; seed at step 80"`` for :func:`forced_changes`' list."""
+  parts = []
+  for entry in forced:
+    fields = entry.get("fields") if isinstance(entry, Mapping) else None
+    step = entry.get("step") if isinstance(entry, Mapping) else None
+    parts.append(f"{', '.join(map(str, fields or ['?']))} at step {step}")
+  return "; ".join(parts)
+
+
+@functools.lru_cache(maxsize=1)
+def _versions_and_commit() -> dict[str, Any]:
+  """The package versions and git commit of :func:`software` (looked up once per process)."""
+  out: dict[str, Any] = {"python_version": platform.python_version()}
+  for dist, key in SOFTWARE_PACKAGES:
+    try:
+      out[key] = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+      out[key] = None
+  commit = dirty = None
+  if os.path.exists(os.path.join(cli.REPO_ROOT, ".git")):   # not for an installed copy
+    try:
+      head = subprocess.run(["git", "-C", cli.REPO_ROOT, "rev-parse", "HEAD"], capture_output=True,
+                            text=True, timeout=10, check=False)
+      if head.returncode == 0:
+        commit = head.stdout.strip()
+        status = subprocess.run(["git", "-C", cli.REPO_ROOT, "status", "--porcelain",
+                                 "--untracked-files=no"], capture_output=True, text=True,
+                                timeout=30, check=False)
+        dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):   # no git, or it hangs
+      pass
+  out.update(git_commit=commit, git_dirty=dirty)
+  return out
+
+
+def software(device_kind: str | None, device_count: int | None,
+             process_count: int | None) -> dict[str, Any]:
+  """What a run was computed with besides its config: versions, devices, hosts, commit.
+
+  Args:
+    device_kind: ``jax.devices()[0].device_kind`` (``"cpu"``, ``"NVIDIA H100 80GB HBM3"``,
+      ``"TPU v4"``).
+    device_count: ``jax.device_count()`` (all hosts).
+    process_count: ``jax.process_count()``.
+
+  Returns:
+    A flat JSON-ready dict: ``python_version`` and the versions of jax, jaxlib, flax, optax,
+    orbax-checkpoint and numpy (``<name>_version``, ``-`` as ``_``; None when not installed),
+    ``device_kind``, ``device_count``, ``process_count``, and ``git_commit`` (the project's
+    ``HEAD``, None outside a git checkout) with ``git_dirty`` (tracked files changed since
+    that commit). Flat, so ``results.json`` stays a flat record.
+  """
+  return {**_versions_and_commit(), "device_kind": device_kind,
+          "device_count": device_count, "process_count": process_count}
+
+
+def software_line(record: Mapping[str, Any]) -> str:
+  """One line for a :func:`software` record, e.g. ``python 3.11.7, jax 0.10.2, ... numpy 2.2.6;
+  cpu x2, 1 process; git 1a2b3c4d (dirty)``; ``"not recorded"`` when it holds none."""
+  versions = [f"python {record['python_version']}"] if record.get("python_version") else []
+  versions += [f"{dist} {record[key]}" for dist, key in SOFTWARE_PACKAGES if record.get(key)]
+  if not versions:
+    return "not recorded"
+  line = ", ".join(versions)
+  if record.get("device_kind"):
+    processes = record.get("process_count")
+    line += (f"; {record['device_kind']} x{record.get('device_count')}, "
+             f"{processes} process{'' if processes == 1 else 'es'}")
+  if record.get("git_commit"):
+    line += f"; git {str(record['git_commit'])[:10]}{' (dirty)' if record.get('git_dirty') else ''}"
+  return line
+
+
+RESULTS_ACCURACY_KEYS = ("test_accuracy", "test_accuracy_best_val", "test_accuracy_final")
+
+
+def results_problem(results: Any, config: Any = None,
+                    count_forced: bool = False) -> str | None:
+  """Why a ``results.json`` does not count as a finished run (of ``config``); None if it does.
+
+  ``trainer.train_and_evaluate`` writes ``complete``, ``final_step``,
+  ``config_fingerprint`` (:func:`config_fingerprint`) and :data:`FORCED_KEY`; files written
+  before those keys existed count when their ``last_step`` reached ``num_train_steps`` (or
+  records neither).
+
+  Args:
+    results: the parsed ``results.json``.
+    config: the config the run should have (a ConfigDict or ``config.json``'s dict); None:
+      only completeness, finiteness and forced changes are checked.
+    count_forced: count a run resumed with ``--allow_resume_changes`` (a non-empty
+      :data:`FORCED_KEY`): its numbers were computed partly with other settings, and its
+      ``config_fingerprint`` is the last start's config.
+
+  Returns:
+    One line: incomplete (with the step and why), a missing or non-finite test accuracy
+    (NaN is stored as ``null``), changes forced by ``--allow_resume_changes`` (with the fields
+    and steps), another step count, or another config fingerprint.
+  """
+  if not isinstance(results, Mapping):
+    return "it is not a JSON object"
+  step = results.get("final_step", results.get("last_step"))
+  total = results.get("num_train_steps")
+  complete = results.get("complete")
+  if complete is None and isinstance(step, int) and isinstance(total, int):
+    complete = step >= total
+  if complete is False:
+    why = results.get("stopped_by")
+    return (f"incomplete: training stopped at step {step} of {total}"
+            + (f" ({why})" if why else "") + "; rerun the same command to continue")
+  if not any(k in results for k in RESULTS_ACCURACY_KEYS):
+    return "it holds no test accuracy"
+  for key in RESULTS_ACCURACY_KEYS:
+    value = results.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+      return f"{key} is {'null (NaN or inf)' if value is None else repr(value)}"
+  forced = results.get(FORCED_KEY)
+  if forced and not count_forced:
+    return (f"it was resumed with --allow_resume_changes ({_describe_forced(forced)}), so its "
+            "numbers are not those of one config; train that config in a new workdir, or "
+            "count the run anyway with --count-forced (docs/runs.md)")
+  if config is not None:
+    wanted = config.get("num_train_steps")
+    if isinstance(step, int) and isinstance(wanted, int) and step != wanted:
+      return f"it was computed at step {step}, but the config trains {wanted} steps"
+    saved = results.get("config_fingerprint")
+    if saved is not None and saved != config_fingerprint(config):
+      return (f"it was computed with another config (config_fingerprint {str(saved)[:12]}, "
+              f"this config's {config_fingerprint(config)[:12]})")
+  return None
+
+
+def workdir_results_problem(workdir: str, config: Any = None,
+                            count_forced: bool = False) -> str | None:
+  """Why ``workdir/results.json`` does not count as a finished run of ``config`` (one line
+  naming the file: missing, unreadable, or :func:`results_problem`'s reason), or None when
+  it does. ``config``, ``count_forced``: as :func:`results_problem` (``config`` None: only
+  completeness, finiteness and forced changes are checked). Never raises for a missing or
+  damaged file: the caller resumes or reruns."""
+  path = os.path.join(workdir, "results.json")
+  if not os.path.exists(path):
+    return "no results.json"
+  try:
+    with open(path, encoding="utf-8") as f:
+      results = json.load(f)
+  except (OSError, ValueError) as e:
+    return f"{path} is unreadable ({e})"
+  problem = results_problem(results, config, count_forced)
+  return None if problem is None else f"{path}: {problem}"

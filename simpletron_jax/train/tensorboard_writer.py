@@ -1,0 +1,321 @@
+"""TensorBoard event files written without TensorFlow, behind clu's ``MetricWriter`` interface.
+
+:class:`TensorBoardWriter` writes the event file itself: each event is an ``Event`` protocol
+buffer (``tensorboard.compat.proto``, shipped with the ``tensorboard`` package) framed as a
+TFRecord (the format TensorBoard's readers expect: ``tensorboard/summary/writer/
+record_writer.py``, ``event_file_loader``). Every call writes its records in the calling
+thread and hands them to the OS before it returns, so a failed write (a full disk, a
+read-only folder) is raised at once as a one-line :class:`simpletron_jax.runtime.errors.WriteError`
+naming the file; there is no writer thread to hold a failure back or to block on a queue.
+Scalars are written as ``tf.summary.scalar`` writes them (a float32 scalar tensor with the
+``scalars`` plugin's metadata), hyperparameters as the HParams plugin's
+``session_start_info`` (``tensorboard.plugins.hparams.summary_v2.hparams_pb``).
+
+``clu.metric_writers``' package ``__init__`` imports its TensorFlow ``SummaryWriter``, so
+``import clu.metric_writers.interface`` fails without TensorFlow (clu 0.0.12);
+:func:`clu_interface` loads that one submodule on its own (it needs only JAX and numpy).
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import itertools
+import os
+import socket
+import struct
+import sys
+import time
+import types
+from typing import Any, Mapping, Optional
+
+from absl import logging
+import numpy as np
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+from tensorboard.compat.proto import types_pb2
+from tensorboard.plugins.hparams import summary_v2 as hparams_summary
+
+from simpletron_jax.runtime import atomic_io
+
+_CLU_INTERFACE = "clu.metric_writers.interface"
+
+
+def clu_interface() -> types.ModuleType:
+  """``clu.metric_writers.interface`` (the ``MetricWriter`` base class), without TensorFlow.
+
+  Returns:
+    The module. If ``clu.metric_writers`` or the submodule is already imported (with
+    TensorFlow present), that one; otherwise ``clu/metric_writers/interface.py`` executed
+    on its own and registered under its own name, so a later ``import clu.metric_writers``
+    reuses it and ``MetricWriter`` stays one class.
+
+  Raises:
+    ImportError: clu is not installed, or its layout lacks ``metric_writers/interface.py``.
+  """
+  if _CLU_INTERFACE in sys.modules:
+    return sys.modules[_CLU_INTERFACE]
+  if "clu.metric_writers" in sys.modules:
+    return importlib.import_module(_CLU_INTERFACE)
+  clu_spec = importlib.util.find_spec("clu")
+  if clu_spec is None or not clu_spec.submodule_search_locations:
+    raise ImportError("clu is not installed: pip install -e . installs it")
+  path = os.path.join(list(clu_spec.submodule_search_locations)[0], "metric_writers",
+                      "interface.py")
+  if not os.path.exists(path):
+    raise ImportError(f"this clu has no {path}: simpletron_jax needs clu 0.0.12's layout")
+  spec = importlib.util.spec_from_file_location(_CLU_INTERFACE, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[_CLU_INTERFACE] = module
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    del sys.modules[_CLU_INTERFACE]
+    raise
+  return module
+
+
+MetricWriter = clu_interface().MetricWriter
+
+
+class ScalarWriter(MetricWriter):
+  """A ``MetricWriter`` of scalars and hparams only, the kinds this project writes: tensor
+  summaries, images, videos, audio and histograms are skipped, with one warning per kind and
+  writer. Subclasses implement ``write_scalars``, ``write_hparams``, ``flush`` and ``close``."""
+
+  def _skip(self, kind: str) -> None:
+    """Warns, once per kind and writer, that ``kind`` is not written."""
+    warned = self.__dict__.setdefault("_skipped_kinds", set())
+    if kind not in warned:
+      warned.add(kind)
+      logging.warning("%s does not write %s; skipped", type(self).__name__, kind)
+
+  def write_summaries(self, step: int, values: Mapping[str, Any],
+                      metadata: Optional[Mapping[str, Any]] = None) -> None:
+    """Not written (skipped with a warning)."""
+    del step, values, metadata
+    self._skip("tensor summaries")
+
+  def write_images(self, step: int, images: Mapping[str, Any]) -> None:
+    """Not written (skipped with a warning)."""
+    del step, images
+    self._skip("images")
+
+  def write_videos(self, step: int, videos: Mapping[str, Any]) -> None:
+    """Not written (skipped with a warning)."""
+    del step, videos
+    self._skip("videos")
+
+  def write_audios(self, step: int, audios: Mapping[str, Any], *, sample_rate: int) -> None:
+    """Not written (skipped with a warning)."""
+    del step, audios, sample_rate
+    self._skip("audio")
+
+  def write_histograms(self, step: int, arrays: Mapping[str, Any],
+                       num_buckets: Optional[Mapping[str, int]] = None) -> None:
+    """Not written (skipped with a warning)."""
+    del step, arrays, num_buckets
+    self._skip("histograms")
+
+
+def _crc32c_table() -> tuple[int, ...]:
+  """The byte table of CRC-32C (Castagnoli; reflected polynomial 0x82F63B78)."""
+  table = []
+  for byte in range(256):
+    crc = byte
+    for _ in range(8):
+      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    table.append(crc)
+  return tuple(table)
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+  """CRC-32C of ``data`` (``crc32c(b"123456789") == 0xE3069283``), an unsigned 32-bit int."""
+  crc, table = 0xFFFFFFFF, _CRC32C_TABLE
+  for byte in data:
+    crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+  return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+  """The masked CRC-32C of TFRecord framing: the CRC rotated right by 15 bits plus
+  0xA282EAD8, modulo 2**32 (TensorFlow's ``crc32c::Mask``)."""
+  crc = crc32c(data)
+  return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def encode_record(data: bytes) -> bytes:
+  """``data`` framed as one TFRecord: its length (uint64, little-endian), the masked CRC of
+  those 8 bytes (uint32), ``data``, and the masked CRC of ``data`` (uint32)."""
+  length = struct.pack("<Q", len(data))
+  return (length + struct.pack("<I", masked_crc32c(length)) + data
+          + struct.pack("<I", masked_crc32c(data)))
+
+
+_file_counter = itertools.count()
+
+
+class TensorBoardWriter(ScalarWriter):
+  """Writes one new TensorBoard event file in ``logdir``; synchronous, no TensorFlow.
+
+  The file is ``events.out.tfevents.<10-digit unix time>.<host>.<pid>.<n>.v2`` (the name
+  ``tf.summary`` gives; TensorBoard orders a folder's files by name). It starts with the
+  ``file_version`` event and, when ``start_step`` is given, TensorBoard's restart marker: a
+  ``SessionLog.START`` event at ``start_step``, after which TensorBoard drops the events at
+  that step or later that it read earlier (``plugin_event_accumulator``), so a resumed run's
+  values replace those a killed run logged after its checkpoint. Each ``write_*`` call
+  appends its events and hands them to the OS before returning; a call whose write fails
+  cuts the file back to its previous end (no torn record stays) and raises.
+
+  Not thread-safe: one thread writes (``MetricLogger``'s).
+
+  Args:
+    logdir: the folder (created if missing).
+    start_step: the step of the restart marker; None: no marker.
+
+  Attributes:
+    path: the event file.
+
+  Raises:
+    errors.WriteError: the folder or the file could not be created or written (one line
+      naming it and the OS error); here and in every ``write_*`` and :meth:`close`.
+  """
+
+  def __init__(self, logdir: str, *, start_step: int | None = None):
+    self._file, self._size = None, 0
+    try:
+      os.makedirs(logdir, exist_ok=True)
+    except OSError as e:
+      raise atomic_io.write_error(logdir, e) from e
+    base = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    while True:
+      self.path = os.path.join(logdir, f"{base}.{next(_file_counter)}.v2")
+      try:
+        self._file = open(self.path, "xb", buffering=0)  # pylint: disable=consider-using-with
+        break
+      except FileExistsError:
+        continue
+      except OSError as e:
+        raise atomic_io.write_error(self.path, e) from e
+    events = [event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")]
+    if start_step is not None:
+      events.append(event_pb2.Event(
+          wall_time=time.time(), step=int(start_step),
+          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+    try:
+      self._write(events, "nothing was written")
+    except BaseException:
+      self._close_quietly()
+      raise
+
+  def _write(self, events: list, kept: str) -> None:
+    """Appends ``events`` (``Event`` protos) as TFRecords and hands them to the OS.
+
+    Raises:
+      errors.WriteError: the write failed; the file is cut back to its previous end (when
+        the OS allows) and ``kept`` ends the message.
+    """
+    if self._file is None:
+      raise ValueError(f"{self.path}: the TensorBoard writer is closed")
+    blob = b"".join(encode_record(e.SerializeToString()) for e in events)
+    data = memoryview(blob)
+    try:
+      while data:
+        written = self._file.write(data)
+        if not written:
+          raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (a write wrote nothing)")
+        data = data[written:]
+      self._file.flush()
+    except OSError as e:
+      try:
+        os.ftruncate(self._file.fileno(), self._size)   # no torn record after the last event
+      except OSError:
+        pass
+      raise atomic_io.write_error(self.path, e, kept) from e
+    self._size += len(blob)
+
+  def _summary_event(self, step: int, summary: Any):
+    """An ``Event`` at ``step`` (now) holding ``summary`` (a ``Summary`` proto)."""
+    return event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Writes ``scalars`` (tag -> number, e.g. ``{"train/loss": 0.5}``) at ``step`` as
+    float32 scalar summaries of the ``scalars`` plugin, in one event.
+
+    Raises:
+      errors.WriteError: the write failed; the events before these are kept.
+      TypeError, ValueError: a value is not a number.
+    """
+    if not scalars:
+      return
+    summary = summary_pb2.Summary()
+    for tag, value in scalars.items():
+      summary.value.add(
+          tag=tag,
+          tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT,
+                                        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                                        float_val=[float(np.float32(value))]),
+          metadata=summary_pb2.SummaryMetadata(
+              plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+              data_class=summary_pb2.DATA_CLASS_SCALAR))
+    self._write([self._summary_event(step, summary)], "the events before these are kept")
+
+  def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
+    """Writes ``texts`` (tag -> string) at ``step`` as summaries of the ``text`` plugin.
+
+    Raises:
+      errors.WriteError: the write failed; the events before these are kept.
+    """
+    if not texts:
+      return
+    summary = summary_pb2.Summary()
+    for tag, text in texts.items():
+      summary.value.add(
+          tag=tag,
+          tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING,
+                                        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                                        string_val=[str(text).encode("utf-8")]),
+          metadata=summary_pb2.SummaryMetadata(
+              plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"),
+              data_class=summary_pb2.DATA_CLASS_TENSOR))
+    self._write([self._summary_event(step, summary)], "the events before these are kept")
+
+  def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+    """Writes ``hparams`` (a flat mapping of bool, int, float or str values, e.g.
+    :func:`simpletron_jax.train.metric_logging.flat_config`) as the HParams plugin's session start
+    at step 0.
+
+    Raises:
+      errors.WriteError: the write failed; the events before these are kept.
+      TypeError: a value of another type (raised by ``hparams_pb``).
+    """
+    summary = hparams_summary.hparams_pb(dict(hparams))
+    self._write([self._summary_event(0, summary)], "the events before these are kept")
+
+  def flush(self) -> None:
+    """Nothing to do: every ``write_*`` call has handed its events to the OS already."""
+
+  def close(self) -> None:
+    """Closes the file; later calls do nothing.
+
+    Raises:
+      errors.WriteError: closing failed (the file is closed anyway).
+    """
+    file, self._file = self._file, None
+    if file is None:
+      return
+    try:
+      file.close()
+    except OSError as e:
+      raise atomic_io.write_error(self.path, e, "the events before are kept") from e
+
+  def _close_quietly(self) -> None:
+    """Closes the file, ignoring errors: after a failure."""
+    file, self._file = self._file, None
+    if file is not None:
+      try:
+        file.close()
+      except OSError:
+        pass

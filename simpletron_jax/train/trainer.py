@@ -1,0 +1,790 @@
+"""Training and evaluation: the optimizer and train state, the loop, and checkpoint evaluation.
+
+The recipe follows LRA ``utils/train_utils.py`` and ``listops/train.py``
+(Tay et al., 2020), with these changes: optax AdamW instead of flax.optim,
+seeded data order, batches padded to a length bucket instead of to
+``max_length``, metrics as sums over real examples, orbax checkpoints that a
+killed run resumes from, and test evaluations of both the final parameters
+(LRA's protocol) and the best-validation checkpoint (SimpleTRON's).
+
+Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
+``config.grad_accum_steps = A`` it is made of A *micro-steps* of
+``batch_size / A`` examples each (``optax.MultiSteps``).
+
+The parts the loop is made of have a module each: :mod:`simpletron_jax.train.loop` (one optimizer
+step, the train window and the periodic actions), :mod:`simpletron_jax.train.steps` (loss, metrics,
+pmapped steps, replication), :mod:`simpletron_jax.data.batches` (data order),
+:mod:`simpletron_jax.train.evaluation`, :mod:`simpletron_jax.train.checkpoints`,
+:mod:`simpletron_jax.train.config_checks` (:func:`config_checks.validate_config`) and
+:mod:`simpletron_jax.train.run_record` (``config.json``, :func:`run_record.load_run_config`); import
+their names from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from simpletron_jax.data import batches, tasks
+from simpletron_jax.model import encoders, lora, transfer
+from simpletron_jax.runtime import atomic_io, cli, distributed, errors, progress
+from simpletron_jax.train import (
+    checkpoints,
+    config_checks,
+    evaluation,
+    loop,
+    metric_logging,
+    precompile,
+    preemption,
+    profiling,
+    run_guard,
+    run_record,
+    schedules,
+)
+from simpletron_jax.data.common import PairedExamples, report_split_truncation
+from simpletron_jax.train.steps import JitParallel, PmapParallel, TrainState, make_parallel
+
+
+# ----------------------------------------------------------------------------
+# Optimizer and state.
+
+
+def make_schedule(config: ml_collections.ConfigDict) -> Callable:
+  """The learning-rate schedule of ``config`` (steps are optimizer updates)."""
+  return schedules.create_learning_rate_schedule(
+      factors=config.factors, base_learning_rate=config.learning_rate,
+      warmup_steps=config.warmup, steps_per_cycle=config.num_train_steps)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW with LRA's decoupled decay ``p -= lr * wd * p`` on every parameter.
+
+  Preceded by global-norm gradient clipping when ``config.grad_clip_norm > 0`` (LRA's
+  Path-X recipe). Parameters matching a ``config.freeze`` regex, and the base parameters
+  of a LoRA run (``config.lora.rank > 0``), get zero updates (:func:`transfer.freeze`).
+  Wrapped in ``optax.MultiSteps`` when ``config.grad_accum_steps > 1``, so the schedule
+  advances once per optimizer update.
+  """
+  tx = optax.adamw(make_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
+                   eps=config.adam_eps, weight_decay=config.weight_decay)
+  clip = float(config.get("grad_clip_norm", 0.0) or 0.0)
+  if clip > 0:
+    tx = optax.chain(optax.clip_by_global_norm(clip), tx)
+  frozen = tuple(config.get("freeze", ()) or ())
+  if config.get("lora", {}).get("rank", 0) > 0:
+    frozen += (f"^{lora.BASE}/",)
+  if frozen:
+    tx = transfer.freeze(tx, frozen)
+  if config.grad_accum_steps > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps)
+  return tx
+
+
+def create_train_state(config: ml_collections.ConfigDict, model: flax.linen.Module,
+                       rng: jax.Array) -> TrainState:
+  """Initialises parameters and optimizer state (unreplicated).
+
+  Args:
+    config: the run config.
+    model: a :class:`simpletron_jax.model.encoders.ClassificationEncoder`.
+    rng: the parameter-init key.
+
+  Returns:
+    A TrainState at step 0. With ``config.lora.rank > 0`` its params are the LoRA tree
+    ``{"base", "lora"}`` and its ``apply_fn`` merges them (:mod:`simpletron_jax.model.lora`).
+  """
+  length = min(config.model.max_length, 16)
+  tokens = jnp.ones((1, length), jnp.int32)
+  second = (tokens, None) if isinstance(model, encoders.DualEncoderClassifier) else ()
+  params = jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
+                                        deterministic=True))(rng)["params"]
+  apply_fn, rank = model.apply, config.get("lora", {}).get("rank", 0)
+  if rank > 0:
+    params = lora.wrap(params, config.lora.targets, rank, jax.random.fold_in(rng, 0x10A))
+    apply_fn = lora.wrap_apply(model.apply, lora.scale_of(rank, config.lora.alpha))
+  return TrainState.create(apply_fn=apply_fn, params=params, tx=make_optimizer(config))
+
+
+# ----------------------------------------------------------------------------
+# The loop.
+
+
+def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
+  """The classifier for ``config.model`` sized to ``data``; with a ``config.pretrain``
+  section (the ``:spt`` / ``:spt_ft`` configs), the self-pretraining LM model or the
+  fine-tuning classifier with the [MASK] row reserved (:func:`pretraining.build_model`)."""
+  if config.get("pretrain") is not None:
+    from simpletron_jax.train import pretraining  # pylint: disable=import-outside-toplevel
+    return pretraining.build_model(config, vocab_size=data.vocab_size,
+                                   num_classes=data.num_classes,
+                                   dual=isinstance(data.train, PairedExamples))
+  return encoders.build_classifier(config.model, vocab_size=data.vocab_size,
+                                   num_classes=data.num_classes,
+                                   dual=isinstance(data.train, PairedExamples))
+
+
+def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
+                    workdir: str) -> TrainState:
+  """Starts ``state`` from ``config.init_from``'s best checkpoint (weight surgery).
+
+  Copies every parameter whose path and shape the source run shares with this model (only
+  those matching ``config.init_include`` when set; :func:`transfer.transfer_params`) and
+  writes what was copied, newly initialised and dropped to ``workdir/transfer.json``.
+
+  Returns:
+    ``state`` unchanged when ``config.init_from`` is empty, else with the new params.
+
+  Before any parameter is copied, the source checkpoint is checked as a resumed or evaluated
+  one is: its arrays load, match their CRC-32 and are finite
+  (:func:`checkpoints.verify_params_checkpoint`).
+
+  Raises:
+    FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
+    errors.CheckpointError: the source checkpoint is damaged (named).
+    errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
+    errors.WriteError: ``transfer.json`` could not be written (named).
+  """
+  best = os.path.join(str(config.get("init_from") or ""), "best")
+  if config.get("init_from") and os.path.isdir(best):   # else transfer names what is missing
+    checkpoints.verify_params_checkpoint(best, f"init_from={config.init_from!r}")
+  params, report = transfer.init_from_config(config, state.params)
+  if report is None:
+    return state
+  print(f"init_from {config.init_from}: {report.summary()}", file=sys.stderr)
+  if jax.process_index() == 0:
+    atomic_io.write_json_atomic(os.path.join(workdir, "transfer.json"),
+                                {"init_from": config.init_from, **report.to_dict()})
+  return state.replace(params=params)
+
+
+def _earlier_records(path: str, start_step: int) -> dict[tuple[int, str], dict[str, Any]]:
+  """``{(step, split): record}`` of the ``val``, ``test`` and ``test_final`` records of
+  ``metrics.jsonl`` at or before ``start_step`` (the last of each), which a start resumed at
+  ``start_step`` keeps; empty for a fresh start or a missing file.
+
+  Raises:
+    ValueError: ``path:line:`` for a damaged line (:func:`metric_logging.read_records`).
+  """
+  if start_step <= 0 or not os.path.exists(path):
+    return {}
+  return {(r["step"], r["split"]): r for r in metric_logging.read_records(path)
+          if r["step"] <= start_step and r.get("split") in ("val", "test", "test_final")}
+
+
+def _test_metrics(earlier: dict, logger: metric_logging.MetricLogger, step: int, split: str,
+                  compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+  """The ``split`` (``test`` or ``test_final``) metrics of ``step``: the record an earlier
+  start wrote (:func:`_earlier_records`), or ``compute()`` written as a new record.
+
+  The parameters of a step are the same at every start (a resumed run is bit-identical), so
+  a recorded test is the one ``compute`` would give; reusing it keeps ``metrics.jsonl`` free
+  of a second record of the same ``(step, split)``. On several hosts the evaluation is a
+  collective that every host must join, so it always runs there, and only an unrecorded
+  result is written.
+  """
+  recorded = earlier.get((step, split))
+  if recorded is not None and jax.process_count() == 1:
+    return {k: v for k, v in recorded.items() if k not in ("step", "split", "time")}
+  metrics = compute()
+  if recorded is None:
+    logger.write(step, metrics, split)
+  return metrics
+
+
+def _last_val_majority(earlier: dict, step: int, val: Any) -> float:
+  """The majority-class rate of the last validation at or before ``step`` as recorded in
+  ``metrics.jsonl``, else of the whole validation split (for a start that trains no step from
+  a checkpoint saved before the run's first validation)."""
+  recorded = [r for (s, split), r in sorted(earlier.items()) if split == "val" and s <= step]
+  if recorded and recorded[-1].get("majority_rate") is not None:
+    return float(recorded[-1]["majority_rate"])
+  return val.majority_rate()
+
+
+def _finished_results(workdir: str, config: ml_collections.ConfigDict,
+                      start_step: int) -> dict[str, Any] | None:
+  """``workdir/results.json`` when it is the finished result of ``config``
+  (:func:`run_record.workdir_results_problem`; a run resumed with forced changes counts here,
+  as this start repeats it), said on stderr, else None. Process 0 decides for every host.
+
+  Raises:
+    OSError, ValueError: another host cannot read the file process 0 found (the workdir
+      must be shared, as the checkpoints are).
+  """
+  problem = (run_record.workdir_results_problem(workdir, config, count_forced=True)
+             if jax.process_index() == 0 else None)
+  if not distributed.agree_on_flag(problem is None):
+    return None
+  results_path = os.path.join(workdir, "results.json")
+  with open(results_path, encoding="utf-8") as f:
+    results = json.load(f)
+  print(f"{workdir} finished training at step {start_step} and {results_path} is its "
+        "result: nothing to do, nothing rewritten", file=sys.stderr)
+  return results
+
+
+def make_workdir(workdir: str) -> None:
+  """Creates ``workdir`` (and its parents) unless it exists as a folder.
+
+  Raises:
+    NotADirectoryError: ``workdir`` (or a folder on its path) is a file; names it.
+    OSError: of the same type, naming ``workdir``, when it cannot be created (permissions).
+    ValueError: its name is not UTF-8 text (:func:`cli.check_path_name`).
+  """
+  cli.check_path_name(workdir, "--workdir")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise NotADirectoryError(f"--workdir {workdir!r} is a file, not a folder: pass a folder "
+                             "(created if missing) or move the file away")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise type(e)(f"--workdir {workdir!r} cannot be created: {e.strerror or e} "
+                  f"({e.filename or workdir}); pass a folder in a writable place") from e
+
+
+def _check_start(config: ml_collections.ConfigDict, workdir: str, precompile_workers: int) -> None:
+  """The checks a run passes before it takes ``workdir``, which is created here.
+
+  Raises:
+    ValueError: ``precompile_workers < 0`` or an inconsistent config
+      (:func:`config_checks.validate_config`, :func:`checkpoints.check_async_supported`,
+      :func:`config_checks.check_settings`).
+    NotADirectoryError, OSError: ``workdir`` cannot be a folder (:func:`make_workdir`).
+  """
+  if precompile_workers < 0:
+    raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
+  config_checks.validate_config(config, jax.device_count(), jax.process_count())
+  checkpoints.check_async_supported(config.get("async_checkpoints", False), jax.process_count())
+  config_checks.check_settings(config)
+  make_workdir(workdir)
+
+
+def _load_data(config: ml_collections.ConfigDict, data: tasks.TaskData | None) -> tasks.TaskData:
+  """``data``, or the task data of ``config`` when None, checked: every host holds process 0's
+  config and data, no split is empty (:func:`config_checks.check_splits`), and process 0
+  reports truncation by ``model.max_length`` once per split.
+
+  Raises:
+    ValueError: an empty split, or hosts that disagree (:func:`distributed.check_hosts_agree`).
+  """
+  data = data or tasks.load_task(config)
+  distributed.check_hosts_agree(config, data)
+  config_checks.check_splits(data, config)
+  if jax.process_index() == 0:   # loaders that truncate while loading report there
+    for name in ("train", "val", "test"):
+      report_split_truncation(name, getattr(data, name), int(config.model.max_length))
+  return data
+
+
+@dataclasses.dataclass
+class _Start:
+  """Where one start of a run begins (:func:`_resume`).
+
+  Attributes:
+    state: the unreplicated train state at optimizer step ``step`` (0: a new run).
+    meta: the checkpoint meta (``best_val_accuracy``, ``best_step``, ``train_seconds``,
+      ``run_id``, ``model_config``, the run record, and ``val_majority_rate`` once validated).
+    step: the optimizer step resumed from.
+    ckpts, best_ckpts: the managers of ``workdir/checkpoints`` and ``workdir/best``.
+    config_path: ``workdir/config.json``.
+    config_tree: what ``config.json`` gets: the config and its history with this start's
+      changes (:func:`run_record.config_with_history`).
+    new_forced: this start forces a change that ``config.json``'s history lacks.
+    dropout_root: the run's dropout key.
+  """
+  state: TrainState
+  meta: dict[str, Any]
+  step: int
+  ckpts: Any
+  best_ckpts: Any
+  config_path: str
+  config_tree: dict[str, Any]
+  new_forced: bool
+  dropout_root: jax.Array
+
+  def last_good(self) -> str:
+    """The newest checkpoint's folder at this start, or a phrase saying none was saved."""
+    return (checkpoints.step_dir(self.ckpts, self.step) if self.step
+            else "none (nothing saved yet)")
+
+
+def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData,
+            allow_resume_changes: bool) -> _Start:
+  """Builds the model and its state, then restores the newest intact checkpoint of
+  ``workdir/checkpoints`` (a damaged one is moved to ``workdir/damaged``), or for a new run
+  applies ``config.init_from`` (:func:`apply_init_from`), and matches ``best/`` to the run's
+  lineage (:func:`checkpoints.reconcile_best`).
+
+  A checkpoint is resumed only if it was computed with this config's settings, data and
+  device and host counts (:func:`run_record.check_resume`, with ``allow_resume_changes``);
+  the changes let through are printed and go into ``config_tree``'s history.
+
+  Raises:
+    errors.ConfigMismatchError: see :func:`run_record.check_resume`; also, in one line, a
+      checkpoint saved by an earlier release (:data:`checkpoints.FORMAT`).
+    errors.CheckpointError: no checkpoint is intact, or ``best/`` holds another run's.
+  """
+  model = build_model(config, data)
+  init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
+  state = create_train_state(config, model, init_rng)
+  async_save = config.get("async_checkpoints", False)
+  ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
+                             async_save=async_save)
+  best_ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None,  # see prune_best
+                                  async_save=async_save)
+  distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
+  meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
+  start_step = 0
+  config_path = os.path.join(workdir, "config.json")
+  previous_config = run_record.read_config_json(config_path)   # before this start overwrites it
+  record = run_record.run_record(config, vocab_size=data.vocab_size,
+                                 num_classes=data.num_classes, num_devices=jax.device_count(),
+                                 num_hosts=jax.process_count(),
+                                 data_sha256=distributed.data_fingerprint(data))
+  changes = []   # this start's changes from the checkpoint's settings (config history)
+
+  def resume_check(where: str, saved_meta: dict, model_diff: list[str]) -> None:
+    changes[:] = run_record.check_resume(where, saved_meta[run_record.RECORD_KEY], record,
+                                        model_diff=model_diff, allow_changes=allow_resume_changes)
+
+  if ckpts.all_steps():
+    state, meta, start_step = checkpoints.restore_checkpoint(
+        ckpts, state, model_config=config.model,
+        quarantine_dir=os.path.join(workdir, "damaged"), resume_check=resume_check)
+    print(f"Resumed from {workdir}/checkpoints at step {start_step}", file=sys.stderr)
+    if changes:
+      print(f"Settings changed since the checkpoint (recorded in {config_path}): "
+            + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
+  else:
+    state = apply_init_from(config, state, workdir)
+  meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
+              model_config=checkpoints.model_config_dict(config.model),
+              **{run_record.RECORD_KEY: record})
+  meta = checkpoints.reconcile_best(best_ckpts, meta, start_step)
+  history = (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, [])
+  config_tree = run_record.config_with_history(config, history, changes, start_step)
+  new_forced = (any(not c["allowed"] for c in changes)   # not yet in config.json's history
+                and len(config_tree.get(run_record.CONFIG_HISTORY_KEY, [])) > len(history))
+  return _Start(state, meta, start_step, ckpts, best_ckpts, config_path, config_tree,
+                new_forced, dropout_root)
+
+
+def _write_config(start: _Start) -> dict[str, Any]:
+  """Writes ``config.json`` (process 0; atomic): ``start.config_tree`` and, under
+  ``software``, what computes the run (:func:`run_record.software`), which it returns.
+
+  Raises:
+    errors.WriteError: the file could not be written (named).
+  """
+  software = run_record.software(jax.devices()[0].device_kind, jax.device_count(),
+                                 jax.process_count())
+  if jax.process_index() == 0:
+    atomic_io.write_json_atomic(start.config_path,
+                                {**start.config_tree, run_record.SOFTWARE_KEY: software})
+  return software
+
+
+def _open_logs(config: ml_collections.ConfigDict, workdir: str,
+               start: _Start) -> metric_logging.MetricLogger:
+  """Opens the run's logs at ``start.step`` (:class:`metric_logging.MetricLogger`) and records
+  the parameter count and overview; first removes a ``results.json`` that this start trains
+  past (it would no longer describe the workdir).
+
+  Raises:
+    errors.WriteError: the logs could not be opened or written, or ``results.json`` could
+      not be removed (named).
+  """
+  results_path = os.path.join(workdir, "results.json")
+  logger = metric_logging.MetricLogger(workdir, resume_step=start.step,
+                                       enabled=jax.process_index() == 0, config=config,
+                                       run_id=start.meta["run_id"])
+  if (jax.process_index() == 0 and start.step < config.num_train_steps
+      and os.path.exists(results_path)):
+    try:
+      os.remove(results_path)
+    except OSError as e:
+      raise errors.WriteError(
+          f"could not remove {results_path}, the results of an earlier run that this one "
+          f"trains past (from step {start.step}): {e.strerror or e}. Delete it, then rerun "
+          "the same command.") from e
+    print(f"removed {results_path} of an earlier run; it is written again when this run "
+          "ends", file=sys.stderr)
+  logger.write(start.step, {"params": sum(x.size for x in
+                                          jax.tree_util.tree_leaves(start.state.params))},
+               "info")
+  logger.write_parameter_overview(start.state.params)   # stderr and parameter_overview.txt
+  return logger
+
+
+def _compile(config: ml_collections.ConfigDict, data: tasks.TaskData, state_repl: TrainState,
+             parallel: PmapParallel | JitParallel, start_step: int, workers: int,
+             guard: preemption.PreemptionGuard) -> tuple[Callable, Callable, dict, dict]:
+  """The run's train and eval steps; with ``workers > 0``, every batch shape the run will
+  meet compiled first in that many threads (:func:`precompile.precompile_steps`).
+
+  Returns:
+    ``(p_train, eval_fn, programs, precompiled)``: ``programs`` maps
+    :func:`steps.batch_shape_key` to a compiled train step, ``precompiled`` holds
+    ``precompile_seconds`` and the shape counts (both empty without ``workers``).
+
+  Raises:
+    preemption.PreemptedError: a signal came while compiling (nothing trained to save).
+  """
+  p_train, p_eval = parallel.steps(state_repl.apply_fn)
+  if not workers:
+    return p_train, p_eval, {}, {}
+  try:
+    train_steps, eval_fn, precompiled = precompile.precompile_steps(
+        p_train, p_eval, state_repl, data, config, start_step * config.grad_accum_steps,
+        workers, parallel, should_stop=guard.requested_locally)
+  except precompile.Stopped:   # nothing trained since the checkpoint: nothing to save
+    raise preemption.PreemptedError(start_step, guard.cause) from None
+  print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
+        f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
+        f"{precompiled['precompile_seconds']:.1f} s ({workers} threads)", file=sys.stderr)
+  return p_train, eval_fn, train_steps.compiled, precompiled
+
+
+def _evaluator(eval_fn: Callable, examples: Any, config: ml_collections.ConfigDict,
+               limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
+  """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all):
+  :func:`evaluation.evaluate` with the run's eval step ``eval_fn``."""
+  return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, config, limit,
+                                                 parallel)
+
+
+def _test(config: ml_collections.ConfigDict, start: _Start, earlier: dict,
+          logger: metric_logging.MetricLogger, evaluate_test: Callable, params_repl: Any,
+          parallel: PmapParallel | JitParallel, last_step: int
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The test metrics of the final parameters (LRA's ``--test_only`` protocol) and of the
+  best-validation checkpoint (SimpleTRON's), ``(final, best)``; one evaluation when the last
+  validation was the best. A test an earlier start recorded is reused, not repeated
+  (:func:`_test_metrics`).
+
+  Args:
+    evaluate_test: ``evaluate_test(params_repl) -> metrics`` of the test split.
+    params_repl: the parameters after ``last_step``, placed as the eval step takes them.
+
+  Raises:
+    errors.CheckpointError: the best checkpoint cannot be restored intact.
+  """
+  final_test = _test_metrics(earlier, logger, last_step, "test_final",
+                             lambda: evaluate_test(params_repl))
+  best_step = start.meta["best_step"]
+
+  def best_test():
+    best_state, _, _ = checkpoints.restore_checkpoint(start.best_ckpts, start.state, step=best_step,
+                                          model_config=config.model)
+    return evaluate_test(parallel.put_state(best_state.params))
+
+  test = _test_metrics(earlier, logger, best_step, "test",
+                       (lambda: final_test) if best_step == last_step else best_test)
+  return final_test, test
+
+
+def _results(config: ml_collections.ConfigDict, data: tasks.TaskData, start: _Start,
+             tests: tuple[dict[str, Any], dict[str, Any]], val_majority: float,
+             last_step: int, window: loop.TrainWindow, precompiled: dict[str, Any],
+             wall_start: float, software: dict[str, Any]) -> dict[str, Any]:
+  """The contents of ``results.json`` (see :func:`train_and_evaluate`'s Returns)."""
+  final_test, test = tests
+  complete = last_step >= config.num_train_steps
+  return {
+      "task": config.task, "attention": config.model.attention,
+      "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+      "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
+      "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
+      "final_step": last_step,
+      "test_majority_rate": test["majority_rate"],
+      "val_majority_rate": val_majority,
+      "best_step": start.meta["best_step"], "best_val_accuracy": start.meta["best_val_accuracy"],
+      "num_train_steps": config.num_train_steps, "last_step": last_step,
+      "complete": complete, "stopped_by": None if complete else "max_train_minutes",
+      "config_fingerprint": run_record.config_fingerprint(config),
+      run_record.FORCED_KEY: run_record.forced_changes(
+          start.config_tree.get(run_record.CONFIG_HISTORY_KEY)),
+      "steps_per_sec": last_step / max(window.train_seconds, 1e-9),
+      "train_seconds": window.train_seconds,
+      "train_compile_seconds_this_run": window.compile_seconds_this_run,
+      "train_shapes_compiled_in_loop": window.shapes_compiled,
+      **precompiled,
+      "wall_seconds_this_run": time.time() - wall_start,
+      "num_devices": jax.device_count(), "data_source": data.source,
+      **software,
+  }
+
+
+def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler | None,
+             logger: metric_logging.MetricLogger | None, lock: str | None) -> None:
+  """What a start holds, let go on every exit (success, error, preemption): the signal
+  handlers, a profiler trace an error or a preemption left running, the logs (a failure to
+  close them after an error would hide that error, so it is dropped) and the workdir lock."""
+  guard.restore()
+  if profiler is not None:
+    profiler.close()
+  try:
+    if logger is not None:
+      logger.close()   # a no-op after a success
+  except errors.WriteError:
+    pass
+  run_guard.release_lock(lock)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       step_hook: Callable[[int], None] | None = None,
+                       data: tasks.TaskData | None = None,
+                       precompile_workers: int = 0,
+                       allow_resume_changes: bool = False,
+                       profile_steps: tuple[int, int] | None = None) -> dict[str, Any]:
+  """Trains, evaluates every ``eval_frequency`` steps, then tests the final and best parameters.
+
+  Resumes from the newest checkpoint in ``workdir/checkpoints`` if there is
+  one, and continues exactly as an uninterrupted run would (same data order,
+  dropout keys and optimizer state). Writes ``workdir/metrics.jsonl``,
+  TensorBoard events in ``workdir/tb`` (and a W&B run under ``workdir/wandb`` when
+  ``config.wandb.project`` is set; :class:`metric_logging.MetricLogger`),
+  ``workdir/config.json``, ``workdir/parameter_overview.txt`` (also printed to stderr) and, at
+  the end, ``workdir/results.json``. The loop is :mod:`simpletron_jax.train.loop`'s.
+
+  Before any work every field is validated (:func:`config_checks.validate_config`,
+  :func:`config_checks.check_settings`), and truncation by ``model.max_length`` is reported once
+  per split. A resumed checkpoint must have been computed with this config's settings, data,
+  vocabulary and class count, and device and host counts (:func:`run_record.check_resume`;
+  the checkpoint meta holds them as ``run_record``); the changes let through
+  (:data:`run_record.RESUME_ALLOWED_FIELDS`, or any but ``model.*`` with
+  ``allow_resume_changes``) are appended to ``config.json``'s ``config_history`` (see
+  :func:`run_record.config_with_history`) instead of being overwritten. A checkpoint saved by
+  an earlier release (:data:`checkpoints.FORMAT`) is refused in one line.
+
+  A rerun of a finished run changes nothing: when the checkpoint resumed is at
+  ``num_train_steps``, no change was forced and ``results.json`` is the finished result of
+  this config, that ``results.json`` is returned and no file is written. Otherwise a test an
+  earlier start recorded in ``metrics.jsonl`` (a run killed while testing) is reused rather
+  than repeated and recorded twice, and ``val_majority_rate`` is that of the last validation,
+  which checkpoints carry, whichever start reaches the end.
+
+  Args:
+    config: the run config (see ``configs/``).
+    workdir: output directory; created if missing.
+    step_hook: called with the optimizer step after each step and its
+      checkpoint (tests use it to simulate a kill).
+    data: preloaded task data; loaded from ``config`` when None.
+    precompile_workers: if > 0, the train and eval steps of every batch shape the run will
+      meet are compiled before the loop, in this many threads side by side
+      (:mod:`simpletron_jax.train.precompile`); 0 compiles each shape when the loop first meets it.
+    allow_resume_changes: resume even though settings that change what is computed differ
+      from the checkpoint's (train.py ``--allow_resume_changes``); the changes are recorded
+      in ``config.json``'s ``config_history``. ``model.*`` changes stay refused.
+    profile_steps: ``(A, B)``: a JAX profiler trace of optimizer steps A..B (both included,
+      ``1 <= A <= B <= num_train_steps``) is written to ``workdir/profile`` by process 0
+      (:class:`profiling.StepProfiler`; train.py ``--profile_steps=A:B``); a run resumed at
+      or past step A traces nothing. None: no trace.
+
+  Returns:
+    The contents of ``results.json``: test accuracy and loss under two protocols,
+    ``test_{accuracy,loss}_best_val`` for the best-validation checkpoint (its step
+    ``best_step``, its ``best_val_accuracy``; SimpleTRON's protocol; also kept as
+    ``test_accuracy``/``test_loss``) and ``test_{accuracy,loss}_final`` for the
+    parameters after ``final_step`` (LRA's ``--test_only`` protocol), the
+    majority-class rates of the val and test examples evaluated, steps/s and wall time in
+    seconds, the seconds the loop spent compiling train steps (one per batch shape met that
+    had no program yet, ``train_shapes_compiled_in_loop``), and with ``precompile_workers``
+    the ``precompile_seconds`` and counts of :func:`precompile.precompile_steps`. Each train
+    record of ``metrics.jsonl`` has ``compile_seconds`` and ``new_shapes`` of its window and
+    ``steps_per_sec_excluding_compile``. ``final_step``, ``complete`` (False when
+    ``max_train_minutes`` stopped the run before ``num_train_steps``, with ``stopped_by``)
+    and ``config_fingerprint`` (:func:`run_record.config_fingerprint`) say what the numbers
+    describe; a run that trains on past an existing ``results.json`` deletes it first.
+    ``forced_resume_changes`` (:func:`run_record.forced_changes`) lists the starts that
+    ``allow_resume_changes`` let change what is computed (empty: none), and the
+    :func:`run_record.software` fields (versions, ``device_kind``, ``device_count``,
+    ``process_count``, ``git_commit``) what computed it; ``config.json`` holds the latter
+    under ``software``. Neither enters ``config_fingerprint``.
+
+  Faults are never silent (docs/faults.md, "When things go wrong"): ``workdir/run.lock`` keeps a
+  second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
+  the run resumes from the newest intact one; ``best/`` only ever holds checkpoints of this
+  run's lineage (``workdir/run_id``, see :func:`checkpoints.reconcile_best`); ``results.json`` and
+  ``metrics.jsonl`` are strict JSON (non-finite values are ``null``).
+
+  Raises:
+    ValueError: for an inconsistent config (see :func:`config_checks.validate_config` and
+      :func:`config_checks.check_settings`) or an empty split (:func:`config_checks.check_splits`).
+    errors.WorkdirLockedError: another run holds the workdir.
+    errors.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
+    errors.CheckpointError: a save failed, no checkpoint is intact, or ``best/`` holds
+      another run's checkpoint.
+    errors.ConfigMismatchError: the checkpoint resumed was computed with other settings:
+      ``model.*``, or without ``allow_resume_changes`` any field outside
+      :data:`run_record.RESUME_ALLOWED_FIELDS`, the task data's vocabulary size, class count
+      or contents, or the device or host count (:func:`run_record.check_resume`).
+    NotADirectoryError: ``workdir`` is a file (:func:`make_workdir`).
+    preemption.PreemptedError: SIGTERM or SIGINT came after the data were loaded
+      (:class:`preemption.PreemptionGuard`): in the loop (every host stops at the same step)
+      that step was finished, logged and saved; while building, restoring or precompiling,
+      nothing had been trained since the checkpoint. The lock is released; no test, no
+      ``results.json``. A signal while the data load raises ``KeyboardInterrupt`` (SIGINT)
+      or ends the process (SIGTERM), as Python's defaults do; the lock is released on
+      SIGINT and replaced as stale after SIGTERM.
+    errors.WriteError: ``metrics.jsonl``, the TensorBoard file, ``results.json`` or
+      ``transfer.json`` could not be written (named; a failed checkpoint save is a
+      ``CheckpointError``).
+  """
+  wall_start = time.time()
+  _check_start(config, workdir, precompile_workers)
+  lock = run_guard.acquire_lock(workdir) if jax.process_index() == 0 else None
+  logger = profiler = None
+  guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save (if trained) and stop
+  try:   # from here on every exit releases the lock (the `finally` below)
+    data = _load_data(config, data)
+    guard.install()   # a signal from here on stops the run where it can stop cleanly
+    start = _resume(config, workdir, data, allow_resume_changes)
+    if start.step >= config.num_train_steps and not start.new_forced:
+      finished = _finished_results(workdir, config, start.step)   # a finished run's rerun
+      if finished is not None:
+        return finished
+    software = _write_config(start)
+    # The test records an earlier start wrote at or before this start's step (a run killed
+    # while testing, a finished run resumed with forced changes): reused, never written twice.
+    earlier = _earlier_records(os.path.join(workdir, "metrics.jsonl"), start.step)
+    if guard.requested_locally():   # a signal while building or restoring: nothing to save
+      raise preemption.PreemptedError(start.step, guard.cause)
+    logger = _open_logs(config, workdir, start)
+    profiler = profiling.StepProfiler(
+        os.path.join(workdir, "profile"),
+        profiling.check_profile_steps(profile_steps, config.num_train_steps), start.step,
+        enabled=jax.process_index() == 0)
+    parallel = make_parallel(config.get("parallelism", "pmap"))
+    state_repl = parallel.put_state(start.state)
+    p_train, eval_fn, programs, precompiled = _compile(
+        config, data, state_repl, parallel, start.step, precompile_workers, guard)
+    if precompiled:
+      logger.write(start.step, precompiled, "info")
+    window = loop.TrainWindow(parallel, make_schedule(config), start.meta["train_seconds"])
+    micro_steps = loop.MicroSteps(
+        p_train, programs, parallel,
+        batches.train_batches(data.train, config, start.step * config.grad_accum_steps),
+        start.dropout_root, config.grad_accum_steps)
+    bar = progress.bar(total=config.num_train_steps, initial=start.step, desc="train",
+                       disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
+    actions = loop.Actions(
+        config, micro_steps, window, logger, bar,
+        _evaluator(eval_fn, data.val, config, config.get("num_eval_steps", -1), parallel),
+        start.ckpts, start.best_ckpts, start.meta, start.last_good(), step_hook)
+    budget = loop.TimeBudget(config.get("max_train_minutes", 0), wall_start)
+    step, preempted, out_of_time = config.num_train_steps, False, False   # if none is trained
+    for step in range(start.step + 1, config.num_train_steps + 1):
+      profiler.step_started(step)   # --profile_steps: the trace starts before step A
+      state_repl = micro_steps(state_repl, step, window)
+      bar.update(1)
+      profiler.step_finished(step, state_repl)   # after step B: wait for it, stop the trace
+      out_of_time = budget.spent()
+      preempted = guard.should_stop(step)   # every host at the same step
+      final = step == config.num_train_steps or out_of_time   # validates, as a straight run
+      actions(step, state_repl, stop=final or preempted, final=final)
+      if preempted or out_of_time:
+        break
+    guard.restore()   # from here on, a signal ends the process: the last step is saved
+    bar.close()
+    checkpoints.finish_saves(start.ckpts, start.best_ckpts)   # on disk, or CheckpointError
+    if preempted or guard.requested_locally():   # no test: the scheduler's grace period is short
+      bar.write(f"{guard.cause}: saved step {step} to {actions.last_good}")
+      logger.close()
+      raise preemption.PreemptedError(step, guard.cause)
+    if out_of_time:
+      bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
+                "rerun with the same workdir to continue")
+    tests = _test(config, start, earlier, logger,
+                  _evaluator(eval_fn, data.test, config, config.get("num_test_steps", -1),
+                             parallel),
+                  state_repl.params, parallel, step)
+    val_majority = start.meta.get("val_majority_rate")
+    if val_majority is None:   # this lineage has not validated yet
+      val_majority = _last_val_majority(earlier, step, data.val)
+    results = _results(config, data, start, tests, val_majority, step, window, precompiled,
+                       wall_start, software)
+    if jax.process_index() == 0:   # never a half-written file
+      atomic_io.write_json_atomic(os.path.join(workdir, "results.json"), results)
+    logger.close()
+    return results
+  finally:   # also on errors and preemption: no handler, open file or lock is left behind
+    _release(guard, profiler, logger, lock)
+
+
+def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
+                        step: int | None = None,
+                        config: ml_collections.ConfigDict | None = None,
+                        precompile_workers: int = 0) -> dict[str, Any]:
+  """Restores a checkpoint of ``workdir`` and evaluates it on ``split``.
+
+  Args:
+    workdir: a train.py run directory.
+    split: ``"train"``, ``"val"`` or ``"test"``.
+    which: ``"best"`` (the best-validation checkpoint) or ``"latest"``.
+    step: restore this optimizer step from ``workdir/checkpoints`` instead.
+    config: overrides the run's saved config.
+    precompile_workers: if > 0, the eval step of every batch shape the split meets is
+      compiled first, in this many threads side by side (:mod:`simpletron_jax.train.precompile`).
+
+  Returns:
+    ``{"accuracy", "loss", "count", "step", "split", "checkpoint"}``.
+
+  Raises:
+    FileNotFoundError: when the workdir (which is never created), its checkpoint folder,
+      the checkpoint or its config is missing.
+    ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
+    errors.ConfigMismatchError: ``config`` is of another task than the run's ``config.json``
+      (named before the model configs are compared), or its model config differs from the
+      checkpoint's.
+  """
+  if split not in ("train", "val", "test") or which not in ("best", "latest"):
+    raise ValueError(f"split={split!r} / which={which!r} not understood")
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass the workdir of a "
+                            "train.py run")
+  if config is not None:
+    saved = run_record.read_config_json(os.path.join(workdir, "config.json")) or {}
+    if saved.get("task") not in (None, config.task):
+      raise errors.ConfigMismatchError(
+          f"--config is a config of task {config.task!r}, but {workdir} trained task "
+          f"{saved['task']!r} ({os.path.join(workdir, 'config.json')}): pass a "
+          f"configs/{saved['task']}/... config, or leave --config out to use the run's own")
+  config = config or run_record.load_run_config(workdir)
+  sub = "best" if which == "best" and step is None else "checkpoints"
+  if not os.path.isdir(os.path.join(workdir, sub)):
+    raise FileNotFoundError(f"{os.path.join(workdir, sub)} not found: the run saved no "
+                            f"{'best-validation ' if sub == 'best' else ''}checkpoint yet")
+  data = tasks.load_task(config)
+  report_split_truncation(split, getattr(data, split), int(config.model.max_length))
+  model = build_model(config, data)
+  state = create_train_state(config, model, jax.random.PRNGKey(0))
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
+  state, _, restored_step = checkpoints.restore_checkpoint(manager, state, step,
+                                                           model_config=config.model)
+  if precompile_workers < 0:
+    raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
+  parallel = make_parallel(config.get("parallelism", "pmap"))
+  _, p_eval = parallel.steps(state.apply_fn)
+  limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
+  params_repl = parallel.put_state(state.params)
+  if precompile_workers:
+    start = time.time()
+    p_eval = precompile.precompile_eval_step(p_eval, params_repl,
+                                             [(getattr(data, split), limit)], config,
+                                             precompile_workers, parallel)
+    print(f"precompiled {len(p_eval.compiled)} eval step shapes in "
+          f"{time.time() - start:.1f} s ({precompile_workers} threads)", file=sys.stderr)
+  metrics = evaluation.evaluate(p_eval, params_repl, getattr(data, split), config, limit, parallel)
+  return {**metrics, "step": restored_step, "split": split,
+          "checkpoint": os.path.join(workdir, sub)}
