@@ -121,9 +121,9 @@ class Reference:
     return sum(self.accuracies) / len(self.accuracies)
 
 
-# How each row was checked (2026-11-26): the cells were compared with the paper's own table
-# where a stored copy of it could be read, else with two later papers that reprint the row;
-# ``checked`` says which. The SPT paper's tables could not be read here (the stored text of
+# How each row was checked (docs/experiments.md): the cells were compared with the paper's own
+# table where a stored copy of it could be read, else with two later papers that reprint the
+# row; ``checked`` says which. The SPT paper's tables could not be read here (the stored text of
 # arXiv 2310.02980 has its table cells stripped): its row stays marked unchecked.
 REFERENCES: tuple[Reference, ...] = (
     Reference("Transformer + Rotary + masked SPT",

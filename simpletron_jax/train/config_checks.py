@@ -23,7 +23,7 @@ from simpletron_jax.runtime.errors import warn
 
 # The largest position table a run may ask for: ``(model.max_length + 1) x model.emb_dim``
 # float32 values. LRA's longest input, Path-X's 16384 tokens, needs 8 MiB at 128 features; a
-# typo such as max_length=1000000000 would need 256 GB, and failed deep in XLA with
+# typo such as max_length=1000000000 would need 256 GB, and would fail deep in XLA with
 # RESOURCE_EXHAUSTED instead of naming the field.
 MAX_POSITION_TABLE_BYTES = 4 << 30
 # Config fields that hold regexes of parameter paths (``re.search``), checked to compile.

@@ -22,8 +22,8 @@ LRA's gaps between architectures. What is taken from them, and from their code
 * the LM head: one Dense from each position's final state to the vocabulary, untied
   (``pretrain.lm_head = "linear"``, the default; their ``SequenceDecoder`` with
   ``l_output=None``). ``"mlp"`` is BERT's Dense(E) -> GELU -> LayerNorm before it, the head
-  of this module before 2026-11-26 and of the committed ``:tiny`` grid; ``tie_head`` ties
-  the output weights to the input embedding (not theirs);
+  of the committed ``:tiny`` grid (docs/experiments.md); ``tie_head`` ties the output
+  weights to the input embedding (not theirs);
 * the optimisation of each stage, per task (each task record's ``pretraining``,
   :class:`simpletron_jax.data.tasks.SptRecipe`, applied by the paper-size ``:spt`` / ``:spt_ft``
   configs): AdamW (0.9, 0.999), linear warmup then a constant rate,

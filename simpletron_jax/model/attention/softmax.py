@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from simpletron_jax.model.attention import base
 
 IMPLEMENTATIONS = ("einsum", "xla", "flash")
-# Earlier names: "fused" was jax.nn.dot_product_attention with implementation=None (XLA).
+# "fused": jax.nn.dot_product_attention with implementation=None (XLA), an alias of "xla".
 ALIASES = {"fused": "xla", "cudnn": "flash"}
 FLASH_DTYPES = ("bfloat16", "float16")
 # cuDNN's training kernels reject odd lengths (jax 0.11.2 on an H100 at L = 4097);
