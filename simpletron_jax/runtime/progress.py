@@ -1,8 +1,8 @@
 """Progress bars that suit a terminal and a log file alike.
 
 On a terminal (stderr is a TTY) :func:`bar` is a ``tqdm`` bar, redrawn in place. Without a
-terminal (a log file, a pipe, a batch job) ``tqdm``'s ``\\r`` redraws pile up in the file (32
-KB for one ListOps generation), so :func:`bar` is a :class:`LineProgress` instead: one plain
+terminal (a log file, a pipe, a batch job) ``tqdm``'s ``\\r`` redraws pile up in the file
+(docs/faults.md), so :func:`bar` is a :class:`LineProgress` instead: one plain
 line every ``interval`` seconds and one at the end, such as
 ``train: 120/5000 (2%), 3.41 it/s, loss=2.31, acc=0.17``. ``TQDM_DISABLE=1`` (tqdm's own
 variable) turns either off, as does ``disable=True``.

@@ -181,8 +181,8 @@ def quiet_abandoned_reads() -> None:
   When one array of a damaged checkpoint fails to load, orbax stops the restore and closes
   its asyncio event loop while tensorstore still reads the other arrays; each read that
   finishes then fails to post its result (``RuntimeError: Event loop is closed``), and
-  tensorstore reports that error as unraisable, which Python prints as a traceback (15 to 50
-  of them after one truncated checkpoint, depending on timing). Nothing waits for those
+  tensorstore reports that error as unraisable, which Python prints as a traceback (one per
+  such read, their number depending on timing; docs/faults.md). Nothing waits for those
   reads: the damage is already reported, once, by :func:`restore_checkpoint`. This wraps
   ``sys.unraisablehook`` so that exactly those errors are not printed; every other one
   reaches the previous hook.

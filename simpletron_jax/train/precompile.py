@@ -2,17 +2,16 @@
 
 Batches are padded to a length bucket (``data.bucket``, 128 tokens in the LRA configs), and
 ``jax.pmap`` compiles one program per batch shape the first time it sees it, in the middle of
-the loop and one after another. In one epoch of the paper ListOps config a grouped run
-(``data.group_by_length``) meets 13 widths and an ungrouped one 6
-(``benchmarks/results/cpu/listops_widths.md``), each compiled while the device waits
-(docs/runs.md has the compile times measured). ``train.py --precompile_workers N`` finds the
+the loop and one after another. A grouped run (``data.group_by_length``) meets more widths
+than an ungrouped one, each compiled while the device waits (docs/runs.md has the widths of
+paper ListOps and the compile times). ``train.py --precompile_workers N`` finds the
 shapes first, from the example indices alone, and compiles them in ``N`` threads side by side
 (XLA compiles with Python's lock released); the loop then calls the compiled programs.
 The function computed is unchanged: the same programs run on the same batches.
 
 Which shapes: the train micro-batches from the resume point to the end of the run or of one
 epoch, whichever comes first, and the batches of a validation (``num_eval_steps``) and of the
-final test (``num_test_steps``). A shape met later still compiles in the loop, as before.
+final test (``num_test_steps``). A shape met later still compiles in the loop, as usual.
 
 A stop requested while the threads compile (``should_stop``: SIGTERM or SIGINT, through
 :class:`simpletron_jax.train.preemption.PreemptionGuard`) cancels the compilations not yet started,
@@ -123,8 +122,8 @@ def _in_threads(thunks: list[Callable[[], Any]], workers: int,
   stop, or when a thunk raises (or ``KeyboardInterrupt`` reaches the waiting thread), the
   thunks not started are cancelled and the running ones are waited for before it returns,
   even through a ``KeyboardInterrupt`` (a second Ctrl-C), which is raised once they are done:
-  no compiling thread outlives the call. A process that exited while XLA compiled in another
-  thread aborted (``terminate called ... FATAL: exception not rethrown``).
+  no compiling thread outlives the call. A process that exits while XLA compiles in another
+  thread aborts (``terminate called ... FATAL: exception not rethrown``).
 
   Raises:
     ValueError: for ``workers < 1``.

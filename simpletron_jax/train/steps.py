@@ -165,7 +165,7 @@ def jit_steps(apply_fn, mesh: jax.sharding.Mesh):
   rep, rows = jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec(AXIS)
   # check_vma=False: with JAX's varying-axes checks on, differentiating the replicated
   # params inside shard_map already sums the gradients over the devices, and train_step's
-  # pmean would then return twice the mean on 2 devices (measured: grad_norm doubled).
+  # pmean would then return twice the mean on 2 devices (docs/scaling.md).
   train = jax.jit(jax.shard_map(train_step, mesh=mesh, in_specs=(rep, rows, rep),
                                 out_specs=(rep, rep), check_vma=False), donate_argnums=(0,))
   evaluate = jax.jit(jax.shard_map(lambda p, b: eval_step(p, apply_fn, b), mesh=mesh,

@@ -152,7 +152,7 @@ class _Table:
 @functools.lru_cache(maxsize=8)
 def _table(paddle_length: float, paddle_thickness: float, marker_radius: float,
            s: int) -> _Table:
-  """Builds the masks for one setting (a fraction of a second; cached per process)."""
+  """Builds the masks for one setting (cached per process)."""
   rad = 0.5 * paddle_thickness
   reach = math.ceil(paddle_length + rad + 1.0 / _Q)
   width = 2 * reach + 1
