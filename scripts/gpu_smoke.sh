@@ -7,7 +7,7 @@
 set -uo pipefail
 LOG=${LOG:-/dev/stdout}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
-  python -c "from simpletron_jax import platforms; platforms.skip_absent_tpu(); import jax; \
+  python -c "from simpletron_jax.runtime import platforms; platforms.skip_absent_tpu(); import jax; \
 print('jax', jax.__version__, jax.devices())"; } >>"$LOG" 2>&1
 echo "== $(date -u +%H:%M:%S) smoke: train.py :tiny, 20 steps" >>"$LOG"
 rm -rf /tmp/paper_smoke   # a fresh run: a finished one would be reported, not rerun

@@ -116,7 +116,7 @@ def test_event_records_carry_tensorboards_crc32c():
 def test_the_writers_are_clus_metric_writers():
   """The interface is loaded without TensorFlow; a later ``import clu.metric_writers`` (here
   TensorFlow is installed) sees the same class, so clu's helpers accept the writers."""
-  code = ("import sys; from simpletron_jax import tensorboard_writer as t; "
+  code = ("import sys; from simpletron_jax.train import tensorboard_writer as t; "
           "assert 'clu.metric_writers' not in sys.modules and 'tensorflow' not in sys.modules; "
           "from clu import metric_writers; "
           "print(metric_writers.MetricWriter is t.MetricWriter, "
