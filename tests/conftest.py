@@ -7,8 +7,10 @@
   flags or against numpy with a tolerance;
 * a persistent compilation cache in a temporary folder that lives for one session, so the
   many runs that compile the same tiny train step (restarts, resumed and killed runs, their
-  subprocesses) compile it once. Only programs that took 0.5 s or more to compile are kept,
-  so the many single operations of eager code are not written to disk. pytest-xdist workers
+  subprocesses) compile it once. Every program is kept, however fast it compiled: the tests
+  rebuild the same small programs (a finiteness check, an eval step, one eager operation)
+  in new functions and new processes far more often than they meet a new one, so reading
+  them back beats compiling them (docs/testing.md has the timings). pytest-xdist workers
   (``-n 2``) inherit the folder and the flags from the controlling process, which loaded this
   file first, so they share one cache. Set ``SIMPLETRON_TEST_NO_CACHE=1`` to compile every
   time;
@@ -35,7 +37,7 @@ if not os.environ.get("SIMPLETRON_TEST_NO_CACHE") and "JAX_COMPILATION_CACHE_DIR
   _CACHE = tempfile.mkdtemp(prefix="simpletron_test_xla_cache_")
   atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
-  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
