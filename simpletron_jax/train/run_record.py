@@ -195,15 +195,14 @@ def describe_change(change: Mapping[str, Any]) -> str:
   return f"{name}: checkpoint {old!r}, config {new!r}"
 
 
-def check_resume(where: str, saved: Mapping[str, Any] | None, current: Mapping[str, Any], *,
+def check_resume(where: str, saved: Mapping[str, Any], current: Mapping[str, Any], *,
                  model_diff: Iterable[str] = (), allow_changes: bool = False
                  ) -> list[dict[str, Any]]:
   """Refuses to resume the checkpoint at ``where`` with settings that compute something else.
 
   Args:
     where: the checkpoint folder, for the message.
-    saved: the checkpoint's :func:`run_record` (None: it predates records; nothing but
-      ``model_diff`` is checked).
+    saved: the checkpoint's :func:`run_record`.
     current: this start's record.
     model_diff: the ``model.*`` differences (:func:`flat_diff` lines); never allowed.
     allow_changes: train.py's ``--allow_resume_changes``: continue despite the other changes.
@@ -216,7 +215,7 @@ def check_resume(where: str, saved: Mapping[str, Any] | None, current: Mapping[s
       to do.
   """
   model_diff = list(model_diff)
-  changes = resume_changes(saved or {}, current)
+  changes = resume_changes(saved, current)
   refused = [c for c in changes if not c["allowed"]]
   if model_diff or (refused and not allow_changes):
     listed = "; ".join([describe_change(c) for c in refused] + model_diff)
