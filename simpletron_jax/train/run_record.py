@@ -149,11 +149,11 @@ def resume_changes(saved: Mapping[str, Any], current: Mapping[str, Any],
   """Every difference between two :func:`run_record`\\ s, in field order.
 
   Args:
-    saved: the record of the checkpoint (may lack entries: an older checkpoint, or only a
-      ``config`` read from ``config.json``; what is missing is not compared).
+    saved: the record of the checkpoint, or only a ``config`` read from ``config.json``
+      (what is missing is not compared).
     current: the record of this start.
     skip_prefixes: config fields compared elsewhere (``model.*``: by the checkpoint's
-      ``model_config``, with the defaults of options added since).
+      ``model_config``).
 
   Returns:
     ``[{"field", "old", "new", "allowed"}]``, the record's own entries (sizes, devices,
