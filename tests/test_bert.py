@@ -23,6 +23,7 @@ from configs import lra
 from simpletron_jax.data import tasks
 from simpletron_jax.model import encoders, layers, transfer
 from simpletron_jax.tools import bert_import
+from simpletron_jax.train import checkpoints
 from simpletron_jax.model.attention.simple import SimpleAttention
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.
@@ -191,6 +192,8 @@ def test_save_as_run_is_read_by_init_from(hf_bert, tmp_path):
   checkpoint = bert_import.read_checkpoint(hf_bert[0])
   out = str(tmp_path / "converted")
   bert_import.main([hf_bert[0], out])
+  # init_from checks the checkpoint as it checks a run's best/ before copying from it.
+  assert checkpoints.verify_params_checkpoint(os.path.join(out, "best"), "init_from") == 0
   restored = transfer.load_run_params(out)
   expected = bert_import.convert(checkpoint)[0]
   flat_restored, flat_expected = transfer.flatten(restored), transfer.flatten(expected)

@@ -42,6 +42,7 @@ from flax import traverse_util
 
 from simpletron_jax.model import encoders, transfer
 from simpletron_jax.runtime import atomic_io, cli
+from simpletron_jax.train import checkpoints
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -369,9 +370,9 @@ def import_bert(checkpoint: BertCheckpoint | str, params, include: Sequence[str]
 def save_as_run(checkpoint: BertCheckpoint, out_dir: str) -> str:
   """Writes BERT's converted weights as a ``train.py`` run's best checkpoint.
 
-  ``out_dir/best/0`` holds ``{"params": ...}`` as orbax writes a run's state, so that
-  :func:`simpletron_jax.model.transfer.load_run_params` reads it and ``train.py
-  --config.init_from=out_dir`` starts from BERT (copied, new and dropped are then written to
+  ``out_dir/best/0`` holds ``{"params": ...}`` and their CRC-32 as a run's best checkpoint
+  does (:func:`simpletron_jax.train.checkpoints.save_params_checkpoint`), so that ``train.py
+  --config.init_from=out_dir`` checks it and starts from BERT (copied, new and dropped are then written to
   the new run's ``transfer.json``). ``out_dir/bert_import.json`` records the source folder,
   its ``config.json`` and the unused tensors.
 
@@ -385,15 +386,13 @@ def save_as_run(checkpoint: BertCheckpoint, out_dir: str) -> str:
   Raises:
     FileExistsError: naming ``out_dir/best`` when it exists.
   """
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
   best = os.path.abspath(os.path.join(out_dir, "best"))
   if os.path.exists(best):
     raise FileExistsError(f"{best} exists; choose another output folder or delete it")
   os.makedirs(out_dir, exist_ok=True)
   params, unused = convert(checkpoint)
-  with ocp.CheckpointManager(best, options=ocp.CheckpointManagerOptions(create=True)) as m:
-    m.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params})))
-    m.wait_until_finished()
+  checkpoints.save_params_checkpoint(best, params, {"source": "bert_import",
+                                                    "bert_dir": checkpoint.path})
   atomic_io.write_json_atomic(os.path.join(out_dir, "bert_import.json"), {
       "source": checkpoint.path, "weight_file": checkpoint.weight_file,
       "config": checkpoint.config, "unused": unused})

@@ -268,6 +268,32 @@ def model_config_dict(model_config) -> dict[str, Any]:
   return json.loads(json.dumps(model_config))
 
 
+def save_params_checkpoint(directory: str, params: Any, meta: dict[str, Any]) -> None:
+  """Writes ``params`` alone as step 0 of a new checkpoint folder, as a run's ``best/`` holds
+  them: ``{"params": params}`` and a JSON ``meta`` with :data:`FORMAT_KEY` and
+  ``params_crc32`` added, so that :func:`verify_params_checkpoint` checks it and
+  :func:`simpletron_jax.model.transfer.load_run_params` reads it (``init_from``). For
+  parameters made outside a run, such as an imported BERT
+  (:func:`simpletron_jax.tools.bert_import.save_as_run`).
+
+  Args:
+    directory: the checkpoint folder (``<out_dir>/best``); created.
+    params: a nested dict of arrays.
+    meta: what to record beside them (JSON-serialisable).
+
+  Raises:
+    errors.NonFiniteError: ``params`` hold NaN or inf; nothing is written.
+  """
+  if not run_guard.tree_is_finite(params):
+    raise errors.NonFiniteError(f"{directory}: the parameters to save hold NaN or inf")
+  meta = {**meta, FORMAT_KEY: FORMAT, "params_crc32": run_guard.state_crc32(params)}
+  with ocp.CheckpointManager(os.path.abspath(directory),
+                             options=ocp.CheckpointManagerOptions(create=True)) as manager:
+    manager.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}),
+                                            meta=ocp.args.JsonSave(meta)))
+    manager.wait_until_finished()
+
+
 def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
   """The folder of ``step`` in ``manager``'s directory (named in messages)."""
   return os.path.join(str(manager.directory), str(step))
