@@ -34,8 +34,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from simpletron_jax.model import encoders  # noqa: E402
-from simpletron_jax.train import trainer  # noqa: E402
-from simpletron_jax.train import steps  # noqa: E402
+from simpletron_jax.train import steps, trainer  # noqa: E402
 
 
 def load_config(spec: str):

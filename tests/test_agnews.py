@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax.data import tasks
-from simpletron_jax.data import agnews
+from simpletron_jax.data import agnews, tasks
 from tests.conftest import ROOT
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "agnews")

@@ -25,8 +25,7 @@ import pytest
 
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.tools import explain
-from simpletron_jax.train import trainer
-from simpletron_jax.train import steps
+from simpletron_jax.train import steps, trainer
 from simpletron_jax.model.attention import base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -27,9 +27,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from simpletron_jax.model import attention, encoders
-from simpletron_jax.train import config_checks, run_guard, trainer
+from simpletron_jax.train import checkpoints, config_checks, run_guard, trainer
 from simpletron_jax.runtime import atomic_io, errors
-from simpletron_jax.train import checkpoints
 from simpletron_jax.data import image, listops, retrieval, text
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.train.metric_logging import MetricLogger, read_records

@@ -22,10 +22,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import lra
-from simpletron_jax.data import tasks
+from simpletron_jax.data import common, listops, retrieval, tasks, text
 from simpletron_jax.runtime import cli, errors
 from simpletron_jax.train import checkpoints, config_checks, run_record, trainer
-from simpletron_jax.data import common, listops, retrieval, text
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
 

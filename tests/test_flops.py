@@ -17,8 +17,7 @@ import flops  # noqa: E402
 import speed_memory as sm  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
-from simpletron_jax.train import trainer  # noqa: E402
-from simpletron_jax.train import steps  # noqa: E402
+from simpletron_jax.train import steps, trainer  # noqa: E402
 
 
 def test_einsum_scan_and_cond():

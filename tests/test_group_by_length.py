@@ -9,8 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from simpletron_jax.data import batches
-from simpletron_jax.data import grouping
+from simpletron_jax.data import batches, grouping
 from tests.conftest import presence_examples
 
 LENGTHS = np.random.default_rng(0).integers(500, 2000, 1000)

@@ -10,10 +10,7 @@ import pytest
 from PIL import Image
 
 from configs import lra
-from simpletron_jax.data import tasks
-from simpletron_jax.data import batches
-from simpletron_jax.data import image
-from simpletron_jax.data import pathfinder as pf
+from simpletron_jax.data import batches, image, pathfinder as pf, tasks
 from simpletron_jax.data.common import RaggedExamples
 
 # ----------------------------------------------------------------------------

@@ -10,8 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from simpletron_jax.train import steps, trainer
-from simpletron_jax.train import checkpoints, config_checks
+from simpletron_jax.train import checkpoints, config_checks, steps, trainer
 from simpletron_jax.data.common import make_batch
 from tests.test_train import tiny_config
 

@@ -14,8 +14,7 @@ import pytest
 from simpletron_jax.data import tasks
 from simpletron_jax.model import attention
 from simpletron_jax.tools import published, reporting
-from simpletron_jax.train import run_record, trainer
-from simpletron_jax.train import checkpoints, evaluation, steps
+from simpletron_jax.train import checkpoints, evaluation, run_record, steps, trainer
 from tests.test_train import Killed, _state, tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))

@@ -13,8 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from simpletron_jax.data import tasks
-from simpletron_jax.data import image, text
+from simpletron_jax.data import image, tasks, text
 from simpletron_jax.data.common import make_batch
 
 DATA_ROOT = os.path.expanduser(os.environ.get("SIMPLETRON_JAX_TEST_DATA")

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from configs.listops import simple as simple_config
-from simpletron_jax.train import evaluation, precompile, steps, trainer
+from simpletron_jax.train import checkpoints, config_checks, evaluation, precompile, steps, trainer
 from simpletron_jax.data import batches
-from simpletron_jax.train import checkpoints, config_checks
 from simpletron_jax.data.common import make_batch
 
 

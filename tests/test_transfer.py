@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax.model import encoders, lora, transfer
-from simpletron_jax.train import trainer
-from simpletron_jax.train import steps
+from simpletron_jax.train import steps, trainer
 from simpletron_jax.model.attention.linear import LinearAttention
 from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.model.attention.softmax import SoftmaxAttention
