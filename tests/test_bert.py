@@ -22,9 +22,10 @@ import pytest
 from configs import lra
 from simpletron_jax.data import tasks
 from simpletron_jax.model import encoders, layers, transfer
+from simpletron_jax.model.attention.simple import SimpleAttention
+from simpletron_jax.runtime import errors
 from simpletron_jax.tools import bert_import
 from simpletron_jax.train import checkpoints
-from simpletron_jax.model.attention.simple import SimpleAttention
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.
 SIZES = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -203,6 +204,9 @@ def test_save_as_run_is_read_by_init_from(hf_bert, tmp_path):
   assert json.load(open(os.path.join(out, "bert_import.json")))["unused"] == []
   with pytest.raises(FileExistsError, match="best exists"):
     bert_import.save_as_run(checkpoint, out)
+  # Saving into a folder that holds a checkpoint never passes silently.
+  with pytest.raises(errors.CheckpointError, match="already holds a checkpoint"):
+    checkpoints.save_params_checkpoint(os.path.join(out, "best"), expected, {})
 
 
 def test_read_checkpoint_errors(tmp_path):

@@ -283,15 +283,25 @@ def save_params_checkpoint(directory: str, params: Any, meta: dict[str, Any]) ->
 
   Raises:
     errors.NonFiniteError: ``params`` hold NaN or inf; nothing is written.
+    errors.CheckpointError: naming ``directory``, when the save fails (e.g. a read-only
+      folder) or orbax skips it because the folder already holds a checkpoint.
   """
   if not run_guard.tree_is_finite(params):
     raise errors.NonFiniteError(f"{directory}: the parameters to save hold NaN or inf")
   meta = {**meta, FORMAT_KEY: FORMAT, "params_crc32": run_guard.state_crc32(params)}
-  with ocp.CheckpointManager(os.path.abspath(directory),
-                             options=ocp.CheckpointManagerOptions(create=True)) as manager:
-    manager.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params}),
-                                            meta=ocp.args.JsonSave(meta)))
-    manager.wait_until_finished()
+  try:
+    with ocp.CheckpointManager(os.path.abspath(directory),
+                               options=ocp.CheckpointManagerOptions(create=True)) as manager:
+      saved = manager.save(0, args=ocp.args.Composite(
+          state=ocp.args.StandardSave({"params": params}), meta=ocp.args.JsonSave(meta)))
+      manager.wait_until_finished()
+  except Exception as e:  # any failure of the library or the file system
+    raise errors.CheckpointError(
+        f"saving the parameters to {directory} failed: {type(e).__name__}: "
+        f"{_first_line(e)}") from e
+  if not saved:
+    raise errors.CheckpointError(f"orbax skipped saving the parameters to {directory}: the "
+                                 "folder already holds a checkpoint; use a new folder")
 
 
 def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
