@@ -57,9 +57,9 @@ def _evaluate(flag_values):
   from simpletron_jax.runtime import atomic_io  # pylint: disable=import-outside-toplevel
   from simpletron_jax.train import trainer  # pylint: disable=import-outside-toplevel
   result = trainer.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
-                                        which=flag_values.which, step=flag_values.step,
-                                        config=flag_values.config,
-                                        precompile_workers=flag_values.precompile_workers)
+                                       which=flag_values.which, step=flag_values.step,
+                                       config=flag_values.config,
+                                       precompile_workers=flag_values.precompile_workers)
   out = os.path.join(flag_values.workdir,
                      f"eval_{flag_values.which if flag_values.step is None else flag_values.step}"
                      f"_{flag_values.split}.json")

@@ -96,8 +96,8 @@ def _train(fl):
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel
-  from simpletron_jax.train import preemption, trainer  # pylint: disable=import-outside-toplevel
   from simpletron_jax.runtime import distributed  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import preemption, trainer  # pylint: disable=import-outside-toplevel
   xla_cache.enable(fl.xla_cache_dir)
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,

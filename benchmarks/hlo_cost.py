@@ -65,8 +65,8 @@ from jax.sharding import PartitionSpec  # noqa: E402
 import speed_memory as sm  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
-from simpletron_jax.train import steps, trainer  # noqa: E402
 from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
+from simpletron_jax.train import steps, trainer  # noqa: E402
 
 # H100 SXM5 80GB: 132 SMs at 1.98 GHz, 3.35 TB/s HBM3, 50 MiB L2, 228 KiB of shared memory
 # per SM (227 KiB to one block), compute capability 9.0 (NVIDIA's H100 datasheet and CUDA

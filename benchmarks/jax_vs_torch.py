@@ -72,7 +72,7 @@ def _jax_cell(label: str, length: int, batch: int, dtype: str, overrides: dict[s
   model = encoders.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
                                     num_classes=sm.NUM_CLASSES)
   state = replicate(trainer.create_train_state(config, model,
-                                                           jax.random.PRNGKey(0)))
+                                               jax.random.PRNGKey(0)))
   p_train, _ = pmap_steps(model.apply)
   data = sm._device_batch(batch, length, jax.local_device_count())  # pylint: disable=protected-access
   compiled = p_train.lower(state, data, jax.random.PRNGKey(0)).compile()

@@ -118,10 +118,10 @@ import numpy as np  # noqa: E402
 import flops  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax.model import attention, encoders  # noqa: E402
+from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
 from simpletron_jax.runtime import xla_cache  # noqa: E402
 from simpletron_jax.train import trainer  # noqa: E402
 from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
-from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
 
 BYTE_VOCAB = 257           # LRA text: byte ids 1..256, 0 = pad
 NUM_CLASSES = 2

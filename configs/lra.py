@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from simpletron_jax.model import attention as attention_registry
 from simpletron_jax.data import tasks
+from simpletron_jax.model import attention as attention_registry
 
 SIMPLE_NAMES = ("simple", "simple_res", "simple_resl")
 # The SimpleTRON authors' function (``_authors``), for simple* on the tasks whose record has

@@ -120,10 +120,10 @@ def load_run(workdir: str, which: str = "best", step: int | None = None):
   # pylint: disable=import-outside-toplevel  (the training modules load only for a run)
   import jax
   from simpletron_jax.data import tasks
+  from simpletron_jax.data.common import PairedExamples
   from simpletron_jax.model import encoders, lora
   from simpletron_jax.train import run_record, trainer
   from simpletron_jax.train.checkpoints import checkpoint_manager, restore_checkpoint
-  from simpletron_jax.data.common import PairedExamples
 
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass a train.py run")

@@ -45,8 +45,8 @@ if ROOT not in sys.path:
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from simpletron_jax.data.common import RaggedExamples  # noqa: E402
 from simpletron_jax.data import tasks  # noqa: E402
+from simpletron_jax.data.common import RaggedExamples  # noqa: E402
 
 
 def presence_examples(n: int, rng: np.random.Generator, max_len: int = 40) -> RaggedExamples:

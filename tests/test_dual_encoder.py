@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpletron_jax.data import batches, tasks
+from simpletron_jax.data.common import PairedExamples, RaggedExamples, make_batch
 from simpletron_jax.model import encoders
 from simpletron_jax.train import trainer
-from simpletron_jax.data.common import PairedExamples, RaggedExamples, make_batch
 from tests.test_train import tiny_config
 
 

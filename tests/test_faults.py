@@ -26,11 +26,11 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from simpletron_jax.model import attention, encoders
-from simpletron_jax.train import checkpoints, config_checks, run_guard, trainer
-from simpletron_jax.runtime import atomic_io, errors
 from simpletron_jax.data import image, listops, retrieval, text
 from simpletron_jax.data.common import RaggedExamples
+from simpletron_jax.model import attention, encoders
+from simpletron_jax.runtime import atomic_io, errors
+from simpletron_jax.train import checkpoints, config_checks, run_guard, trainer
 from simpletron_jax.train.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
 from tests.test_train import Killed, _state, tiny_config
@@ -206,7 +206,7 @@ def test_resume_with_another_model_config_lists_the_fields(initial_state, tmp_pa
 
 
 def test_a_checkpoint_from_before_an_option_existed_is_refused_in_one_line(initial_state,
-                                                                         tmp_path):
+                                                                           tmp_path):
   # Saved by an older version: its model config lacks options added since (the model
   # attention_bias=True computed then among them). Such checkpoints do not resume: the
   # refusal is one line naming each missing field.
@@ -564,5 +564,5 @@ def test_resume_with_another_optimizer_layout_is_a_config_error_not_damage(
   chex.assert_trees_all_equal_shapes(other.params, state.params)
   with pytest.raises(errors.ConfigMismatchError, match=r"checkpoints/4 .*grad_clip_norm"):
     checkpoints.restore_checkpoint(manager, other, model_config=clipped.model,
-                                 quarantine_dir=str(tmp_path / "damaged"))
+                                   quarantine_dir=str(tmp_path / "damaged"))
   assert manager.all_steps() == [2, 4] and not os.path.exists(tmp_path / "damaged")

@@ -168,9 +168,9 @@ def test_devices_and_task_sizes_are_named():
   # A ListOps checkpoint resumed with the text config: the vocabulary and class count first.
   listops_cfg, text_cfg = (lra.make_config(t, "simple", "tiny") for t in ("listops", "text"))
   saved = run_record.run_record(listops_cfg, vocab_size=listops.VOCAB_SIZE,
-                               num_classes=listops.NUM_CLASSES, num_devices=1, num_hosts=1)
+                                num_classes=listops.NUM_CLASSES, num_devices=1, num_hosts=1)
   now = run_record.run_record(text_cfg, vocab_size=text.VOCAB_SIZE,
-                             num_classes=text.NUM_CLASSES, num_devices=2, num_hosts=1)
+                              num_classes=text.NUM_CLASSES, num_devices=2, num_hosts=1)
   with pytest.raises(errors.ConfigMismatchError) as info:
     run_record.check_resume("ckpt/4", saved, now)
   message = str(info.value)

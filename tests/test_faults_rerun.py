@@ -31,10 +31,10 @@ import jax
 import pytest
 
 from configs import lra
+from simpletron_jax.data import text
 from simpletron_jax.runtime import errors, progress
 from simpletron_jax.tools import reporting
 from simpletron_jax.train import checkpoints, precompile, preemption, run_guard, run_record, trainer
-from simpletron_jax.data import text
 from simpletron_jax.train.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _kill_at, _params, fault_config

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from configs import lra
-from simpletron_jax.model import attention as attention_registry, encoders
 from simpletron_jax.data import tasks
+from simpletron_jax.model import attention as attention_registry, encoders
 
 # The tasks with SimpleTRON's appendix A settings, which have the :authors variants.
 AUTHORS_TASKS = tuple(t for t in tasks.names() if tasks.get(t).simpletron is not None)

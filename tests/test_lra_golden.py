@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 
 from tests import lra_golden_support as golden
+from simpletron_jax.data import listops
 from simpletron_jax.model import encoders
 from simpletron_jax.train import trainer
-from simpletron_jax.data import listops
 
 PAPER = "transformer__listops__paper"
 DOC = pathlib.Path(__file__).parents[1] / "docs" / "lra_parity.md"

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from simpletron_jax.data import batches, tasks
+from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.runtime import distributed
 from simpletron_jax.train import checkpoints, config_checks, evaluation, trainer
-from simpletron_jax.data.common import RaggedExamples
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
 

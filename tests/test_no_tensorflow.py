@@ -29,8 +29,8 @@ import types
 import numpy as np
 import pytest
 
-from simpletron_jax.runtime import errors
 from simpletron_jax.data import tfds_io
+from simpletron_jax.runtime import errors
 from tests.conftest import ROOT
 
 BLOCKED = ("tensorflow", "tensorflow_datasets")

@@ -32,8 +32,8 @@ import numpy as np
 import pytest
 
 from simpletron_jax.data import image, tasks, text
-from simpletron_jax.train import trainer
 from simpletron_jax.data.common import RaggedExamples
+from simpletron_jax.train import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from simpletron_jax.train import checkpoints, config_checks, steps, trainer
 from simpletron_jax.data.common import make_batch
+from simpletron_jax.train import checkpoints, config_checks, steps, trainer
 from tests.test_train import tiny_config
 
 

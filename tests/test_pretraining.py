@@ -14,9 +14,9 @@ import pytest
 
 from configs import lra
 from simpletron_jax.data import tasks
+from simpletron_jax.data.common import make_batch
 from simpletron_jax.model import encoders, transfer
 from simpletron_jax.train import pretraining, steps, trainer
-from simpletron_jax.data.common import make_batch
 from tests.test_train import Killed, _final_params, tiny_config
 
 

@@ -12,9 +12,9 @@ from scipy import special
 
 from configs import lra
 from simpletron_jax.data import tasks
+from simpletron_jax.data.common import RaggedExamples, make_batch
 from simpletron_jax.model import attention, encoders, layers
 from simpletron_jax.model.attention import simple
-from simpletron_jax.data.common import RaggedExamples, make_batch
 
 B, L, E, H = 2, 10, 8, 2
 

@@ -77,7 +77,7 @@ def test_results_json_scores_the_final_and_the_best_validation_parameters(seed_r
     state, _, step = checkpoints.restore_checkpoint(manager, fresh)
     assert step == results[step_key]
     test = evaluation.evaluate(p_eval, steps.replicate(state.params),
-                              presence_task.test, config)
+                               presence_task.test, config)
     assert results[f"test_accuracy_{key}"] == test["accuracy"]
     assert results[f"test_loss_{key}"] == pytest.approx(test["loss"])
   assert results["final_step"] == 5

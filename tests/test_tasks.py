@@ -11,9 +11,9 @@ import pytest
 
 from configs import lra
 from simpletron_jax.data import tasks
+from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.tools import published, tpu_aot
 from simpletron_jax.train import config_checks, pretraining
-from simpletron_jax.data.common import RaggedExamples
 from tests.conftest import ROOT
 
 

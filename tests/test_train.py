@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from configs.listops import simple as simple_config
-from simpletron_jax.train import checkpoints, config_checks, evaluation, precompile, steps, trainer
 from simpletron_jax.data import batches
 from simpletron_jax.data.common import make_batch
+from simpletron_jax.train import checkpoints, config_checks, evaluation, precompile, steps, trainer
 
 
 def tiny_config(attention="simple", **overrides):
@@ -100,7 +100,7 @@ def test_gradient_accumulation_equals_one_big_batch_and_compiles_once(presence_t
   for accum, micro_batches in ((1, [batch]), (2, halves)):
     config.grad_accum_steps = accum
     state = steps.replicate(trainer.create_train_state(config, model,
-                                                             jax.random.PRNGKey(0)), devices)
+                                                       jax.random.PRNGKey(0)), devices)
     for b in micro_batches:
       (state, _), n = _backend_compiles(
           lambda: p_train(state, steps.shard(b, 1), jax.random.PRNGKey(1)))
@@ -188,12 +188,12 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   state, meta, step = checkpoints.restore_checkpoint(best, state)
   assert step == results["best_step"]
   test = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
-                            config)
+                             config)
   assert test["accuracy"] == results["test_accuracy"] and test["count"] == 200
   assert test["majority_rate"] == pytest.approx(presence_task.test.majority_rate())
   # A subset evaluation reports the majority rate of the examples it read.
   sub = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
-                           config, num_batches=2)
+                            config, num_batches=2)
   k = int(sub["count"])
   assert 0 < k < 200
   read = presence_task.test.labels[np.random.default_rng(config.seed).permutation(200)[:k]]
@@ -288,6 +288,6 @@ def test_evaluate_keeps_few_batches_in_flight(presence_task, monkeypatch):
   model, state = _state(config, presence_task)
   _, p_eval = steps.pmap_steps(model.apply)
   result = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
-                              config)
+                               config)
   assert result["count"] == 200
   assert len(added) == -(-200 // batches.eval_batch_size(config)) > Recording().limit

@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from simpletron_jax.data.common import make_batch
 from simpletron_jax.model import encoders, lora, transfer
-from simpletron_jax.train import steps, trainer
 from simpletron_jax.model.attention.linear import LinearAttention
 from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.model.attention.softmax import SoftmaxAttention
-from simpletron_jax.data.common import make_batch
+from simpletron_jax.train import steps, trainer
 from tests.test_train import tiny_config
 
 

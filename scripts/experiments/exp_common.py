@@ -245,7 +245,7 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
   _, p_eval = steps.pmap_steps(model.apply)
   limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
   return evaluation.evaluate(p_eval, steps.replicate(params), getattr(data, split),
-                            config, limit)
+                             config, limit)
 
 
 def init_params(config: ml_collections.ConfigDict, data: tasks.TaskData):

@@ -21,8 +21,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from simpletron_jax.runtime import cli, overrides
 from simpletron_jax.data import prepare as prep
+from simpletron_jax.runtime import cli, overrides
 
 PROGRAM = "python -m simpletron_jax.data"
 

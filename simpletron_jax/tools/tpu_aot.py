@@ -28,9 +28,9 @@ import numpy as np
 
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import encoders
+from simpletron_jax.model.attention import base, softmax
 from simpletron_jax.train import config_checks, trainer
 from simpletron_jax.train.steps import pmap_steps
-from simpletron_jax.model.attention import base, softmax
 
 GIB = 1 << 30
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import attention, encoders
-from simpletron_jax.train import schedules
 from simpletron_jax.runtime.errors import warn
+from simpletron_jax.train import schedules
 
 # The largest position table a run may ask for: ``(model.max_length + 1) x model.emb_dim``
 # float32 values. LRA's longest input, Path-X's 16384 tokens, needs 8 MiB at 128 features; a

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simpletron_jax.runtime import distributed
 from simpletron_jax.data.batches import eval_batch_size, eval_batches
 from simpletron_jax.data.common import Split
+from simpletron_jax.runtime import distributed
 from simpletron_jax.train.steps import (METRICS, InFlightLimit, JitParallel, PmapParallel,
                                         metric_means)
 

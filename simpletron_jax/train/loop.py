@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+
 from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.train import run_guard, steps
 from simpletron_jax.train.checkpoints import finish_saves, prune_best, save_checkpoint, step_dir
@@ -114,8 +115,6 @@ class TrainWindow:
     self.parallel, self.schedule = parallel, schedule
     self.train_seconds = float(train_seconds)
     self.compile_seconds_this_run, self.shapes_compiled = 0.0, 0
-    self.sums: list = []
-    self.steps, self.compile_seconds, self.new_shapes = 0, 0.0, 0
     self.restart()
 
   def restart(self) -> None:

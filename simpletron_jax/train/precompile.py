@@ -30,8 +30,8 @@ import ml_collections
 import numpy as np
 
 from simpletron_jax.data import batches
-from simpletron_jax.train import steps
 from simpletron_jax.data.common import Split
+from simpletron_jax.train import steps
 
 
 # Seconds between two looks at ``should_stop`` while the threads compile.

@@ -339,9 +339,9 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
   state = create_train_state(config, model, init_rng)
   async_save = config.get("async_checkpoints", False)
   ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
-                             async_save=async_save)
+                                         async_save=async_save)
   best_ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None,  # see prune_best
-                                  async_save=async_save)
+                                              async_save=async_save)
   distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
   meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
   start_step = 0
@@ -355,7 +355,8 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
 
   def resume_check(where: str, saved_meta: dict, model_diff: list[str]) -> None:
     changes[:] = run_record.check_resume(where, saved_meta[run_record.RECORD_KEY], record,
-                                        model_diff=model_diff, allow_changes=allow_resume_changes)
+                                         model_diff=model_diff,
+                                         allow_changes=allow_resume_changes)
 
   if ckpts.all_steps():
     state, meta, start_step = checkpoints.restore_checkpoint(
@@ -484,8 +485,8 @@ def _test(config: ml_collections.ConfigDict, start: _Start, earlier: dict,
   best_step = start.meta["best_step"]
 
   def best_test():
-    best_state, _, _ = checkpoints.restore_checkpoint(start.best_ckpts, start.state, step=best_step,
-                                          model_config=config.model)
+    best_state, _, _ = checkpoints.restore_checkpoint(start.best_ckpts, start.state,
+                                                      step=best_step, model_config=config.model)
     return evaluate_test(parallel.put_state(best_state.params))
 
   test = _test_metrics(earlier, logger, best_step, "test",

@@ -25,8 +25,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from simpletron_jax.runtime import progress
 from simpletron_jax.data import workers as worker_pool
+from simpletron_jax.runtime import progress
 from simpletron_jax.data.listops.tokens import (_END_ID, _MIN_ID, _SM_ID, END, NUM_CLASSES,
                                                 OPERATORS, VOCAB, _evaluate_ids)
 

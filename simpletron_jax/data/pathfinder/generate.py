@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from simpletron_jax.runtime import atomic_io, progress as progress_bar
 from simpletron_jax.data import workers as worker_pool
 from simpletron_jax.data.pathfinder.dashed import dashed_example_rng, render_dashed_info
 from simpletron_jax.data.pathfinder.draw import example_rng, render_example_info
+from simpletron_jax.runtime import atomic_io, progress as progress_bar
 from simpletron_jax.data.pathfinder.params import (LEVELS, DashedParams, PathfinderParams,
                                                    _level_name, check_generator,
                                                    dashed_params_for, params_for)

@@ -27,9 +27,9 @@ from typing import Sequence
 
 import numpy as np
 
-from simpletron_jax.runtime import progress as progress_bar
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.data.pathfinder.params import LEVELS, _level_name
+from simpletron_jax.runtime import progress as progress_bar
 
 
 def find_level_dir(data_dir: str, resolution: int, level: str) -> str:

@@ -40,7 +40,7 @@ import numpy as np
 
 from simpletron_jax.model.attention import base
 from simpletron_jax.model.attention.local import (check_int_field, masked_softmax, scale_queries,
-                                            to_blocks, with_neighbours)
+                                                  to_blocks, with_neighbours)
 
 
 def window_offsets(window: int) -> tuple[int, int]:

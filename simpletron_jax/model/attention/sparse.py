@@ -46,7 +46,7 @@ import jax.numpy as jnp
 
 from simpletron_jax.model.attention import base
 from simpletron_jax.model.attention.local import (check_int_field, masked_softmax, scale_queries,
-                                            to_blocks)
+                                                  to_blocks)
 
 
 def summary_offsets(block_size: int, num_summary: int) -> list[int]:
