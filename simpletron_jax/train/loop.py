@@ -259,7 +259,6 @@ class Actions:
     self.log_action = Periodic(config.log_every, self._log)
     self.validate_action = Periodic(config.eval_frequency, self._validate)
     self.checkpoint_action = Periodic(config.checkpoint_every, self._checkpoint)
-    self.hook_action = Periodic(1, self._hook)
 
   def __call__(self, step: int, state_repl: TrainState, stop: bool, final: bool) -> None:
     """The actions after optimizer ``step``. ``stop``: the run's last step of this start
@@ -275,7 +274,7 @@ class Actions:
     pause_start = time.time()
     self.validate_action(step, force=final, state_repl=state_repl)
     self.checkpoint_action(step, force=stop, state_repl=state_repl)
-    self.hook_action(step, state_repl=state_repl)
+    self._hook(step)
     self.window.exclude(time.time() - pause_start)
 
   def _log(self, step: int, state_repl: TrainState) -> None:
@@ -308,8 +307,7 @@ class Actions:
     self.last_good = step_dir(self.ckpts, step)
     prune_best(self.best_ckpts, self.meta["best_step"])
 
-  def _hook(self, step: int, state_repl: TrainState) -> None:
-    del state_repl
+  def _hook(self, step: int) -> None:
     if self.step_hook is not None:
       finish_saves(self.ckpts, self.best_ckpts)   # a hook sees the step's checkpoints on disk
       self.step_hook(step)
