@@ -9,8 +9,10 @@ Usage::
     python scripts/reproduce.py text_simple_authors --config.data.data_dir=~/data/imdb \\
         --copy-to results/paper/text_simple_authors          # rerun: resume, then copy the logs
 
-A cell is a config file, the flags the GPU run uses (``Cell.flags``: dtype, the timed speed
-options, the validation frequency) and the published number it is compared with. The command
+A cell is a config file, the flags the GPU run uses (``Cell.flags``: dtype, the speed
+options, the validation frequency; ``Cell.train_flags``: train.py's own, such as
+``--precompile_workers``) and the published number it is compared with. The options not yet
+timed on a GPU are marked so in docs/reproduce.md. The command
 runs ``train.py --config <config> <flags> <overrides> --workdir <workdir>`` (default workdir
 ``runs/paper/<cell>``), which resumes from the workdir's newest checkpoint, so rerunning a
 stopped cell continues it. When the run is finished (``run_record.workdir_results_problem``:
@@ -61,6 +63,29 @@ FULL_WIDTH = "--config.data.bucket=0"
 # on the text and ListOps models only, so the image and Pathfinder cells go without.
 BLOCK_DIAGONAL = "--config.model.attention_kwargs.block_diagonal=True"
 LENGTH_MULTIPLE = "--config.model.length_multiple=8"
+# Validation and test in batches of 500 rows (4 a split on ListOps' 2,000 examples, no filler
+# row) instead of the micro-batch's 32 (63 batches): the same examples, the same frequency and
+# the same metrics (summed on the device and read once per validation; equal to batch 32's
+# within float32 summation, tests/test_eval_batch.py). For the cells that validate every 50
+# steps (300 validations). Its speed is modelled, to be timed by the next GPU slot.
+EVAL_BATCH = "--config.eval_batch_size=500"
+# A checkpoint every 1,000 steps instead of the recipe's 200, on the ListOps cells that must
+# fit one slot (1, 4, 5b): for 4 and 5b, 15 saves of the 233-MB train state (2.3 s each on an
+# H200, benchmarks/paper_budget.py) instead of 75. How the run is executed, not what it
+# computes (run_record.RESUME_ALLOWED_FIELDS); a call's time budget and a preemption save the
+# step they stop at anyway. To be timed by the next GPU slot.
+CHECKPOINT_EVERY = "--config.checkpoint_every=1000"
+# At most four widths for the padding-exact ListOps cell: buckets of 512 tokens (512, 1024,
+# 1536 and max_length 2000; with CLS and length_multiple=8: 520, 1032, 1544, 2008; ListOps'
+# examples are longer than 500 tokens, so 512 is almost never met), the
+# train batches grouped by length (data.group_by_length: pools of 50 batches sorted by length,
+# the batch order shuffled; every epoch still reads each example once), and every width's
+# train and eval step compiled before the loop, 8 side by side (PRECOMPILE). The model is exact
+# under length padding, so each example's logits and gradients are those at full width
+# (tests/test_eval_batch.py); what changes is which examples share a batch. To be timed by
+# the next GPU slot.
+BOUNDED_WIDTHS = ("--config.data.bucket=512", "--config.data.group_by_length=True")
+PRECOMPILE = "--precompile_workers=8"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +101,8 @@ class Cell:
       the last step (``--config.eval_frequency=<num_train_steps>``): the validation frequency
       changes no reported number there, and LRA's own text config validates on the 25,000
       test reviews every 100 steps.
+    train_flags: ``train.py`` flags that are not config fields (``--precompile_workers=N``);
+      they change how the run is executed, not what it computes.
   """
 
   name: str
@@ -83,6 +110,7 @@ class Cell:
   flags: tuple[str, ...]
   note: str
   final_only: bool = False
+  train_flags: tuple[str, ...] = ()
 
   @property
   def task(self) -> str:
@@ -94,7 +122,7 @@ class Cell:
 # padding-exact default), LRA's linear and Performer on ListOps, then image and Pathfinder-32.
 CELLS: tuple[Cell, ...] = (
     Cell("listops_transformer_lra_code", "configs/listops/transformer.py:lra_code",
-         (BF16, CLS_ONLY),
+         (BF16, CLS_ONLY, CHECKPOINT_EVERY),
          "LRA's Transformer as LRA's code ran it (LRA Table 1: 36.37, final step)",
          final_only=True),
     Cell("text_transformer_lra_code", "configs/text/transformer.py:lra_code",
@@ -105,14 +133,15 @@ CELLS: tuple[Cell, ...] = (
          (BF16, CLS_ONLY, BLOCK_DIAGONAL),
          "SimpleTRON as its authors' code computed it (paper: 66.75, best-validation)"),
     Cell("listops_simple_authors", "configs/listops/simple.py:authors",
-         (BF16, CLS_ONLY, BLOCK_DIAGONAL),
+         (BF16, CLS_ONLY, BLOCK_DIAGONAL, EVAL_BATCH, CHECKPOINT_EVERY),
          "SimpleTRON as its authors' code computed it (paper: 37.45, best-validation)"),
     Cell("text_simple", "configs/text/simple.py",
          (BF16, CLS_ONLY, FULL_WIDTH, BLOCK_DIAGONAL, LENGTH_MULTIPLE),
          "the padding-exact Simple (pads out of K^T V, L = real length), beside the authors'"),
     Cell("listops_simple", "configs/listops/simple.py",
-         (BF16, CLS_ONLY, FULL_WIDTH, BLOCK_DIAGONAL, LENGTH_MULTIPLE),
-         "the padding-exact Simple, beside the authors'"),
+         (BF16, CLS_ONLY, *BOUNDED_WIDTHS, BLOCK_DIAGONAL, LENGTH_MULTIPLE, EVAL_BATCH,
+          CHECKPOINT_EVERY),
+         "the padding-exact Simple, beside the authors'", train_flags=(PRECOMPILE,)),
     Cell("listops_linear_lra_code", "configs/listops/linear.py:lra_code",
          (BF16, CLS_ONLY),
          "LRA's Linear Transformer, no padding mask (LRA Table 1: 16.13)",
@@ -187,8 +216,9 @@ def cell_config(cell: Cell, overrides: Sequence[str] = ()):
 
 def train_command(cell: Cell, workdir: str, overrides: Sequence[str] = ()) -> list[str]:
   """``train.py``'s argument list for the cell (without the interpreter), relative to the
-  repository root, where :func:`main` runs it."""
-  return ["train.py", "--config", cell.config, "--workdir", workdir,
+  repository root, where :func:`main` runs it: the config, the workdir, the cell's
+  ``train_flags``, then :func:`cell_overrides`."""
+  return ["train.py", "--config", cell.config, "--workdir", workdir, *cell.train_flags,
           *cell_overrides(cell, overrides)]
 
 
@@ -266,7 +296,7 @@ def plan_markdown() -> str:
   """One line per cell: its name, config, flags and note (``--list``)."""
   lines = ["| cell | config | GPU flags | what |", "|---|---|---|---|"]
   for c in CELLS:
-    flags = " ".join(f"`{f}`" for f in c.flags)
+    flags = " ".join(f"`{f}`" for f in (*c.flags, *c.train_flags))
     if c.final_only:
       flags += " `--config.eval_frequency=<num_train_steps>`"
     lines.append(f"| `{c.name}` | `{c.config}` | {flags} | {c.note} |")

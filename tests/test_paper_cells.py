@@ -124,8 +124,23 @@ def test_cell_settings(name):
     assert config.eval_frequency < config.num_train_steps
   if name.endswith("_authors"):
     assert not kwargs.mask_pads and kwargs.normalizer == "padded" and config.data.bucket == 0
-  if name in ("text_simple", "listops_simple"):   # padding-exact, so full width is exact
+  if name == "text_simple":   # padding-exact, so full width is exact
     assert kwargs.mask_pads and kwargs.normalizer != "padded" and config.data.bucket == 0
+  if name == "listops_simple":   # padding-exact, so a few widths are exact (issue 60)
+    assert kwargs.mask_pads and kwargs.normalizer != "padded"
+    assert config.data.bucket == 512 and config.data.group_by_length
+    assert reproduce.PRECOMPILE in cell.train_flags
+  else:
+    assert not config.data.group_by_length and not cell.train_flags
+  # The ListOps SimpleTRON cells validate every 50 steps: in batches of 500, 4 a split of
+  # 2,000, none of them with filler rows (the same examples and metrics, test_eval_batch.py).
+  if name in ("listops_simple_authors", "listops_simple"):
+    assert config.eval_batch_size == 500 and config.data.num_val % 500 == 0
+  else:
+    assert config.eval_batch_size == 0
+  # The ListOps cells that must fit one slot save every 1,000 steps, not every 200.
+  slot_cells = ("listops_transformer_lra_code", "listops_simple_authors", "listops_simple")
+  assert (config.checkpoint_every == 1000) == (name in slot_cells)
   # Simple's GPU options, timed on the text and ListOps models (docs/fast_paths.md).
   timed = config.task in ("text", "listops") and config.model.attention == "simple"
   assert bool(kwargs.get("block_diagonal", False)) == timed
@@ -168,6 +183,10 @@ def test_command_line(tmp_path, capsys):
   assert reproduce.main(["--list"]) == 0
   out = capsys.readouterr().out
   assert all(f"`{n}`" in out for n in CELL_NAMES)
+  assert f"`{reproduce.PRECOMPILE}`" in out
+  command = reproduce.train_command(reproduce.get_cell("listops_simple"), "w")
+  assert command[:5] == ["train.py", "--config", "configs/listops/simple.py", "--workdir", "w"]
+  assert command[5] == reproduce.PRECOMPILE   # a train.py flag, before the config overrides
   assert reproduce.main(["no_such_cell"]) == 1
   assert "unknown cell 'no_such_cell'" in capsys.readouterr().err
   assert reproduce.main(["listops_simple", "--seed=1"]) == 1
