@@ -156,3 +156,14 @@ def test_512_token_buckets_give_four_widths_and_precompile_finds_the_eval_ones()
   met = {batch["inputs"].shape for batch in batches.eval_batches(examples, config, 48)}
   assert {b["inputs"].shape for b in found.values()} == met
   assert all(shape[0] == 48 for shape in met)
+
+
+def test_a_grouped_run_is_scanned_past_its_first_epoch_for_widths():
+  # 96,000 examples in micro-batches of 32: one epoch is 3,000; paper ListOps trains 15,000.
+  config = _config("tiny", num_train_steps=15000)
+  assert precompile.train_scan_count(config, 96000, 0) == 3000   # ungrouped: one epoch
+  config.data.group_by_length = True
+  assert precompile.train_scan_count(config, 96000, 0) == 15000  # grouped: the whole run
+  assert precompile.train_scan_count(config, 96000, 14000) == 1000
+  config.num_train_steps = 100000
+  assert precompile.train_scan_count(config, 96000, 0) == precompile.SCAN_MICRO_BATCHES
