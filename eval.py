@@ -69,7 +69,17 @@ def _evaluate(flag_values):
 
 
 def parse_flags(argv):
-  """absl's flag parsing with one-line errors (:func:`simpletron_jax.runtime.cli.parse_flags`)."""
+  """absl's flag parsing with one-line errors (:func:`simpletron_jax.runtime.cli.parse_flags`).
+
+  Raises:
+    SystemExit: status 1 and one line for ``--config.<field>`` overrides without ``--config``
+      (the run's saved config.json takes none), and for the errors of ``cli.parse_flags``.
+  """
+  given = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+  if given and not any(a == "--config" or a.startswith("--config=") for a in argv[1:]):
+    raise SystemExit(f"eval.py: {given[0]} needs --config: overrides apply to a config file "
+                     "(--config configs/<task>/<model>.py[:variant]); without --config eval.py "
+                     "uses the run's config.json as saved, which takes no overrides")
   return cli.parse_flags(argv, "eval.py")
 
 

@@ -20,12 +20,13 @@ line and status 130, without saving; the last checkpoint stays.
 """
 
 import os
+import shutil
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax.runtime import cli, platforms, xla_cache
+from simpletron_jax.runtime import cli, errors, platforms, xla_cache
 from simpletron_jax.train import metric_logging, profiling
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -93,6 +94,10 @@ def _train(fl):
   # Flags and config.wandb are checked before JAX starts, so a typo costs no start-up.
   profile_steps = profiling.parse_profile_steps(fl.profile_steps, fl.config.num_train_steps)
   metric_logging.wandb_settings(fl.config)
+  config = fl.config
+  workdir = fl.workdir or os.path.join(
+      "runs", f"{config.task}_{config.model.attention}_seed{config.seed}")
+  cli.check_workdir(workdir, "--workdir")   # before it is printed or written anywhere
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel
@@ -102,13 +107,10 @@ def _train(fl):
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,
                            timeout_s=fl.distributed_timeout)
-  config = fl.config
-  workdir = fl.workdir or os.path.join(
-      "runs", f"{config.task}_{config.model.attention}_seed{config.seed}")
-  cli.check_path_name(workdir, "--workdir")   # before it is printed or written anywhere
   print(f"devices: {jax.devices()}; workdir: {workdir}")
   if profile_steps:
     profiling.check_profiler_can_run()   # before the data and the model, not at step A
+  fresh = not os.path.lexists(workdir)   # created by this start (a failed one removes it)
   try:
     results = trainer.train_and_evaluate(config, workdir,
                                          precompile_workers=fl.precompile_workers,
@@ -117,6 +119,11 @@ def _train(fl):
   except preemption.PreemptedError as e:  # SIGTERM/SIGINT: saved; exit 75 (EX_TEMPFAIL)
     print(f"train.py: {e}", file=sys.stderr)
     raise SystemExit(preemption.PREEMPTED_EXIT_CODE) from None
+  except errors.StartError as e:   # W&B did not start: no step was trained
+    if fresh and _remove_unstarted(workdir):
+      raise type(e)(f"{e}; nothing was trained, and {workdir}, which this start had created, "
+                    "was removed") from e
+    raise
   # Any other RunError, and ValueErrors and OSErrors of our own checks, are printed on one
   # line by main's cli.user_errors_exit (exit 1).
   print(f"test accuracy {results['test_accuracy']:.4f} (majority class "
@@ -124,6 +131,17 @@ def _train(fl):
         f"{results['best_step']}, {results['test_accuracy_final']:.4f} at the final step "
         f"{results['final_step']}; {results['steps_per_sec']:.2f} steps/s; "
         f"results in {os.path.join(workdir, 'results.json')}")
+
+
+def _remove_unstarted(workdir: str) -> bool:
+  """Removes ``workdir`` when it holds no checkpoint step (a start that trained nothing);
+  returns whether it did."""
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(workdir) or (os.path.isdir(checkpoints) and any(
+      name.isdigit() for name in os.listdir(checkpoints))):
+    return False
+  shutil.rmtree(workdir, ignore_errors=True)
+  return not os.path.exists(workdir)
 
 
 def parse_flags(argv):

@@ -9,7 +9,7 @@ Every folder under the argument that holds ``results.json`` and ``config.json`` 
 Only finished runs count: a ``results.json`` that is incomplete (``"complete": false``: a run
 stopped by ``max_train_minutes``), computed at another step count or with another config than
 the folder's ``config.json`` (``config_fingerprint``), resumed with ``--allow_resume_changes``
-(``forced_resume_changes``: its numbers mix two configs; ``--count-forced`` counts it anyway),
+(``forced_resume_changes``: its numbers mix two configs; ``--count_forced`` counts it anyway),
 or that holds a NaN, and a run folder without ``results.json``, are left out of the table and
 listed under "Left out" with the reason (``run_record.results_problem``); the script then exits
 with status 1.
@@ -20,14 +20,17 @@ the publication used, and the gap in points; under it, for context, the self-pre
 state-of-the-art rows of ``published.REFERENCES`` for the same tasks, and the software each
 group was computed with (versions, devices, git commit; ``results.json``). Writes
 ``comparison.md`` and ``comparison.png`` (a bar chart; needs matplotlib, ``pip install -e
-".[bench]"``; skip it with ``--no-plot``) in ``--out`` (default: the folder itself) and prints
+".[bench]"``; skip it with ``--no_plot``) in ``--out`` (default: the folder itself) and prints
 the table. Without matplotlib the table is written, one line says how to get the chart, and
-the exit status stays 0.
+the exit status stays 0. The chart names each group's model size under its label (``:tiny``
+for the CPU size of ``configs/<task>/<model>.py:tiny``, ``another size`` for any other size
+than the published one): the published bars are for the paper's size only. Flags are spelled
+with underscores; the dashed ``--no-plot`` and ``--count-forced`` are accepted until the next
+release, with a note.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -38,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from simpletron_jax.data import tasks as task_registry  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.tools import published, reporting  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
 
@@ -113,16 +117,71 @@ def collect_runs(root: str, count_forced: bool = False
   return [groups[k] for k in sorted(groups)], left_out
 
 
-def write_chart(rows, path: str) -> str | None:
-  """:func:`reporting.comparison_chart` to ``path``; returns why not (one line) when
-  matplotlib, an optional dependency (the ``bench`` and ``test`` extras), is missing."""
+# The model fields that make a run's size (those :tiny changes).
+SIZE_FIELDS = ("emb_dim", "qkv_dim", "mlp_dim", "num_heads", "num_layers", "max_length")
+
+
+def model_size(task: str, attention: str, model: dict) -> str:
+  """The size of a run's ``model`` section (``config.json``'s) against the configs of its
+  task and attention (``configs/lra.py``): ``"paper size"`` (the published one), ``":tiny"``
+  (the CPU size, ``configs/<task>/<model>.py:tiny``), ``"another size"``, or ``""`` when the
+  configs cannot tell (a task or attention they do not know)."""
+  try:
+    from configs import lra  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return ""
+  known = False
+  for name, variant in (("paper size", None), (":tiny", "tiny")):
+    try:
+      reference = lra.make_config(task, attention, variant).model
+    except Exception:  # pylint: disable=broad-except  (an unknown task, attention or variant)
+      continue
+    known = True
+    if all(model.get(field) == reference.get(field) for field in SIZE_FIELDS):
+      return name
+  return "another size" if known else ""
+
+
+def _group_config(root: str, group: reporting.RunGroup) -> dict:
+  """The ``config.json`` of one run of ``group`` (found under ``root`` as
+  :func:`collect_runs` labelled it); {} when none can be read."""
+  folder = os.path.join(root, group.label)
+  if not os.path.isdir(folder):
+    folder = root   # the label of runs directly in root is root's own name
+  names = ["config.json"] + [os.path.join(f"seed{seed}", "config.json") for seed in group.results]
+  for name in names:
+    try:
+      return _read_json(os.path.join(folder, name))
+    except (OSError, ValueError):
+      continue
+  return {}
+
+
+def write_chart(rows, path: str, sizes: dict[str, str] | None = None) -> str | None:
+  """:func:`reporting.comparison_chart` to ``path``, each group's label followed by its model
+  size (``sizes``: label -> :func:`model_size`) where it is not the paper's; returns why not
+  (one line) when matplotlib, an optional dependency (the ``bench`` and ``test`` extras), is
+  missing."""
   try:
     import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ImportError:
     return (f"{path} not written: matplotlib is not installed; pip install -e \".[bench]\" "
-            "for the chart, or pass --no-plot")
-  reporting.comparison_chart(rows, path)
+            "for the chart, or pass --no_plot")
+  sizes = sizes or {}
+  shown = [{**row, "label": f"{row['label']}\n{sizes[row['label']]} run"}
+           if sizes.get(row["label"], "paper size") != "paper size" else row for row in rows]
+  reporting.comparison_chart(shown, path)
   return None
+
+
+def sizes_markdown(sizes: dict[str, str]) -> str:
+  """One line naming the groups that are not at the paper's size ("" when all are)."""
+  other = {label: size for label, size in sizes.items() if size and size != "paper size"}
+  if not other:
+    return ""
+  listed = "; ".join(f"{label}: {size}" for label, size in other.items())
+  return (f"\nModel size: {listed}. These runs are smaller than the published models; their "
+          "gap to a published number is not a reproduction result.\n")
 
 
 def references_markdown(tasks: Sequence[str]) -> str:
@@ -152,12 +211,12 @@ def main(argv: Sequence[str] | None = None) -> str:
       (status 1), run folders left out of the table (status 1, listed in the output). No
       matplotlib for the chart is not an error: one line on stderr says how to get it.
   """
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = cli.ArgumentParser(prog="compare.py", description=__doc__.split("\n\n")[0])
   parser.add_argument("folder", help="a folder of runs (searched recursively)")
   parser.add_argument("--out", default=None, help="output folder; default: the folder")
-  parser.add_argument("--no-plot", action="store_true",
+  parser.add_argument("--no_plot", action="store_true",
                       help="do not write comparison.png (which needs matplotlib)")
-  parser.add_argument("--count-forced", action="store_true",
+  parser.add_argument("--count_forced", action="store_true",
                       help="count runs resumed with train.py --allow_resume_changes, whose "
                       "numbers mix two configs (results.json's forced_resume_changes)")
   args = parser.parse_args(argv)
@@ -169,17 +228,21 @@ def main(argv: Sequence[str] | None = None) -> str:
     raise SystemExit(f"compare.py: no finished run (results.json + config.json) under "
                      f"{args.folder}" + "".join(f"; {line}" for line in left_out))
   rows = reporting.comparison_rows(groups)
+  sizes = {}
+  for group in groups:   # every seed of a group has one config; the first tells the size
+    sizes[group.label] = model_size(group.task, group.attention,
+                                    _group_config(args.folder, group).get("model", {}))
   out = args.out or args.folder
   os.makedirs(out, exist_ok=True)
-  text = reporting.comparison_markdown(rows) + "\n" + NOTE + "\n"
+  text = reporting.comparison_markdown(rows) + "\n" + NOTE + "\n" + sizes_markdown(sizes)
   text += "\n" + reporting.software_markdown(groups)
   text += references_markdown([group.task for group in groups])
   if left_out:
     text += "\nLeft out of the table:\n\n" + "".join(f"- {line}\n" for line in left_out)
   with open(os.path.join(out, "comparison.md"), "w", encoding="utf-8") as f:
     f.write(text)
-  chart_problem = None if args.no_plot else write_chart(rows,
-                                                        os.path.join(out, "comparison.png"))
+  chart_problem = None if args.no_plot else write_chart(rows, os.path.join(out, "comparison.png"),
+                                                        sizes)
   print(text)
   if left_out:
     done = f"{os.path.join(out, 'comparison.md')} written"

@@ -3,10 +3,10 @@
 Usage::
 
     python scripts/seeds.py --config configs/listops/simple.py:tiny --seeds 0 1 2 3 4 \\
-        --workdir-root runs/listops_simple_tiny_seeds --config.num_train_steps=300
+        --workdir_root runs/listops_simple_tiny_seeds --config.num_train_steps=300
 
 Arguments after the known flags that start with ``--config.`` are passed to every
-``train.py`` call. Seed ``s`` trains in ``<workdir-root>/seed<s>`` with
+``train.py`` call. Seed ``s`` trains in ``<workdir_root>/seed<s>`` with
 ``--config.seed=s`` (which also seeds the data order and, for ListOps, the generated
 data). A seed is done, and not trained again, when its folder's ``results.json`` describes a
 finished run of this very config: ``"complete": true``, ``final_step`` equal to
@@ -14,30 +14,35 @@ finished run of this very config: ``"complete": true``, ``final_step`` equal to
 (``run_record.results_problem``). Any other seed runs ``train.py`` on its folder, which resumes
 from its newest checkpoint; a ``results.json`` that does not count is named with the reason
 (incomplete, another step count or config, a NaN, or resumed with ``--allow_resume_changes``:
-its numbers mix two configs, and ``--count-forced`` counts it anyway). A seed that still does
+its numbers mix two configs, and ``--count_forced`` counts it anyway). A seed that still does
 not count after training stops the script with a one-line error, as does a failed or preempted
-``train.py`` (with train.py's own one-line error from its log).
+``train.py`` (with train.py's own one-line error from its log). While a seed trains, each line
+train.py prints (its progress lines, every 30 s, and its result) is also printed here, after
+``seed <s>:``; all of it goes to the seed's ``train.log``.
 The script then writes ``summary.json`` and ``summary.md`` in the root: per-seed test
 accuracy under both protocols (best-validation checkpoint, final step), their mean ± std
-(sample std) and the best seed (``simpletron_jax.tools.reporting``). ``--copy-to DIR`` also
+(sample std) and the best seed (``simpletron_jax.tools.reporting``). ``--copy_to DIR`` also
 copies every seed's ``config.json``, ``metrics.jsonl`` and ``results.json`` (never the
 checkpoints) and the summary into ``DIR``, ready to commit; a ``DIR`` that is a file is
-refused before any training.
+refused before any training, as is a ``--workdir_root`` under a file or through a broken
+symbolic link. Flags are spelled with underscores, as train.py's; the former dashed spelling
+(``--workdir-root``) is accepted until the next release, with a note.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from typing import Any, Callable, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.runtime import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
@@ -99,9 +104,37 @@ def expected_config(config: str, overrides: Sequence[str], seed: int):
                     f"{' '.join(overrides) or '(none)'}: {e}") from None
 
 
-def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> TrainFn:
+def run_relayed(cmd: list[str], cwd: str, log: str, what: str,
+                relay: Callable[[str], None] = print) -> None:
+  """Runs ``cmd`` (a ``train.py`` command line) in ``cwd``, appending its stdout and stderr to
+  the file ``log`` and passing each line, as it comes, to ``relay`` after ``"<what>: "``.
+
+  Raises:
+    RuntimeError: if it exits non-zero; the message names ``what``, the exit code, the run's
+      own one-line error when it printed one (``train.py: <cause>``) and ``log``.
+  """
+  env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # each line as it is printed
+  lines = []
+  with open(log, "a", encoding="utf-8") as f:
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          env=env, text=True, errors="replace") as proc:
+      for line in proc.stdout:
+        f.write(line)
+        f.flush()
+        lines.append(line)
+        if line.strip():
+          relay(f"{what}: {line.rstrip()}")
+  if proc.returncode:
+    cause = reporting.last_error_line("".join(lines))
+    raise RuntimeError(f"{what}: train.py exited {proc.returncode}"
+                       + (f": {cause}" if cause else "") + f"; see {log}")
+
+
+def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0,
+                       relay: Callable[[str], None] = print) -> TrainFn:
   """A TrainFn running ``train.py --config <config> --workdir <dir> --config.seed=<s>
-  <overrides>`` in a child process, its output in ``<dir>/train.log``.
+  <overrides>`` in a child process, its output in ``<dir>/train.log`` and, line by line, on
+  ``relay`` (:func:`run_relayed`).
 
   Raises (from the returned function):
     SeedError: if train.py exits non-zero (the message names the log) or was preempted
@@ -115,7 +148,7 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0) -> 
       cmd = ["nice", "-n", str(nice)] + cmd
     log = os.path.join(workdir, "train.log")
     try:
-      reporting.run_logged(cmd, ROOT, log, f"seed {seed}")
+      run_relayed(cmd, ROOT, log, f"seed {seed}", relay)
     except RuntimeError as e:
       if re.search(rf"exited {preemption.PREEMPTED_EXIT_CODE}[:;]", str(e)):
         raise SeedError(f"seed {seed}: train.py was preempted (SIGTERM or SIGINT) after saving "
@@ -211,16 +244,16 @@ def copy_runs(seeds: Sequence[int], root: str, dest: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Parses the flags, trains the seeds, writes and prints the summary."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = cli.ArgumentParser(prog="seeds.py", description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", required=True, help="as for train.py, e.g. "
                       "configs/listops/simple.py:tiny")
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-  parser.add_argument("--workdir-root", default=None,
+  parser.add_argument("--workdir_root", default=None,
                       help="default: runs/seeds/<config file stem>_<variant>")
-  parser.add_argument("--copy-to", default=None, help="copy run files and summary here "
+  parser.add_argument("--copy_to", default=None, help="copy run files and summary here "
                       "(a folder, created if missing)")
   parser.add_argument("--nice", type=int, default=0, help="run train.py under nice -n N")
-  parser.add_argument("--count-forced", action="store_true",
+  parser.add_argument("--count_forced", action="store_true",
                       help="count a seed resumed with train.py --allow_resume_changes as "
                       "finished (its results.json lists the forced changes; docs/runs.md)")
   args, overrides = parser.parse_known_args(argv)
@@ -234,8 +267,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   if args.copy_to:   # before any training, not after it
     problem = copy_target_problem(args.copy_to)
     if problem:
-      raise SystemExit(f"seeds.py: --copy-to {args.copy_to}: {problem}")
-  os.makedirs(root, exist_ok=True)
+      raise SystemExit(f"seeds.py: --copy_to {args.copy_to}: {problem}")
+  try:
+    cli.check_workdir(root, "--workdir_root")
+  except (ValueError, OSError) as e:
+    raise SystemExit(f"seeds.py: {cli.one_line(str(e))}") from None
+  try:
+    os.makedirs(root, exist_ok=True)
+  except OSError as e:
+    raise SystemExit(f"seeds.py: --workdir_root {root!r} cannot be created: "
+                     f"{e.strerror or e} ({e.filename or root}); pass a folder in a writable "
+                     "place") from None
   try:
     results = run_seeds(args.seeds, root, subprocess_trainer(args.config, overrides, args.nice),
                         config_for=lambda seed: expected_config(args.config, overrides, seed),

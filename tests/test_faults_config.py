@@ -358,7 +358,8 @@ def _flag_values(*argv, program="train.py"):
     (("--config=configs/listops/simple.py:tinyy",), "train.py: flag --config=configs/listops/"
      "simple.py:tinyy: unknown config variant 'tinyy' for task 'listops'; known: ('tiny'"),
     (("--config=configs/listops/simple.py:tiny", "--config.batch_sise=8"),
-     "train.py: the config has no field 'batch_sise' (did you mean 'batch_size'"),
+     "train.py: --config.batch_sise: the config has no field 'batch_sise' (did you mean "
+     "'batch_size'"),
 ])
 def test_flag_errors_are_one_line(argv, message, monkeypatch):
   monkeypatch.chdir(ROOT)

@@ -723,7 +723,7 @@ def test_compare_leaves_out_unfinished_and_nan_runs_and_says_why(tmp_path, monke
   assert not (root / "comparison.png").exists()
   assert capsys.readouterr().err.strip().splitlines() == [
       f"compare.py: {root / 'comparison.png'} not written: matplotlib is not installed; "
-      "pip install -e \".[bench]\" for the chart, or pass --no-plot"]
+      "pip install -e \".[bench]\" for the chart, or pass --no_plot"]
   _write_run(tmp_path / "unfinished" / "seed0", config, None)
   with pytest.raises(SystemExit, match=r"^compare.py: no finished run .*seed0: no results.json"):
     compare.main([str(tmp_path / "unfinished"), "--no-plot"])

@@ -408,10 +408,10 @@ def test_seeds_refuses_a_copy_to_file_before_training(tmp_path):
   target = tmp_path / "summary.md"
   target.write_text("committed\n")
   root = tmp_path / "root"
-  with pytest.raises(SystemExit, match=rf"^seeds.py: --copy-to {target}: {target} is a file, "
+  with pytest.raises(SystemExit, match=rf"^seeds.py: --copy_to {target}: {target} is a file, "
                                        r"not a folder"):
     seeds.main(["--config", "configs/listops/simple.py:tiny", "--seeds", "0",
-                "--workdir-root", str(root), "--copy-to", str(target)])
+                "--workdir_root", str(root), "--copy_to", str(target)])
   assert not root.exists() and target.read_text() == "committed\n"
   assert seeds.copy_target_problem(str(tmp_path / "new" / "folder")) is None
 

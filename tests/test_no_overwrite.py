@@ -188,14 +188,15 @@ def test_benchmark_quick_modes_write_under_runs(tmp_path, monkeypatch, committed
 
 def _output_defaults(path: str) -> list[str]:
   """The source text of every ``default=`` of an output-like flag (``--out``, ``--runs``,
-  ``--workdir-root``, ``--copy-to``) and of module-level ``OUT`` constants in a script."""
+  ``--workdir_root``, ``--copy_to``, or their former dashed spelling) and of module-level
+  ``OUT`` constants in a script."""
   with open(path, encoding="utf-8") as f:
     tree = ast.parse(f.read())
   found = []
   for node in ast.walk(tree):
     if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and (
         node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in (
-            "--out", "--runs", "--workdir-root", "--copy-to")):
+            "--out", "--runs", "--workdir-root", "--copy-to", "--workdir_root", "--copy_to")):
       found += [ast.unparse(k.value) for k in node.keywords if k.arg == "default"]
     if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "OUT" for t in node.targets):
       found.append(ast.unparse(node.value))

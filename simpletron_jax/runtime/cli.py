@@ -13,17 +13,26 @@ Flag parsing (:func:`parse_flags`) turns ml_collections' errors into the same on
 missing config file (with or without ``--config.<field>`` overrides), a config file that does
 not load (a syntax error, a failed import), a ``:variant`` the config does not have (with the
 known ones), a ``--config.<field>`` the config lacks, a value absl cannot parse, a stray
-positional argument. :func:`check_path_name` refuses a ``--workdir`` whose name is not UTF-8.
+positional argument; an override of a field the config lacks is named alone, with the
+nearest names. :func:`check_path_name` refuses a ``--workdir`` whose name is not UTF-8, and
+:func:`check_workdir` also one under a file or through a broken symbolic link.
+
+One flag style: long options are spelled with underscores, as absl spells them
+(``--workdir_root``); :class:`ArgumentParser` gives the argparse scripts that style, with
+their former dashed spelling accepted for one release (a deprecation note), and
+``--help`` prints plain text (:func:`plain_help`, :func:`plain_text`).
 
 This module imports no JAX, so a flag error is reported before JAX starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import os
 import re
+import sys
 import traceback
 from typing import Iterable, Iterator, Sequence
 
@@ -175,8 +184,68 @@ def _unknown_flag_message(error: flags.UnrecognizedFlagError,
     return _config_file_message(config_flags.get_config_filename(flag_values["config"]), e)
   close = difflib.get_close_matches(field, known, n=3)
   hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-  return (f"the config has no field {field!r}{hint}; overrides set existing fields only, "
-          "e.g. --config.batch_size=8")
+  return (f"--config.{field}: the config has no field {field!r}{hint}; overrides set existing "
+          "fields only, e.g. --config.batch_size=8")
+
+
+def _config_spec(argv: Sequence[str]) -> str | None:
+  """The ``--config`` value of ``argv`` (``path[:variant]``), or None when there is none."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg[len("--config="):]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _missing_part(config, field: str) -> str | None:
+  """``the config has no field '<part>' [in '<section>'] [(did you mean ...?)]`` for the
+  first part of the dotted ``field`` that ``config`` lacks; None when it has them all."""
+  node, path = config, []
+  for part in field.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      known = list(node.keys()) if hasattr(node, "keys") else []
+      close = difflib.get_close_matches(part, known, n=3)
+      section = ".".join(path)
+      names = ", ".join(repr(f"{section}.{c}" if section else c) for c in close)
+      return (f"the config has no field {part!r}{f' in {section!r}' if section else ''}"
+              f"{f' (did you mean {names}?)' if close else ''}")
+    path.append(part)
+    node = node[part]
+  return None
+
+
+def _missing_override_message(argv: Sequence[str], error: BaseException) -> str:
+  """One line naming the one ``--config.<field>`` override of ``argv`` whose field the config
+  lacks (ml_collections' error names only the last part of its path), with the nearest
+  existing names.
+
+  The config is loaded again without overrides to find it; when that fails, the override is
+  the first whose dotted path holds the key the error names.
+  """
+  given = [a for a in argv[1:] if a.startswith("--config.")]
+  key = re.search(r"'(\w+)", str(error))
+  key = key.group(1) if key else None
+  spec = _config_spec(argv)
+  if spec is not None:
+    from simpletron_jax.runtime import overrides  # pylint: disable=import-outside-toplevel
+    try:
+      config = overrides.load_config(spec)
+    except (ValueError, OSError, SyntaxError, ImportError, flags.Error):
+      config = None
+    for override in given if config is not None else ():
+      name = override.split("=", 1)[0]
+      missing = _missing_part(config, name[len("--config."):])
+      if missing:
+        return f"{name}: {missing}; overrides set existing fields only"
+  for override in given:
+    name = override.split("=", 1)[0]
+    parts = name[len("--config."):].split(".")
+    if key in parts:
+      section = ".".join(parts[:parts.index(key)])
+      return (f"{name}: the config has no field {key!r}{f' in {section!r}' if section else ''}"
+              "; overrides set existing fields only")
+  return f"the config has no field {key or str(error)!r}; overrides set existing fields only"
 
 
 def parse_flags(argv: list[str], program: str,
@@ -202,18 +271,14 @@ def parse_flags(argv: list[str], program: str,
   Raises:
     SystemExit: for the errors above.
   """
+  plain_help(flag_values)
   try:
     rest = flag_values(argv)
   except (AttributeError, KeyError) as e:
-    given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-    field = re.search(r"'(\w+)", str(e))
-    hint = re.search(r'Did you mean "(\w+)"', str(e))
-    raise SystemExit(
-        f"{program}: the config has no field {field.group(1) if field else e!r}"
-        f"{f' (did you mean {hint.group(1)!r}?)' if hint else ''}; overrides: "
-        f"{', '.join(given)}. The options "
-        "of a variant are listed under model.attention_kwargs in its config, e.g. python -c "
-        "\"from configs.listops import simple; print(simple.get_config('tiny').model)\"") from None
+    raise SystemExit(f"{program}: {_missing_override_message(argv, e)}. The options of a "
+                     "variant are listed under model.attention_kwargs in its config, e.g. "
+                     "python -c \"from configs.listops import simple; "
+                     "print(simple.get_config('tiny').model)\"") from None
   except flags.UnrecognizedFlagError as e:
     raise SystemExit(f"{program}: {_unknown_flag_message(e, flag_values)}") from None
   except flags.Error as e:
@@ -233,6 +298,104 @@ def parse_flags(argv: list[str], program: str,
                      "spaces or brackets, e.g. --config.freeze=\"('^encoder/',)\"); "
                      "see --help")
   return rest
+
+
+def plain_text(text: str) -> str:
+  """``text`` (a docstring, a flag's help) without its reStructuredText markup, for
+  ``--help``: ``:func:`x``` becomes ``x`` and double backquotes go."""
+  text = re.sub(r":[\w:.-]+:`~?([^`]*)`", r"\1", text)
+  return text.replace("``", "")
+
+
+def plain_help(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Makes absl's ``--help`` plain text: the main module's docstring (absl prints it first)
+  and every flag's help lose their reStructuredText markup (:func:`plain_text`)."""
+  main = sys.modules.get("__main__")
+  if main is not None and getattr(main, "__doc__", None):
+    main.__doc__ = plain_text(main.__doc__)
+  for flag in flag_values._flags().values():   # pylint: disable=protected-access
+    if flag.help:
+      flag.help = plain_text(flag.help)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """``argparse.ArgumentParser`` with the flag style of ``train.py`` (absl's): long options
+  are written with underscores (``--workdir_root``).
+
+  For one release the dashed spelling of an option defined with underscores
+  (``--workdir-root``) is still accepted, with a deprecation note on stderr; an option still
+  defined with dashes also takes its underscore spelling, silently. ``--help`` is plain text
+  (:func:`plain_text`). ``--config.<field>`` overrides are left as they are.
+  """
+
+  def parse_known_args(self, args=None, namespace=None):  # pylint: disable=signature-differs
+    """As argparse's, after :meth:`underscored` has respelled the flags."""
+    args = sys.argv[1:] if args is None else list(args)
+    return super().parse_known_args(self.underscored(args), namespace)
+
+  def underscored(self, args: Sequence[str]) -> list[str]:
+    """``args`` with each long option respelled as the parser defines it (see the class
+    docstring); prints one deprecation line per dashed option given."""
+    known = {s for action in self._actions for s in action.option_strings}
+    out = []
+    for i, arg in enumerate(args):
+      if arg == "--":
+        return out + list(args[i:])
+      name, eq, value = arg.partition("=")
+      if name.startswith("--") and name not in known and not name.startswith("--config."):
+        underscore, dash = "--" + name[2:].replace("-", "_"), "--" + name[2:].replace("_", "-")
+        if underscore in known and "-" in name[2:]:
+          print(f"{self.prog}: {name} is deprecated: write {underscore} (flags are spelled with "
+                "underscores, as train.py's; the dashed form goes in the next release)",
+                file=sys.stderr)
+          arg = underscore + eq + value
+        elif dash in known:
+          arg = dash + eq + value
+      out.append(arg)
+    return out
+
+  def format_help(self) -> str:
+    """argparse's help, as plain text."""
+    return plain_text(super().format_help())
+
+
+def check_workdir(path: str, flag: str = "--workdir") -> None:
+  """Refuses a workdir that cannot be a folder, naming the cause: a name that is not UTF-8
+  (:func:`check_path_name`); a file, or a symbolic link to something that does not exist, on
+  its path (``path`` itself or a folder above it).
+
+  Args:
+    path: the folder as given (it need not exist: a run creates it).
+    flag: the flag that gave it, for the message.
+
+  Raises:
+    ValueError: its name is not UTF-8 text.
+    NotADirectoryError: ``path`` or a folder above it is a file; names that file.
+    FileNotFoundError: ``path`` or a folder above it is a symbolic link whose target does not
+      exist; names the link and its target.
+  """
+  check_path_name(path, flag)
+  parts, head = [], os.path.abspath(path)
+  while True:
+    parts.append(head)
+    parent = os.path.dirname(head)
+    if parent == head:
+      break
+    head = parent
+  for part in reversed(parts):   # the root first
+    if os.path.islink(part) and not os.path.exists(part):
+      raise FileNotFoundError(
+          f"{flag} {path!r}: {part} is a symbolic link to {os.readlink(part)!r}, which does not "
+          "exist: create the folder it points to, or remove the link")
+    if not os.path.exists(part):
+      return
+    if not os.path.isdir(part):
+      if part == os.path.abspath(path):
+        raise NotADirectoryError(f"{flag} {path!r} is a file, not a folder: pass a folder "
+                                 "(created if missing) or move the file away")
+      raise NotADirectoryError(f"{flag} {path!r}: {part} is a file, so no folder can be "
+                               "created under it: pass a folder in another place, or move "
+                               "the file away")
 
 
 def check_path_name(path: str, flag: str) -> None:

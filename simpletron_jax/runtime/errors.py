@@ -39,6 +39,12 @@ class WriteError(RunError):
   names the file and the OS error."""
 
 
+class StartError(RunError):
+  """The run could not start a service it was asked for (W&B's run: not installed, not logged
+  in, no network); no step was trained in this start. ``train.py`` removes the workdir when
+  this start created it, so a failed start leaves no partial run folder."""
+
+
 class RunWarning(UserWarning):
   """Something was repaired or ignored at start-up (a stale lock, a bad checkpoint)."""
 

@@ -53,7 +53,7 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
       ``checkpoint_every``, ``log_every``,
       ``grad_accum_steps`` or a ``model`` size (``emb_dim``, ``qkv_dim``, ``mlp_dim``,
       ``num_heads``, ``num_layers``, ``max_length``) not a positive int; ``eval_batch_size``
-      < 0, ``num_eval_steps`` or ``num_test_steps`` < -1; ``batch_size`` not divisible by
+      < 0, ``num_eval_steps`` or ``num_test_steps`` < -1 or 0; ``batch_size`` not divisible by
       ``grad_accum_steps`` times the global device count; ``model.dropout_rate``,
       ``model.attention_dropout_rate`` or a ``model.attention_kwargs.*dropout*`` rate
       outside [0, 1); ``data.bucket`` < 0, ``data.group_pool_batches`` < 1,
@@ -77,6 +77,9 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int,
         hint=" (0: the micro-batch size)")
   for field in ("num_eval_steps", "num_test_steps"):
     check(field, config.get(field, -1), low=-1, integer=True, hint=" (-1: the whole split)")
+    if config.get(field, -1) == 0:
+      raise ValueError(f"{field}=0 would evaluate no batch (0 is not a size here): set it to "
+                       "-1 for the whole split, or to a number of batches >= 1")
   model = config.model
   for field in ("emb_dim", "qkv_dim", "mlp_dim", "num_heads", "num_layers", "max_length"):
     check(f"model.{field}", model[field], low=1, integer=True)

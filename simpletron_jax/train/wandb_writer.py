@@ -43,7 +43,7 @@ class WandbWriter(ScalarWriter):
 
   Raises:
     ValueError: ``mode`` is not '', online or offline (names ``config.wandb.mode``).
-    errors.RunError: wandb is not installed (says ``pip install -e ".[wandb]"``), or
+    errors.StartError: wandb is not installed (says ``pip install -e ".[wandb]"``), or
       ``wandb.init`` failed (not logged in, no network, ...): the message has W&B's cause.
   """
 
@@ -54,7 +54,7 @@ class WandbWriter(ScalarWriter):
     try:
       import wandb  # pylint: disable=import-outside-toplevel
     except ImportError as e:
-      raise errors.RunError(
+      raise errors.StartError(
           f"config.wandb.project={project!r} asks for Weights & Biases logging, but wandb "
           "cannot be imported: run pip install -e \".[wandb]\", or set "
           f"--config.wandb.project='' ({e})") from e
@@ -67,9 +67,9 @@ class WandbWriter(ScalarWriter):
           # Leave stdout and stderr alone: the run prints its own progress and errors.
           settings=wandb.Settings(console="off"))
     except Exception as e:  # pylint: disable=broad-except  # any failure of W&B's start
-      raise errors.RunError(
+      raise errors.StartError(
           f"could not start the W&B run {run_id} (config.wandb.project={project!r}, "
-          f"mode={mode!r}): {e}. Log in (`wandb login`), or set --config.wandb.mode=offline "
+          f"mode={mode!r}): {str(e).rstrip('.')}. Log in (`wandb login`), or set --config.wandb.mode=offline "
           "and upload later with `wandb sync`, or --config.wandb.project='' to log without "
           "W&B") from e
     self._run.define_metric(STEP_KEY)

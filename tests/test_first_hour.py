@@ -1,0 +1,158 @@
+"""Issue 63, items 3 to 7: the rough edges a new user meets, each run as a user would run the
+command (a subprocess), with its exit status and the first line of its message checked.
+
+None of these trains: each command stops at its check, before any data or compilation, so the
+file takes seconds per case (mostly Python's and absl's start-up).
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+TINY = ("--config", "configs/listops/simple.py:tiny")
+
+
+def _run(*args, env=None, timeout=300):
+  """Runs ``python <args>`` in the repository root; returns the finished process."""
+  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _first_line(proc) -> str:
+  """The first line of stderr (where the one-line errors go)."""
+  lines = proc.stderr.strip().splitlines()
+  return lines[0] if lines else ""
+
+
+def _assert_one_line(proc, prefix, *parts, status=1):
+  """Exit ``status``, stderr's first line starts with ``prefix`` and holds each of ``parts``,
+  and no traceback."""
+  first = _first_line(proc)
+  assert proc.returncode == status, (proc.returncode, proc.stderr[-2000:])
+  assert first.startswith(prefix), proc.stderr[-2000:]
+  for part in parts:
+    assert part in first, first
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------
+# Overrides: the bad one is named alone.
+
+
+def test_unknown_override_names_only_the_bad_one(tmp_path):
+  proc = _run("train.py", *TINY, "--workdir", str(tmp_path / "run"), "--config.seed=3",
+              "--config.model.nope=1", "--config.num_train_steps=2")
+  _assert_one_line(proc, "train.py: --config.model.nope: the config has no field 'nope' in "
+                   "'model'")
+  first = _first_line(proc)
+  assert "--config.seed" not in first and "--config.num_train_steps" not in first, first
+  assert not (tmp_path / "run").exists()
+
+
+def test_misspelt_override_suggests_the_field(tmp_path):
+  proc = _run("train.py", *TINY, "--workdir", str(tmp_path / "run"), "--config.seed=3",
+              "--config.batch_sise=8")
+  _assert_one_line(proc, "train.py: --config.batch_sise: the config has no field 'batch_sise'",
+                   "did you mean 'batch_size'")
+  assert "--config.seed" not in _first_line(proc)
+
+
+def test_eval_overrides_without_config(tmp_path):
+  proc = _run("eval.py", "--workdir", str(tmp_path / "run"), "--config.seed=2")
+  _assert_one_line(proc, "eval.py: --config.seed needs --config", "config.json")
+  assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------
+# Config checks and workdirs that cannot be folders.
+
+
+@pytest.mark.parametrize("field", ["num_eval_steps", "num_test_steps"])
+def test_zero_evaluation_steps_are_refused(tmp_path, field):
+  proc = _run("train.py", *TINY, "--workdir", str(tmp_path / "run"), f"--config.{field}=0")
+  _assert_one_line(proc, f"train.py: {field}=0 would evaluate no batch", "-1 for the whole "
+                   "split")
+  assert not (tmp_path / "run").exists(), "refused before the workdir is made"
+
+
+@pytest.mark.parametrize("below", ["", "run"])
+def test_workdir_symlink_to_a_missing_folder_is_named(tmp_path, below):
+  link = tmp_path / "link"
+  link.symlink_to(tmp_path / "missing")
+  workdir = os.path.join(str(link), below) if below else str(link)
+  proc = _run("train.py", *TINY, "--workdir", workdir)
+  _assert_one_line(proc, "train.py: --workdir", f"{link} is a symbolic link to",
+                   "missing', which does not exist")
+  assert not (tmp_path / "missing").exists()
+
+
+def test_workdir_under_a_file(tmp_path):
+  (tmp_path / "X").write_text("a file")
+  proc = _run("train.py", *TINY, "--workdir", str(tmp_path / "X" / "run"))
+  _assert_one_line(proc, "train.py: --workdir", f"{tmp_path / 'X'} is a file")
+
+
+def test_seeds_workdir_root_under_a_file(tmp_path):
+  (tmp_path / "X").write_text("a file")
+  proc = _run("scripts/seeds.py", *TINY, "--seeds", "0", "--workdir_root",
+              str(tmp_path / "X" / "sub"), "--config.num_train_steps=2")
+  _assert_one_line(proc, "seeds.py: --workdir_root", f"{tmp_path / 'X'} is a file")
+
+
+# ----------------------------------------------------------------------------
+# One flag style: underscores; the dashed spelling is a deprecated alias; plain --help.
+
+
+def test_dashed_flag_is_a_deprecated_alias(tmp_path):
+  (tmp_path / "X").write_text("a file")
+  proc = _run("scripts/seeds.py", *TINY, "--seeds", "0", "--workdir-root",
+              str(tmp_path / "X" / "sub"))
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert lines[0].startswith("seeds.py: --workdir-root is deprecated: write --workdir_root")
+  assert lines[1].startswith("seeds.py: --workdir_root"), "the alias reached the flag"
+
+
+@pytest.mark.parametrize("program", ["train.py", "eval.py", "scripts/seeds.py",
+                                     "scripts/compare.py"])
+def test_help_is_plain_text(program):
+  proc = _run(program, "--help")
+  # absl's --help (train.py, eval.py) exits with status 1 after printing; argparse's with 0.
+  assert proc.returncode == (1 if program in ("train.py", "eval.py") else 0), proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "``" not in proc.stdout and ":func:`" not in proc.stdout, proc.stdout
+  names = re.findall(r"^\s+(?:-\w, )?--(?:\[no\])?([\w-]+)", proc.stdout, re.M)
+  assert "help" in names or "config" in names, proc.stdout
+  assert not [n for n in names if "-" in n], "flags are spelled with underscores"
+
+
+# ----------------------------------------------------------------------------
+# A failed start leaves no partial run folder.
+
+
+@pytest.mark.slow   # generates a little ListOps and starts the run's logs (about 15 s)
+def test_wandb_without_api_key_leaves_no_run_folder(tmp_path):
+  pytest.importorskip("wandb")
+  env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+  env.update(HOME=str(tmp_path / "home"), NETRC=str(tmp_path / "home" / "netrc"))
+  root = tmp_path / "runs"
+  proc = subprocess.run(
+      [sys.executable, "train.py", *TINY, "--workdir", str(root / "run"),
+       f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.wandb.project=p",
+       "--config.data.num_train=64", "--config.data.num_val=32", "--config.data.num_test=32",
+       "--config.model.num_layers=1", "--config.num_train_steps=2"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("train.py: StartError: could not start the W&B run"), last
+  assert "was removed" in last, last
+  assert not (root / "run").exists()
+  # compare.py then finds no run there, rather than one it must leave out.
+  proc = _run("scripts/compare.py", str(root), "--no_plot")
+  assert proc.returncode == 1 and "left out" not in proc.stderr, proc.stderr
+  assert _first_line(proc).startswith("compare.py: no finished run"), proc.stderr
