@@ -479,11 +479,19 @@ def main(argv: Sequence[str] | None = None) -> int:
   """Entry point; returns 0.
 
   Raises:
-    SystemExit: ``explain.py: <cause>`` (status 1) for a user error
+    SystemExit: ``explain.py: <cause>`` (status 1) when matplotlib cannot be imported, and
+      for a user error
       (:func:`simpletron_jax.runtime.cli.user_errors_exit`: a missing file, a bad value, a damaged
       or mismatched checkpoint), unless ``--verbose``.
   """
   args = parse_args(argv)
+  try:   # every example is drawn: without matplotlib, one line before any work
+    import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError as e:
+    if args.verbose:
+      raise
+    raise SystemExit("explain.py: matplotlib cannot be imported, and it draws every figure: "
+                     f"pip install -e \".[bench]\" ({e})") from None
   from simpletron_jax.runtime import cli  # pylint: disable=import-outside-toplevel
   with cli.user_errors_exit("explain.py", args.verbose, dirs=(ROOT,)):
     explain_examples(args)

@@ -156,3 +156,16 @@ def test_wandb_without_api_key_leaves_no_run_folder(tmp_path):
   proc = _run("scripts/compare.py", str(root), "--no_plot")
   assert proc.returncode == 1 and "left out" not in proc.stderr, proc.stderr
   assert _first_line(proc).startswith("compare.py: no finished run"), proc.stderr
+
+
+# ----------------------------------------------------------------------------
+# A missing optional dependency: one line, exit 1.
+
+
+def test_explain_without_matplotlib(tmp_path):
+  fake = tmp_path / "site" / "matplotlib"
+  fake.mkdir(parents=True)
+  (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+  proc = _run("scripts/explain.py", "--workdir", str(tmp_path / "run"),
+              env={"PYTHONPATH": str(tmp_path / "site")})
+  _assert_one_line(proc, "explain.py: matplotlib cannot be imported", 'pip install -e ".[bench]"')
