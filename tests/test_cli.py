@@ -35,6 +35,12 @@ def test_train_then_eval(tmp_path, monkeypatch):
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
   assert results["attention"] == "simple" and results["last_step"] == 3
+  # The whole software stack (issue 63): the ecosystem's versions; no GPU fields on a CPU.
+  for key in ("jax_version", "flax_version", "clu_version", "grain_version",
+              "tensorboard_version", "ml_collections_version"):
+    assert isinstance(results[key], str) and results[key], key
+  assert all(results[key] is None for key in ("cuda_version", "cudnn_version",
+                                              "cuda_driver_version", "nvidia_driver_version"))
   assert os.listdir(tmp_path / "cache" / "listops"), "data must be generated into the cache"
   records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert [r["step"] for r in records if r["split"] == "val"] == [2, 3]
