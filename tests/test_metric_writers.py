@@ -2,8 +2,8 @@
 
 * A killed-and-resumed sequence of writes leaves TensorBoard one value per step, the resumed
   run's (the restart marker each start writes), and the flattened config as hparams. The
-  event file's TFRecord CRCs are TensorBoard's, and the writers subclass clu's
-  ``MetricWriter``.
+  event file holds TensorBoard's own records (its plugins' summaries, its record framing),
+  and the writers subclass clu's ``MetricWriter``.
 * W&B in offline mode: the values logged are in the run's ``.wandb`` log under
   ``workdir/wandb``, read back with W&B's record protos; a resumed logger continues the same
   run id. W&B's own ``WANDB_MODE`` decides when ``config.wandb.mode`` is "" (the default). A
@@ -22,7 +22,9 @@ import sys
 import time
 
 import flax
+import numpy as np
 import pytest
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from simpletron_jax.runtime import errors
 from simpletron_jax.train import metric_logging, profiling, tensorboard_writer, trainer
@@ -103,14 +105,35 @@ def test_a_disabled_logger_writes_nothing_and_imports_no_tensorflow(tmp_path):
   assert not os.listdir(tmp_path)
 
 
-def test_event_records_carry_tensorboards_crc32c():
-  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import \
-      masked_crc32c  # pylint: disable=import-outside-toplevel
-  assert tensorboard_writer.crc32c(b"123456789") == 0xE3069283   # the CRC-32C check value
-  for data in (b"", b"a", bytes(range(256)) * 3):
-    assert tensorboard_writer.masked_crc32c(data) == masked_crc32c(data)
-  record = tensorboard_writer.encode_record(b"event")
-  assert len(record) == 8 + 4 + 5 + 4 and record[12:17] == b"event"
+def test_scalars_and_texts_are_tensorboards_own_records(tmp_path):
+  """Scalars and texts read back through TensorBoard's loader (record CRCs checked) with the
+  plugins' metadata, and the file is whole records only, framed as TensorBoard frames them."""
+  from tensorboard.backend.event_processing import \
+      event_file_loader  # pylint: disable=import-outside-toplevel
+  from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
+  writer = tensorboard_writer.TensorBoardWriter(str(tmp_path))
+  writer.write_scalars(3, {"train/loss": 0.1, "train/accuracy": 1})
+  writer.write_texts(4, {"note": "resumed at 2"})
+  writer.close()
+  events = list(event_file_loader.EventFileLoader(writer.path).Load())
+  assert events[0].file_version == "brain.Event:2"
+  values = [(e.step, v.tag, v.metadata.plugin_data.plugin_name, tensor_util.make_ndarray(v.tensor))
+            for e in events[1:] for v in e.summary.value]
+  assert [v[:3] for v in values] == [(3, "train/loss", "scalars"),
+                                     (3, "train/accuracy", "scalars"), (4, "note", "text")]
+  assert values[0][3].dtype == "float32" and values[0][3] == np.float32(0.1)
+  assert values[1][3] == 1.0 and values[2][3] == b"resumed at 2"
+  with open(writer.path, "rb") as f:
+    data = f.read()
+  lengths = []
+  while data:   # length (uint64), its masked CRC, the event, its masked CRC
+    (length,) = struct.unpack("<Q", data[:8])
+    assert struct.unpack("<I", data[8:12])[0] == masked_crc32c(data[:8])
+    assert struct.unpack("<I", data[12 + length:16 + length])[0] == masked_crc32c(
+        data[12:12 + length])
+    lengths.append(length)
+    data = data[16 + length:]
+  assert len(lengths) == len(events) == 3
 
 
 def test_the_writers_are_clus_metric_writers():

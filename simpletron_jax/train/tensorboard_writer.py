@@ -1,15 +1,14 @@
 """TensorBoard event files written without TensorFlow, behind clu's ``MetricWriter`` interface.
 
-:class:`TensorBoardWriter` writes the event file itself: each event is an ``Event`` protocol
-buffer (``tensorboard.compat.proto``, shipped with the ``tensorboard`` package) framed as a
-TFRecord (the format TensorBoard's readers expect: ``tensorboard/summary/writer/
-record_writer.py``, ``event_file_loader``). Every call writes its records in the calling
-thread and hands them to the OS before it returns, so a failed write (a full disk, a
-read-only folder) is raised at once as a one-line :class:`simpletron_jax.runtime.errors.WriteError`
-naming the file; there is no writer thread to hold a failure back or to block on a queue.
-Scalars are written as ``tf.summary.scalar`` writes them (a float32 scalar tensor with the
-``scalars`` plugin's metadata), hyperparameters as the HParams plugin's
-``session_start_info`` (``tensorboard.plugins.hparams.summary_v2.hparams_pb``).
+Everything in the file is tensorboard's own: the summaries are built by its plugins'
+``scalar_pb``, ``text_pb`` and ``hparams_pb``, and each ``Event`` is framed (length, masked
+CRC-32C) by its ``tensorboard.summary.writer.record_writer.RecordWriter``. Its
+``EventFileWriter`` is not used: it reaches the file through ``tensorboard.compat.tf``, which
+imports TensorFlow where it is installed, and writes from a thread. Here every call writes in
+the calling thread and hands its records to the OS before it returns, so a failed write (a
+full disk, a read-only folder) is raised at once as a one-line
+:class:`simpletron_jax.runtime.errors.WriteError` naming the file, and the file is cut back to
+its last whole record.
 
 ``clu.metric_writers``' package ``__init__`` imports its TensorFlow ``SummaryWriter``, so
 ``import clu.metric_writers.interface`` fails without TensorFlow (clu 0.0.12);
@@ -20,10 +19,10 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import io
 import itertools
 import os
 import socket
-import struct
 import sys
 import time
 import types
@@ -31,9 +30,11 @@ from typing import Any, Mapping, Optional
 
 from absl import logging
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
-from tensorboard.compat.proto import types_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
+from tensorboard.plugins.scalar import summary_v2 as scalar_summary
+from tensorboard.plugins.text import summary_v2 as text_summary
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 from simpletron_jax.runtime import atomic_io
 
@@ -117,43 +118,6 @@ class ScalarWriter(MetricWriter):
     self._skip("histograms")
 
 
-def _crc32c_table() -> tuple[int, ...]:
-  """The byte table of CRC-32C (Castagnoli; reflected polynomial 0x82F63B78)."""
-  table = []
-  for byte in range(256):
-    crc = byte
-    for _ in range(8):
-      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    table.append(crc)
-  return tuple(table)
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-  """CRC-32C of ``data`` (``crc32c(b"123456789") == 0xE3069283``), an unsigned 32-bit int."""
-  crc, table = 0xFFFFFFFF, _CRC32C_TABLE
-  for byte in data:
-    crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-  return crc ^ 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes) -> int:
-  """The masked CRC-32C of TFRecord framing: the CRC rotated right by 15 bits plus
-  0xA282EAD8, modulo 2**32 (TensorFlow's ``crc32c::Mask``)."""
-  crc = crc32c(data)
-  return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def encode_record(data: bytes) -> bytes:
-  """``data`` framed as one TFRecord: its length (uint64, little-endian), the masked CRC of
-  those 8 bytes (uint32), ``data``, and the masked CRC of ``data`` (uint32)."""
-  length = struct.pack("<Q", len(data))
-  return (length + struct.pack("<I", masked_crc32c(length)) + data
-          + struct.pack("<I", masked_crc32c(data)))
-
-
 _file_counter = itertools.count()
 
 
@@ -211,7 +175,8 @@ class TensorBoardWriter(ScalarWriter):
       raise
 
   def _write(self, events: list, kept: str) -> None:
-    """Appends ``events`` (``Event`` protos) as TFRecords and hands them to the OS.
+    """Appends ``events`` (``Event`` protos), framed by tensorboard's ``RecordWriter``, and
+    hands them to the OS.
 
     Raises:
       errors.WriteError: the write failed; the file is cut back to its previous end (when
@@ -219,7 +184,10 @@ class TensorBoardWriter(ScalarWriter):
     """
     if self._file is None:
       raise ValueError(f"{self.path}: the TensorBoard writer is closed")
-    blob = b"".join(encode_record(e.SerializeToString()) for e in events)
+    framed = io.BytesIO()
+    for event in events:
+      RecordWriter(framed).write(event.SerializeToString())
+    blob = framed.getvalue()
     data = memoryview(blob)
     try:
       while data:
@@ -242,45 +210,33 @@ class TensorBoardWriter(ScalarWriter):
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Writes ``scalars`` (tag -> number, e.g. ``{"train/loss": 0.5}``) at ``step`` as
-    float32 scalar summaries of the ``scalars`` plugin, in one event.
+    float32 scalar summaries of the ``scalars`` plugin (``scalar_pb``), in one event.
 
     Raises:
       errors.WriteError: the write failed; the events before these are kept.
       TypeError, ValueError: a value is not a number.
     """
-    if not scalars:
+    self._write_summaries(step, [scalar_summary.scalar_pb(tag, value)
+                                 for tag, value in scalars.items()])
+
+  def _write_summaries(self, step: int, summaries: list) -> None:
+    """Writes the values of ``summaries`` (``Summary`` protos) at ``step`` in one event."""
+    if not summaries:
       return
     summary = summary_pb2.Summary()
-    for tag, value in scalars.items():
-      summary.value.add(
-          tag=tag,
-          tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT,
-                                        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-                                        float_val=[float(np.float32(value))]),
-          metadata=summary_pb2.SummaryMetadata(
-              plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-              data_class=summary_pb2.DATA_CLASS_SCALAR))
+    for one in summaries:
+      summary.value.extend(one.value)
     self._write([self._summary_event(step, summary)], "the events before these are kept")
 
   def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-    """Writes ``texts`` (tag -> string) at ``step`` as summaries of the ``text`` plugin.
+    """Writes ``texts`` (tag -> string) at ``step`` as summaries of the ``text`` plugin
+    (``text_pb``), in one event.
 
     Raises:
       errors.WriteError: the write failed; the events before these are kept.
     """
-    if not texts:
-      return
-    summary = summary_pb2.Summary()
-    for tag, text in texts.items():
-      summary.value.add(
-          tag=tag,
-          tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING,
-                                        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-                                        string_val=[str(text).encode("utf-8")]),
-          metadata=summary_pb2.SummaryMetadata(
-              plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"),
-              data_class=summary_pb2.DATA_CLASS_TENSOR))
-    self._write([self._summary_event(step, summary)], "the events before these are kept")
+    self._write_summaries(step, [text_summary.text_pb(tag, str(text))
+                                 for tag, text in texts.items()])
 
   def write_hparams(self, hparams: Mapping[str, Any]) -> None:
     """Writes ``hparams`` (a flat mapping of bool, int, float or str values, e.g.
