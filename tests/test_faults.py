@@ -347,26 +347,36 @@ def test_best_of_another_run_is_refused(initial_state, tmp_path):
 # One run per workdir.
 
 
+def _lock_holder(workdir):
+  """A process that takes ``workdir``'s lock with :func:`run_guard.acquire_lock` and holds it
+  until killed; returned once the lock is held."""
+  code = ("import time; from simpletron_jax.train import run_guard; "
+          f"run_guard.acquire_lock({str(workdir)!r}); print('held', flush=True); time.sleep(300)")
+  holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+  assert holder.stdout.readline().strip() == "held"
+  return holder
+
+
 def test_second_run_on_a_workdir_is_refused_naming_pid_and_host(presence_task, tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "metrics.jsonl").write_text('{"step": 5, "split": "train"}\n')
-  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  holder = _lock_holder(workdir)
   try:
-    (workdir / run_guard.LOCK_FILE).write_text(
-        json.dumps({"pid": holder.pid, "host": socket.gethostname(), "time": 0}))
     with pytest.raises(errors.WorkdirLockedError,
                        match=rf"in use by pid {holder.pid} on host '{socket.gethostname()}'"):
       trainer.train_and_evaluate(fault_config(), str(workdir), data=presence_task)
   finally:
-    holder.kill()
+    holder.kill()   # SIGKILL: the lock file stays, naming a process that is gone
     holder.wait()
   assert (workdir / "metrics.jsonl").read_text() == '{"step": 5, "split": "train"}\n'
+  assert json.loads((workdir / run_guard.LOCK_FILE).read_text())["pid"] == holder.pid
   with pytest.warns(errors.RunWarning, match=rf"stale lock \(process {holder.pid} no longer"):
-    path = run_guard.acquire_lock(str(workdir))
-  assert json.loads(open(path).read())["pid"] == os.getpid()
-  run_guard.release_lock(path)
-  assert not os.path.exists(path)
+    lock = run_guard.acquire_lock(str(workdir))
+  assert json.loads(open(lock.lock_file).read())["pid"] == os.getpid()
+  run_guard.release_lock(lock)
+  assert not os.path.exists(lock.lock_file)
 
 
 def test_lock_of_another_host_or_torn_lock(tmp_path):
@@ -375,9 +385,17 @@ def test_lock_of_another_host_or_torn_lock(tmp_path):
   with pytest.raises(errors.WorkdirLockedError, match="pid 1 on host 'elsewhere'"):
     run_guard.acquire_lock(str(tmp_path))
   lock.write_text('{"pid": 12')  # torn by a kill while it was written
-  os.utime(lock, (0, 0))
   with pytest.warns(errors.RunWarning, match="unreadable"):
     run_guard.release_lock(run_guard.acquire_lock(str(tmp_path)))
+  assert not lock.exists()
+
+
+def test_a_lock_left_by_an_unfinished_call_of_this_process_is_retaken(tmp_path):
+  first = run_guard.acquire_lock(str(tmp_path))   # never released (an interrupted call)
+  second = run_guard.acquire_lock(str(tmp_path))
+  assert not first.is_locked and second.is_locked
+  run_guard.release_lock(second)
+  assert not (tmp_path / run_guard.LOCK_FILE).exists()
 
 
 # ----------------------------------------------------------------------------
@@ -477,15 +495,13 @@ def test_empty_run_id_file_names_itself(tmp_path):
 def test_cli_refuses_a_locked_workdir_and_stops_on_nan(tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
-  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+  holder = _lock_holder(workdir)
   common = ["train.py", "--config", "configs/listops/simple.py:tiny",
             f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train=64",
             "--config.data.num_val=32", "--config.data.num_test=32",
             "--config.model.num_layers=1", "--config.num_train_steps=6",
             "--config.eval_frequency=3", "--config.checkpoint_every=3", "--config.warmup=1"]
   try:
-    (workdir / run_guard.LOCK_FILE).write_text(
-        json.dumps({"pid": holder.pid, "host": socket.gethostname(), "time": 0}))
     proc = subprocess.run([sys.executable, *common, "--workdir", str(workdir)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
   finally:

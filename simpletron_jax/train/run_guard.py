@@ -1,6 +1,6 @@
 """Guards that keep a training run from failing silently.
 
-* The workdir lock (:func:`acquire_lock`): one ``train.py`` per workdir.
+* The workdir lock (:func:`acquire_lock`, a ``filelock.FileLock``): one ``train.py`` per workdir.
 * Finiteness checks (:func:`tree_is_finite`, :func:`first_nonfinite`) and a CRC and layout of a
   state (:func:`state_crc32`, :func:`state_structure`) that checkpoints carry, so a damaged
   checkpoint is never restored.
@@ -25,6 +25,7 @@ import uuid
 import zlib
 from typing import Any, Iterable, Mapping
 
+import filelock
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,8 +34,7 @@ from simpletron_jax.runtime import atomic_io, errors
 
 LOCK_FILE = "run.lock"
 RUN_ID_FILE = "run_id"
-# A lock file that cannot be parsed and is older than this is left by a killed writer.
-TORN_LOCK_SECONDS = 10.0
+_HELD: dict[str, filelock.BaseFileLock] = {}   # lock path -> the lock this process holds
 
 
 # ----------------------------------------------------------------------------
@@ -42,7 +42,7 @@ TORN_LOCK_SECONDS = 10.0
 
 
 def _read_lock(path: str) -> dict[str, Any] | None:
-  """The holder recorded in a lock file, or None when it is unreadable or torn."""
+  """The holder recorded in a lock file, or None when it is missing, unreadable or torn."""
   try:
     with open(path) as f:
       holder = json.load(f)
@@ -52,93 +52,72 @@ def _read_lock(path: str) -> dict[str, Any] | None:
   return holder if ok else None
 
 
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # alive, owned by another user
-    return True
-  return True
+def _locked_error(path: str, workdir: str, holder: dict[str, Any] | None):
+  """The one-line error of a workdir in use by ``holder`` (None: not yet written)."""
+  who = (f"pid {holder['pid']} on host {holder.get('host')!r}" if holder
+         else "a process that is writing it now")
+  return errors.WorkdirLockedError(
+      f"{path}: workdir {workdir!r} is in use by {who}. Wait for that run to end or use "
+      "another --workdir; if that run is gone, delete the lock file.")
 
 
-def _stale_reason(path: str, holder: dict[str, Any] | None) -> str | None:
-  """Why the lock at ``path`` can be taken over, or None when its holder may be running."""
-  if holder is None:
-    try:
-      age = time.time() - os.path.getmtime(path)
-    except FileNotFoundError:
-      return "it disappeared"
-    return f"it is unreadable and {age:.0f} s old" if age > TORN_LOCK_SECONDS else None
-  if holder.get("host") != socket.gethostname():
-    return None  # cannot check a process on another host
-  if holder["pid"] == os.getpid():
-    return "this process took it in an earlier call that did not finish"
-  if not _pid_alive(holder["pid"]):
-    return f"process {holder['pid']} no longer exists"
-  return None
+def acquire_lock(workdir: str) -> filelock.BaseFileLock:
+  """Takes ``workdir/run.lock`` with ``filelock.FileLock`` (``flock``, which the kernel lets go
+  when its process dies) and writes ``{"pid", "host", "time"}`` into it.
 
-
-def acquire_lock(workdir: str) -> str:
-  """Takes ``workdir/run.lock`` (``O_CREAT | O_EXCL``) holding ``{"pid", "host", "time"}``.
-
-  A lock whose process is gone (same host, dead pid), that this process took in an earlier
-  call, or that is unreadable and older than :data:`TORN_LOCK_SECONDS` is stale: it is
-  replaced, with a :class:`errors.RunWarning`. On a multi-host job only process 0 should call
-  this.
+  A file whose holder is gone (a killed run's; unreadable ones too) is taken over with a
+  :class:`errors.RunWarning`; one this process took in an earlier call that did not finish is
+  taken over silently. A file naming another host is never taken over (``flock`` does not
+  reach across hosts on every shared filesystem). On a multi-host job only process 0 should
+  call this.
 
   Args:
     workdir: the run directory; must exist.
 
   Returns:
-    The lock file's path, for :func:`release_lock`.
+    The held lock, for :func:`release_lock` (its file is ``.lock_file``).
 
   Raises:
     errors.WorkdirLockedError: naming the holder's pid and host, when it may still be running.
     errors.WriteError: the lock could not be written (a full disk); no lock file is left.
   """
   path = os.path.join(workdir, LOCK_FILE)
-  me = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
-  for _ in range(3):
-    try:
-      fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-      holder = _read_lock(path)
-      reason = _stale_reason(path, holder)
-      if reason is None:
-        who = (f"pid {holder['pid']} on host {holder.get('host')!r}" if holder
-               else "a process that is writing it now")
-        raise errors.WorkdirLockedError(
-            f"{path}: workdir {workdir!r} is in use by {who}. Wait for that run to end or "
-            "use another --workdir; if that run is gone, delete the lock file.") from None
-      if holder is None or holder["pid"] != os.getpid():
-        errors.warn(f"{path}: replacing a stale lock ({reason})")
-      try:
-        os.remove(path)
-      except FileNotFoundError:
-        pass
-      continue
-    try:
-      with os.fdopen(fd, "w") as f:
-        json.dump(me, f)
-    except OSError as e:   # a full disk: leave no empty lock that would block the rerun
-      try:
-        os.remove(path)
-      except OSError:
-        pass
-      raise atomic_io.write_error(path, e, "nothing of the run was written") from e
-    return path
-  raise errors.WorkdirLockedError(
-      f"{path}: could not take the lock; another process keeps taking it")
-
-
-def release_lock(path: str | None) -> None:
-  """Removes the lock at ``path`` if this process holds it (None: nothing to do)."""
-  if path is None:
-    return
+  release_lock(_HELD.pop(path, None))
   holder = _read_lock(path)
-  if holder and holder["pid"] == os.getpid() and holder.get("host") == socket.gethostname():
-    os.remove(path)
+  if holder is not None and holder.get("host") != socket.gethostname():
+    raise _locked_error(path, workdir, holder)
+  lock = filelock.FileLock(path, timeout=0)
+  try:
+    lock.acquire()
+  except filelock.Timeout:
+    raise _locked_error(path, workdir, _read_lock(path)) from None
+  except OSError as e:
+    raise atomic_io.write_error(path, e, "nothing of the run was written") from e
+  if holder is None and os.path.getsize(path):
+    errors.warn(f"{path}: replacing a stale lock (it is unreadable)")
+  elif holder is not None and holder["pid"] != os.getpid():
+    errors.warn(f"{path}: replacing a stale lock (process {holder['pid']} no longer holds it)")
+  try:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_TRUNC), "w") as f:
+      json.dump({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}, f)
+  except OSError as e:   # a full disk: leave no lock file that would block the rerun
+    release_lock(lock)
+    raise atomic_io.write_error(path, e, "nothing of the run was written") from e
+  _HELD[path] = lock
+  return lock
+
+
+def release_lock(lock: filelock.BaseFileLock | None) -> None:
+  """Removes the file of ``lock`` (from :func:`acquire_lock`) and lets it go (None: nothing
+  to do)."""
+  if lock is None or not lock.is_locked:
+    return
+  _HELD.pop(lock.lock_file, None)
+  try:
+    os.remove(lock.lock_file)
+  except FileNotFoundError:
+    pass
+  lock.release()
 
 
 # ----------------------------------------------------------------------------

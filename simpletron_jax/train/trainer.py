@@ -527,7 +527,7 @@ def _results(config: ml_collections.ConfigDict, data: tasks.TaskData, start: _St
 
 
 def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler | None,
-             logger: metric_logging.MetricLogger | None, lock: str | None) -> None:
+             logger: metric_logging.MetricLogger | None, lock: Any) -> None:
   """What a start holds, let go on every exit (success, error, preemption): the signal
   handlers, a profiler trace an error or a preemption left running, the logs (a failure to
   close them after an error would hide that error, so it is dropped) and the workdir lock."""
