@@ -16,7 +16,10 @@ the checkpoint's, unless ``--allow_resume_changes``. A user error (a bad config 
 a missing file, a mismatched checkpoint) ends with one line, ``train.py: <cause>``, and exit
 status 1; ``--verbose`` shows the traceback instead. A signal that the run could not wait for
 (a second SIGINT, or one before the run's guard is installed, while the data load) ends with one
-line and status 130, without saving; the last checkpoint stays.
+line and status 130, without saving; the last checkpoint stays. A SIGTERM outside the guard
+(while the data are generated or loaded, during the final test, or a second one) stops the run
+cleanly, generator workers and half-written files included, and one line says what is saved:
+status 75 when a checkpoint is (during the final test: the last step), 143 when nothing is.
 """
 
 import os
@@ -79,14 +82,58 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    with cli.user_errors_exit("train.py", flags.FLAGS.verbose, dirs=(ROOT,)):
+    with cli.sigterm_raises(), cli.user_errors_exit("train.py", flags.FLAGS.verbose,
+                                                   dirs=(ROOT,)):
       _train(flags.FLAGS)
+  except errors.Terminated:   # SIGTERM outside the run's guard: the data phase, the final test
+    if flags.FLAGS.verbose:
+      raise
+    message, status = _after_sigterm(_RUN.get("workdir"), _RUN.get("num_train_steps"))
+    print(f"train.py: {message}", file=sys.stderr)
+    raise SystemExit(status) from None
   except KeyboardInterrupt:
     if flags.FLAGS.verbose:
       raise
     print("train.py: interrupted (SIGINT) before the run could save; the last checkpoint "
           "stays: rerun the same command to continue from it", file=sys.stderr)
     raise SystemExit(INTERRUPTED_EXIT_CODE) from None
+
+
+_RUN = {}   # the workdir and step count of this process's run, for main's SIGTERM line
+TERMINATED_EXIT_CODE = 143   # 128 + SIGTERM: nothing was saved
+
+
+def _last_checkpoint(workdir: str | None) -> int | None:
+  """The newest step under ``workdir/checkpoints`` (orbax renames a step's folder into place
+  once it is written), or None."""
+  folder = os.path.join(workdir, "checkpoints") if workdir else None
+  steps = ([int(n) for n in os.listdir(folder) if n.isdigit()]
+           if folder and os.path.isdir(folder) else [])
+  return max(steps) if steps else None
+
+
+def _after_sigterm(workdir: str | None, num_train_steps: int | None) -> tuple[str, int]:
+  """The line and exit status after a SIGTERM that the run's guard did not handle (one while
+  the data were prepared, during the final test, or a second one): what the workdir keeps.
+
+  Returns:
+    ``(message, status)``: status 75 (``preemption.PREEMPTED_EXIT_CODE``) when a checkpoint
+    is saved and a rerun continues from it, :data:`TERMINATED_EXIT_CODE` when nothing is.
+  """
+  step = _last_checkpoint(workdir)
+  if step is None:
+    return ("SIGTERM before the run's first checkpoint: nothing was saved, and no half-written "
+            "file is left (the data cache keeps complete files only, and generator workers "
+            "were stopped); rerun the same command to start again", TERMINATED_EXIT_CODE)
+  where = os.path.join(workdir, "checkpoints")
+  preempted = 75   # preemption.PREEMPTED_EXIT_CODE, without importing JAX here
+  if num_train_steps is not None and step >= num_train_steps and not os.path.exists(
+      os.path.join(workdir, "results.json")):
+    return (f"SIGTERM during the final test: the trained run is saved (step {step} in "
+            f"{where}), and no results.json is written yet; rerun the same command to test "
+            "it", preempted)
+  return (f"SIGTERM before the run could save again: its last checkpoint, step {step} in "
+          f"{where}, stays; rerun the same command to continue from it", preempted)
 
 
 def _train(fl):
@@ -98,6 +145,7 @@ def _train(fl):
   workdir = fl.workdir or os.path.join(
       "runs", f"{config.task}_{config.model.attention}_seed{config.seed}")
   cli.check_workdir(workdir, "--workdir")   # before it is printed or written anywhere
+  _RUN.update(workdir=workdir, num_train_steps=config.num_train_steps)
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel

@@ -7,8 +7,10 @@ file takes seconds per case (mostly Python's and absl's start-up).
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -198,3 +200,92 @@ def test_gpu_software_reads_cuda_cudnn_and_driver(tmp_path, monkeypatch):
   monkeypatch.setattr(jax_lib, "cuda_versions", None, raising=False)
   monkeypatch.setenv("PATH", str(tmp_path / "empty"))
   assert set(run_record.gpu_software("gpu").values()) == {None}
+
+
+# ----------------------------------------------------------------------------
+# SIGTERM where the run's preemption guard is not installed.
+
+
+def _children(pid: int) -> list[int]:
+  """The processes whose parent is ``pid`` (Linux /proc)."""
+  found = []
+  for name in os.listdir("/proc"):
+    try:
+      with open(f"/proc/{name}/stat", encoding="utf-8") as f:
+        if name.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+          found.append(int(name))
+    except (OSError, ValueError, IndexError):
+      continue
+  return found
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+def _wait_for(condition, proc, seconds=300):
+  started = time.time()
+  while not condition():
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert time.time() - started < seconds, "timed out"
+    time.sleep(0.05)
+
+
+@pytest.mark.slow   # generates ListOps with two worker processes (about 15 s)
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_sigterm_while_generating_listops(tmp_path):
+  cache = tmp_path / "cache"
+  proc = subprocess.Popen(
+      [sys.executable, "train.py", *TINY, "--workdir", str(tmp_path / "run"),
+       f"--config.data.cache_dir={cache}", "--config.data.num_train=30000"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    _wait_for(lambda: list(cache.glob("listops/*/*.tmp")) and len(_children(proc.pid)) >= 3,
+              proc)   # the resource tracker and two workers, and a file being written
+    children = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 143, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("train.py: SIGTERM before the run's first checkpoint: nothing was "
+                         "saved"), err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  deadline = time.time() + 10
+  while any(_alive(pid) for pid in children) and time.time() < deadline:
+    time.sleep(0.1)
+  assert not [pid for pid in children if _alive(pid)], "a generator process outlived train.py"
+  assert not list(cache.glob("**/*.tmp")), "a half-written file was left in the cache"
+
+
+@pytest.mark.slow   # a 2-step run, then a test split long enough to be interrupted (~30 s)
+def test_sigterm_during_the_final_test_saves_and_says_so(tmp_path):
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(
+      [sys.executable, "train.py", *TINY, "--workdir", str(workdir),
+       f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train=64",
+       "--config.data.num_val=32", "--config.data.num_test=6000", "--config.eval_batch_size=2",
+       "--config.model.num_layers=1", "--config.num_train_steps=2",
+       "--config.eval_frequency=2"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:   # the last step's checkpoint is in place: the guard is off, the test is next
+    _wait_for(lambda: (workdir / "checkpoints" / "2").is_dir(), proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 75, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+      f"train.py: SIGTERM during the final test: the trained run is saved (step 2 in "
+      f"{workdir / 'checkpoints'}), and no results.json is written yet; rerun the same "
+      "command to test it"), err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  assert not (workdir / "run.lock").exists() and not (workdir / "results.json").exists()

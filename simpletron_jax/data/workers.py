@@ -6,6 +6,12 @@ the caller's main module again. When that module cannot be imported (a script re
 stdin, ``python - <<EOF``), every worker dies at start. ``multiprocessing.Pool`` restarts
 dead workers without end, so the caller hangs while the log fills with the same traceback. A :class:`concurrent.futures.ProcessPoolExecutor` marks
 itself broken instead, and :func:`results` turns that into an error that says what to do.
+
+The workers leave signals to the caller: they ignore SIGINT and SIGTERM (a Ctrl-C or a
+scheduler's signal to the whole process group reaches the caller, which stops them through
+the pool's shutdown, its output files removed), and each exits by itself within a second
+when the caller is gone without shutting them down (killed by SIGKILL), so no idle worker,
+and no multiprocessing resource tracker waiting on them, outlives the caller.
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ import collections
 import concurrent.futures
 import contextlib
 import multiprocessing
+import os
+import signal
+import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -25,18 +35,42 @@ _BROKEN = ("a {what} worker process died ({error}). Workers are spawned and impo
            "from a file or with 'python -c', or pass num_workers=1 to generate in this process")
 
 
+PARENT_POLL_S = 1.0
+"""Seconds between a worker's checks that the process that started it is still there."""
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+  """Ends this worker process once its parent is gone (it is then re-parented)."""
+  while True:
+    time.sleep(PARENT_POLL_S)
+    if os.getppid() != parent_pid:
+      os._exit(1)   # pylint: disable=protected-access  (no clean-up left to do for a worker)
+
+
+def _init_worker(parent_pid: int) -> None:
+  """Each worker's start: signals are the caller's to act on, and the worker ends with it
+  (see the module docstring)."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True,
+                   name="exit-with-parent").start()
+
+
 @contextlib.contextmanager
 def executor(workers: int, tasks: int) -> Iterator[concurrent.futures.Executor | None]:
   """A spawn process pool of ``min(workers, tasks)`` processes, or None for 1 or fewer.
 
-  The pool is shut down on exit, with the tasks not yet started cancelled.
+  The pool is shut down on exit, also on an exception (a ``KeyboardInterrupt`` from SIGINT,
+  or from SIGTERM as ``train.py`` raises it), with the tasks not yet started cancelled and the
+  workers joined. The workers ignore SIGINT and SIGTERM and end with their parent.
   """
   count = min(int(workers), int(tasks))
   if count <= 1:
     yield None
     return
   pool = concurrent.futures.ProcessPoolExecutor(
-      count, mp_context=multiprocessing.get_context("spawn"))
+      count, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+      initargs=(os.getpid(),))
   try:
     yield pool
   finally:

@@ -32,7 +32,9 @@ import contextlib
 import difflib
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from typing import Iterable, Iterator, Sequence
 
@@ -298,6 +300,27 @@ def parse_flags(argv: list[str], program: str,
                      "spaces or brackets, e.g. --config.freeze=\"('^encoder/',)\"); "
                      "see --help")
   return rest
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+  """In the ``with`` block SIGTERM raises :class:`errors.Terminated` in the main thread,
+  instead of ending the process at once (Python's default), so that the program's clean-up
+  runs and it can say what was saved. Handlers installed inside the block (the run's
+  preemption guard) take over while they are installed. Outside the main thread, nothing is
+  installed."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def _raise(signum, frame):  # pylint: disable=unused-argument
+    raise errors.Terminated("SIGTERM")
+
+  previous = signal.signal(signal.SIGTERM, _raise)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def plain_text(text: str) -> str:

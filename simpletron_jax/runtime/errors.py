@@ -45,6 +45,14 @@ class StartError(RunError):
   this start created it, so a failed start leaves no partial run folder."""
 
 
+class Terminated(KeyboardInterrupt):
+  """SIGTERM, raised as an exception in the main thread (:func:`simpletron_jax.runtime.cli.
+  sigterm_raises`) where the run's preemption guard is not installed: while the data are
+  generated or loaded, and during the final test. As a ``KeyboardInterrupt`` it passes every
+  ``except Exception``, so each ``finally`` and ``with`` on the way runs: generator workers are
+  shut down, half-written files removed, the workdir lock released."""
+
+
 class RunWarning(UserWarning):
   """Something was repaired or ignored at start-up (a stale lock, a bad checkpoint)."""
 
