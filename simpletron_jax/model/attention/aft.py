@@ -44,7 +44,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 VARIANTS = ("full", "simple", "local")
 ACTIVATIONS = ("sigmoid", "relu")
@@ -185,14 +185,15 @@ def aft_local(k_BxTxD, v_BxTxD, mask_BxT, band_MxR, window: int, *, causal: bool
   return _ratio(num_BxTxD, den_BxTxD)
 
 
-class AFTAttention(nn.Module):
+class AFTAttention(base.Attention):
   """Attention Free Transformer layer (Zhai et al., 2021): full, simple or local.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H; it only shares the projections, AFT
+  itself has one "head" per feature), ``qkv_dim`` (D, the number of AFT features),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H; only used to share ``base.project_qkv`` (AFT itself has
-      one "head" per feature).
-    qkv_dim: D, the number of AFT features.
-    out_dim: O, width of the output projection.
     dropout_rate: unused; there is no attention-weight matrix to drop out.
       Kept so every variant takes the same arguments.
     variant: ``"full"``, ``"simple"`` or ``"local"`` (set by the registry).
@@ -206,10 +207,6 @@ class AFTAttention(nn.Module):
       Unused by the other variants.
     dtype: computation dtype of the projections; the AFT sums are float32
       and cast back.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``pos_bias``
   ``[max_length, max_length]`` (full) or ``pos_bias_band``
@@ -224,18 +221,11 @@ class AFTAttention(nn.Module):
       input longer than ``max_length`` (``model.attention_kwargs.max_length``).
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   variant: str = "simple"
   causal: bool = False
   activation: str = "sigmoid"
   max_length: int = 2048
   window: int = 32
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -251,8 +241,7 @@ class AFTAttention(nn.Module):
     if self.variant == "local" and self.window < 1:
       raise ValueError(f"model.attention_kwargs.window={self.window} must be >= 1 for aft_local")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxLxE)
     head_shape = q.shape[2:]
     q_BxLxD, k_BxLxD, v_BxLxD = (t.reshape(b, length, self.qkv_dim).astype(jnp.float32)
                                  for t in (q, k, v))
@@ -269,5 +258,13 @@ class AFTAttention(nn.Module):
       context_BxLxD = aft_simple(k_BxLxD, v_BxLxD, mask_BxL, causal=self.causal)
     gate_BxLxD = jax.nn.sigmoid(q_BxLxD) if self.activation == "sigmoid" else jax.nn.relu(q_BxLxD)
     y_BxLxD = (gate_BxLxD * context_BxLxD).astype(self.dtype)
-    return base.output_projection(y_BxLxD.reshape(b, length, *head_shape), self.out_dim,
-                                  self.dtype, use_bias=self.use_bias, dense_init=self.dense_init)
+    return self.project_out(y_BxLxD.reshape(b, length, *head_shape))
+
+
+_AFT = "Zhai et al., An Attention Free Transformer (2021)"
+registry.register(registry.AttentionSpec("aft_full", AFTAttention, {"variant": "full"},
+                                         quadratic=True, paper=_AFT, follows_max_length=True))
+registry.register(registry.AttentionSpec("aft_simple", AFTAttention, {"variant": "simple"},
+                                         paper=_AFT, length_padding_exact=True))
+registry.register(registry.AttentionSpec("aft_local", AFTAttention, {"variant": "local"},
+                                         paper=_AFT, follows_max_length=True))

@@ -9,9 +9,8 @@ All attention modules in this package share one call::
 ``models/transformer/transformer.py``: Xavier-uniform kernels and normal(1e-6)
 biases. Under ``model.dense_init="torch"`` (the SimpleTRON authors' ``nn.Linear`` layers,
 ``lra/notebooks/listops_setup_simple_2.ipynb``) the projections made here take torch's
-defaults instead: each variant has a ``dense_init`` field, which the encoder block sets
-(``AttentionSpec.build``) and the variant passes to :func:`head_projection` /
-:func:`output_projection`.
+defaults instead. Every variant subclasses :class:`Attention`, which declares the fields the
+encoder block sets (``AttentionSpec.build``) and makes the projections with them.
 :func:`compiling_for` / :func:`target_platform` tell modules which platform a trace is for.
 """
 
@@ -254,6 +253,60 @@ class HeadProjection(nn.Module):
                         (self.num_heads, self.head_dim), jnp.float32)
       y = y + bias.reshape(width).astype(y.dtype)
     return y.reshape(*x.shape[:-1], self.num_heads, self.head_dim)
+
+
+class Attention(nn.Module):
+  """The fields every attention variant takes, declared once; each variant subclasses it.
+
+  The encoder block sets them from the model config (``AttentionSpec.build``); a variant
+  adds its own options after them, and its docstring says what ``dropout_rate`` drops and in
+  which dtype it sums. The three methods make the projections every checkpoint names alike,
+  with this module's ``use_bias`` and ``dense_init``; call them inside the variant's compact
+  ``__call__`` (the submodules are the variant's).
+
+  Attributes:
+    num_heads: H (``model.num_heads``).
+    qkv_dim: D, the total width of queries, keys and values over all heads
+      (``model.qkv_dim``).
+    out_dim: O, the output width (``model.emb_dim``).
+    dropout_rate: the variant's attention dropout (``model.attention_dropout_rate``); 0 by
+      default.
+    dtype: computation dtype.
+    use_bias: biases on the projections (``model.attention_bias``; LRA's attentions have
+      none, see :func:`head_projection`).
+    dense_init: the projections' init, ``"lra"`` or ``"torch"`` (``model.dense_init``; see
+      :func:`initializers`).
+
+  Call (each variant's): ``(x_BxLxE float, mask_BxL bool | None, *, deterministic) ->
+  y_BxLxO``.
+  """
+
+  num_heads: int
+  qkv_dim: int
+  out_dim: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  dense_init: str = "lra"
+
+  def project_qkv(self, x_BxLxE: jnp.ndarray, flat: bool = False
+                  ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """:func:`project_qkv` with this module's fields: ``(q, k, v)``, each
+    ``[B, L, H, D // H]``, from the submodules ``query``, ``key`` and ``value``."""
+    return project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, flat,
+                       use_bias=self.use_bias, dense_init=self.dense_init)
+
+  def project_heads(self, x_BxLxE: jnp.ndarray, name: str) -> jnp.ndarray:
+    """:func:`head_projection` with this module's fields: ``[B, L, H, D // H]`` from the
+    submodule ``name``."""
+    return head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name,
+                           use_bias=self.use_bias, dense_init=self.dense_init)
+
+  def project_out(self, y_BxLxHxK: jnp.ndarray) -> jnp.ndarray:
+    """:func:`output_projection` with this module's fields: ``[B, L, O]`` from the
+    submodule ``out``."""
+    return output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
+                             dense_init=self.dense_init)
 
 
 def check_max_length(variant: str, length: int, max_length: int) -> None:

@@ -48,7 +48,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 from simpletron_jax.model.attention.local import check_int_field, masked_softmax, scale_queries
 
 # LRA's sparse_dot_product_attention draws random blocks only up to this many tokens.
@@ -172,13 +172,14 @@ def global_blocks(num_blocks: int) -> tuple[int, ...]:
   return tuple(sorted({0, num_blocks - 1}))
 
 
-class BigBirdAttention(nn.Module):
+class BigBirdAttention(base.Attention):
   """Multi-head BigBird block-sparse attention (Zaheer et al., 2020), as in LRA.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the attention weights (none with ``lra_bugs``).
     block_size: b, tokens per block (LRA: 64).
     num_random_blocks: r, random key blocks per query block (LRA: 3; 0 disables them).
@@ -190,10 +191,6 @@ class BigBirdAttention(nn.Module):
       are real keys, padding queries output zero, no attention dropout (see the module
       docstring). Config field ``model.attention_kwargs.lra_bugs``; default False.
     dtype: computation dtype; the softmax is computed in float32.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Non-causal. The chosen random blocks are sown into ``"intermediates"`` as
@@ -206,18 +203,11 @@ class BigBirdAttention(nn.Module):
       ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   block_size: int = 64
   num_random_blocks: int = 3
   random_seed: int = 0
   max_length: int = 0
   lra_bugs: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -245,8 +235,7 @@ class BigBirdAttention(nn.Module):
       keys_BxC = jnp.pad(mask_BxL, ((0, 0), (0, num_computed * b - length)))
     computed = num_computed * b
     x_BxCxE = jnp.pad(x_BxLxE, ((0, 0), (0, computed - length), (0, 0)))
-    q, k, v = base.project_qkv(x_BxCxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxCxE)
     q = scale_queries(q)
     heads, head_dim = q.shape[2:]
     seed = self.random_seed + layer_index(self.path)
@@ -295,5 +284,11 @@ class BigBirdAttention(nn.Module):
         batch, computed, heads, head_dim)[:, :length]
     if self.lra_bugs:
       y_BxLxHxK = jnp.where(mask_BxL[:, :, None, None], y_BxLxHxK, 0)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK)
+
+
+# BigBird lays its pattern (global last block, random blocks) out on LRA's padded length.
+registry.register(registry.AttentionSpec(
+    "bigbird", BigBirdAttention, paper="Zaheer et al., Big Bird (2020)",
+    follows_max_length=True, lra_model_type="bigbird", lra_options=registry.LRA_BUGS_OFF,
+    lra_bug_options={"lra_bugs": True}))   # appended keys real, pad rows zero, no dropout

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 
 def elu_feature_map(x: jnp.ndarray) -> jnp.ndarray:
@@ -164,15 +164,16 @@ def causal_normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK,
   return _safe_divide(num_BxLxHxK, den_BxLxH[..., None], eps)
 
 
-class LinearAttention(nn.Module):
+class LinearAttention(base.Attention):
   """Multi-head linear attention, ``phi(x) = elu(x) + 1`` (Katharopoulos et al., 2020).
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
-    dropout_rate: unused; there is no attention-weight matrix to drop out.
-      Kept so every variant takes the same arguments.
+    dropout_rate: unused: linear attention forms no attention weights to drop out (it sums
+      ``phi(K)^T V`` instead); kept so every variant takes the same arguments.
     causal: if True, position i sees real positions j <= i only (chunked
       form, never an ``L x L`` array).
     chunk_size: chunk length in tokens for the causal form.
@@ -182,10 +183,6 @@ class LinearAttention(nn.Module):
       mask, so pads enter both sums (outputs then depend on the padding).
     dtype: computation dtype of the projections; the feature maps and sums
       are computed in float32 and cast back.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Outputs at real positions do not depend on padding. Applied with ``mutable=[base.MAPS]``,
@@ -196,24 +193,16 @@ class LinearAttention(nn.Module):
     ValueError: if ``qkv_dim`` is not a multiple of ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   causal: bool = False
   chunk_size: int = 128
   eps: float = 1e-6
   lra_masking: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     del deterministic  # no dropout inside linear attention
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxLxE)
     phi_q_BxLxHxK = elu_feature_map(q.astype(jnp.float32))
     phi_k_BxLxHxK = elu_feature_map(k.astype(jnp.float32))
     v = v.astype(jnp.float32)
@@ -225,5 +214,12 @@ class LinearAttention(nn.Module):
     else:
       y_BxLxHxK = normalized_feature_attention(phi_q_BxLxHxK, phi_k_BxLxHxK, v, mask_BxL,
                                                self.eps)
-    return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype,
-                                  use_bias=self.use_bias, dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK.astype(self.dtype))
+
+
+registry.register(registry.AttentionSpec(
+    "linear", LinearAttention, paper="Katharopoulos et al., Transformers are RNNs (2020)",
+    length_padding_exact=True, lra_model_type="linear_transformer",
+    lra_options=registry.LRA_MASKING_OFF,
+    lra_bug_options={"lra_masking": True},   # no padding mask at all
+    explain_method="implicit_exact"))

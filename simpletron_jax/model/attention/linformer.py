@@ -27,16 +27,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 
-class LinformerAttention(nn.Module):
+class LinformerAttention(base.Attention):
   """Multi-head Linformer self-attention (Wang et al., 2020); non-causal.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the ``[B, H, L, k]`` attention weights.
     k: the projected length (``k = 256`` in the paper, 16 in LRA's code).
     max_length: rows of ``E``; must be at least the input length. Configs
@@ -47,10 +48,6 @@ class LinformerAttention(nn.Module):
       True: LRA's ``models/linformer/linformer_attention.py``, which projects the pads
       too (its dot product gets ``bias=None``), so outputs depend on the padding.
     dtype: computation dtype; the softmax is computed in float32.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``proj_E``
   (and ``proj_F``) of shape ``[max_length, k]``, float32, initialised Xavier-uniform
@@ -66,17 +63,10 @@ class LinformerAttention(nn.Module):
       not a multiple of ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   k: int = 256
   max_length: int = 2048
   share_kv: bool = True
   lra_masking: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -85,8 +75,7 @@ class LinformerAttention(nn.Module):
     if self.k < 1:
       raise ValueError(f"model.attention_kwargs.k={self.k} must be >= 1 for linformer")
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxLxE)
     init = nn.initializers.xavier_uniform()   # LRA's lr_kernel init
     e_MxR = self.param("proj_E", init, (self.max_length, self.k), jnp.float32)
     f_MxR = e_MxR if self.share_kv else self.param("proj_F", init, (self.max_length, self.k),
@@ -106,5 +95,12 @@ class LinformerAttention(nn.Module):
     weights_BxHxLxR = nn.Dropout(self.dropout_rate)(weights_BxHxLxR.astype(self.dtype),
                                                     deterministic=deterministic)
     y_BxLxHxK = jnp.einsum("bhlr,brhd->blhd", weights_BxHxLxR, v_BxRxHxK)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK)
+
+
+# LRA's Linformer: ``low_rank_features=16`` (``models/linformer/linformer_attention.py``
+# default; the text config's 32 is a top-level field its train.py never passes).
+registry.register(registry.AttentionSpec(
+    "linformer", LinformerAttention, paper="Wang et al., Linformer (2020)",
+    follows_max_length=True, lra_model_type="linformer",
+    lra_options={"k": 16, **registry.LRA_MASKING_OFF}, lra_bug_options={"lra_masking": True}))

@@ -42,7 +42,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 
 def check_int_field(value: int, field: str, variant: str, minimum: int = 1) -> None:
@@ -139,22 +139,19 @@ def lra_padded_length(length: int, block_size: int) -> int:
   return length + block_size - length % block_size
 
 
-class LocalAttention(nn.Module):
+class LocalAttention(base.Attention):
   """Multi-head softmax attention within LRA's strided groups (LRA local attention).
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the ``[B, H, N, b, b]`` attention weights.
     block_size: b, the size of each group (LRA: 50; its CIFAR-10 and Pathfinder configs 64).
       The length L is padded internally to ``L' = L + b - L % b`` (LRA's formula), giving
       ``N = L' / b`` groups ``{p : p mod N = n}``.
     dtype: computation dtype; the softmax is computed in float32.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
     lra_bugs: reproduce LRA's masking in ``models/local/local_attention.py`` (config field
       ``model.attention_kwargs.lra_bugs``): the appended positions are real keys, the
       padding mask is read as contiguous blocks of b although the groups are strided
@@ -172,14 +169,7 @@ class LocalAttention(nn.Module):
       of ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   block_size: int = 50
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
   lra_bugs: bool = False
 
   @nn.compact
@@ -192,8 +182,7 @@ class LocalAttention(nn.Module):
     n = padded // b
     # LRA pads the attention's input (not q, k, v): appended rows project to the biases.
     x_BxPxE = pad_length(x_BxLxE, padded)
-    q, k, v = base.project_qkv(x_BxPxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxPxE)
     # Position p = i * N + g sits at [:, i, g]: group g is {p : p mod N = g}.
     q_BxbxNxHxK, k_BxbxNxHxK, v_BxbxNxHxK = (
         t.reshape((batch, b, n) + t.shape[2:]) for t in (scale_queries(q), k, v))
@@ -214,5 +203,10 @@ class LocalAttention(nn.Module):
                                                       deterministic=deterministic)
     y_BxbxNxHxK = jnp.einsum("bhnqk,bknhd->bqnhd", weights_BxHxNxbxb, v_BxbxNxHxK)
     y_BxLxHxK = y_BxbxNxHxK.reshape((batch, padded) + q.shape[2:])[:, :length]
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK)
+
+
+registry.register(registry.AttentionSpec(
+    "local", LocalAttention, paper="LRA local attention (Tay et al., Long Range Arena, 2021)",
+    lra_model_type="local", lra_options=registry.LRA_BUGS_OFF,
+    lra_bug_options={"lra_bugs": True}))

@@ -38,7 +38,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 from simpletron_jax.model.attention.local import (check_int_field, masked_softmax, scale_queries,
                                                   to_blocks, with_neighbours)
 
@@ -52,13 +52,15 @@ def window_offsets(window: int) -> tuple[int, int]:
   return -(window - window // 2 - 1), window // 2
 
 
-class LongformerAttention(nn.Module):
+class LongformerAttention(base.Attention):
   """Multi-head sliding-window attention (Beltagy et al., 2020), as LRA's module.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value``,
+  ``*_global`` and ``out`` projections), then ``dropout_rate``, ``dtype`` and its own
+  options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the attention weights (window, and with ``global_first`` the
       key-0 column and the global row).
     window: w, the sliding window in tokens (LRA: 512); see the module docstring for the
@@ -69,10 +71,6 @@ class LongformerAttention(nn.Module):
       ``models/longformer/longformer_attention.py`` (see the module docstring). Config
       field ``model.attention_kwargs.lra_bugs``; default False.
     dtype: computation dtype; the softmax is computed in float32.
-    use_bias: biases on the projections (config field ``model.attention_bias``; LRA's
-      attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   Non-causal; outputs at real positions do not depend on padding.
@@ -82,28 +80,18 @@ class LongformerAttention(nn.Module):
       ``qkv_dim`` is not a multiple of ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   window: int = 512
   global_first: bool = False
   lra_bugs: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     check_int_field(self.window, "window", "longformer")
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxLxE)
     # LRA creates the global projections whether or not a global token is used.
-    q_g, k_g, v_g = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                                          f"{name}_global", use_bias=self.use_bias,
-                                          dense_init=self.dense_init)
+    q_g, k_g, v_g = (self.project_heads(x_BxLxE, f"{name}_global")
                      for name in ("query", "key", "value"))
     q, q_g = scale_queries(q), scale_queries(q_g)
     lo, hi = window_offsets(self.window)
@@ -152,5 +140,10 @@ class LongformerAttention(nn.Module):
       if self.lra_bugs:
         y0_BxHxK = jnp.where(mask_BxL[:, 0, None, None], y0_BxHxK, jnp.mean(v_g, axis=1))
       y_BxLxHxK = y_BxLxHxK.at[:, 0].set(y0_BxHxK)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK)
+
+
+registry.register(registry.AttentionSpec(
+    "longformer", LongformerAttention, paper="Beltagy et al., Longformer (2020)",
+    lra_model_type="longformer",
+    lra_bug_options={"lra_bugs": True}))   # pad query rows uniform over every position

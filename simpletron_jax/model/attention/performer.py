@@ -39,7 +39,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 from simpletron_jax.model.attention.linear import (feature_attention_map,
                                                    normalized_feature_attention)
 
@@ -207,15 +207,16 @@ def relu_kernel_features(x_BxLxHxK, w_MxK, *, eps: float):
   return jax.nn.relu(x_BxLxHxK) + eps
 
 
-class PerformerAttention(nn.Module):
+class PerformerAttention(base.Attention):
   """Multi-head Performer attention (FAVOR+, Choromanski et al., 2021); non-causal.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
-    dropout_rate: unused; there is no attention-weight matrix to drop out.
-      Kept so every variant takes the same arguments.
+    dropout_rate: unused: FAVOR+ forms no attention weights to drop out (it sums the
+      features' ``phi(K)^T V``); kept so every variant takes the same arguments.
     kernel: ``"softmax"`` (FAVOR+ positive orthogonal random features),
       ``"relu"`` (generalized ReLU kernel with random features) or
       ``"relu_deterministic"`` (LRA's default Performer: ``relu(x)``, no
@@ -250,10 +251,6 @@ class PerformerAttention(nn.Module):
       ``"relu"`` kernels (LRA's generalized attention never redraws).
     dtype: computation dtype of the projections; features and sums are
       float32 and cast back.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
   The projection used is sown into the ``"intermediates"`` collection as
@@ -267,10 +264,6 @@ class PerformerAttention(nn.Module):
       or ``qkv_dim`` not a multiple of ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   kernel: str = "softmax"
   num_features: int = 256
   redraw: bool = False
@@ -279,9 +272,6 @@ class PerformerAttention(nn.Module):
   relu_eps: float = 1e-3
   lra_masking: bool = False
   lra_bugs: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   def _projection(self, q_BxLxHxK, deterministic: bool):
     """The ``[M, K]`` projection for this call, or None (deterministic kernel)."""
@@ -304,8 +294,7 @@ class PerformerAttention(nn.Module):
       raise ValueError(f"unknown performer kernel {self.kernel!r} "
                        f"(model.attention_kwargs.kernel); expected one of {KERNELS}")
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxLxE)
     q, k, v = q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32)
     w_MxK = self._projection(q, deterministic)
     if w_MxK is not None:
@@ -322,5 +311,16 @@ class PerformerAttention(nn.Module):
                                                      small_den=small_den))
     y_BxLxHxK = normalized_feature_attention(phi_q, phi_k, v, mask_BxL, eps=0.0,
                                              small_den=small_den)
-    return base.output_projection(y_BxLxHxK.astype(self.dtype), self.out_dim, self.dtype,
-                                  use_bias=self.use_bias, dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK.astype(self.dtype))
+
+
+# LRA's Performer: ``models/performer/performer.py``'s default
+# ``make_fast_generalized_attention``, deterministic ``relu(x) + 0.001`` (ListOps's record
+# has ``listops/configs/performer_base.py``'s FAVOR+ softmax).
+registry.register(registry.AttentionSpec(
+    "performer", PerformerAttention,
+    paper="Choromanski et al., Rethinking Attention with Performers (2021)",
+    length_padding_exact=True, lra_model_type="performer",
+    lra_options={"kernel": "relu_deterministic", **registry.LRA_MASKING_OFF},
+    lra_bug_options={"lra_masking": True, "lra_bugs": True},   # + features seeded from sum(q)
+    explain_method="implicit_exact"))

@@ -47,7 +47,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 NEG = -1e30          # masked keys (pads, other buckets, outside the two chunks)
 SELF_LOGIT = -1e5    # the query's own key: used only when there is no other key
@@ -102,14 +102,15 @@ def lsh_buckets(x_BxLxHxK: jnp.ndarray, mask_BxL: jnp.ndarray,
   return jnp.where(mask_BxL[:, None, None, :], buckets_BxHxRxL, num_buckets)
 
 
-class ReformerAttention(nn.Module):
+class ReformerAttention(base.Attention):
   """Multi-head LSH self-attention as LRA's Reformer (Kitaev et al., 2020); non-causal.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, queries/keys and
+  values over all heads; it must equal ``out_dim``: no output projection), ``out_dim`` (O,
+  ``model.emb_dim``), ``use_bias`` and ``dense_init`` (of the ``query`` and ``value``
+  projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries/keys and values over all heads; must equal
-      ``out_dim`` (no output projection).
-    out_dim: O, the output width (the encoder's ``model.emb_dim``).
     dropout_rate: dropout on the chunk attention weights (not applied with ``lra_bugs``).
     num_hashes: R, hash rounds (LRA: 1).
     num_buckets: buckets per round, even; also the number of chunks per round (LRA: 10).
@@ -125,10 +126,6 @@ class ReformerAttention(nn.Module):
       heads-first ``[B, H, L', K]`` result reshaped to ``[B, L', H*K]`` without a transpose
       (positions and heads scrambled). Config field ``model.attention_kwargs.lra_bugs``.
     dtype: computation dtype; hashing, logits and softmax are float32.
-    use_bias: biases on the query and value projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters: ``query`` and ``value`` kernels ``[E, H, K]`` (Xavier-uniform, as LRA's
   ``ReformerBlock``); shared QK: there is no ``key``; no ``out``.
@@ -144,19 +141,12 @@ class ReformerAttention(nn.Module):
       ``model.emb_dim``).
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   num_hashes: int = 1
   num_buckets: int = 10
   hash_seed: int = 0
   normalize_keys: bool = False
   attend_across_buckets: bool = True
   lra_bugs: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -176,8 +166,7 @@ class ReformerAttention(nn.Module):
       x_BxPxE, mask_BxP = x_BxLxE, base.default_mask(x_BxLxE, mask_BxL)
     padded = x_BxPxE.shape[1]
     h, r, nb = self.num_heads, self.num_hashes, self.num_buckets
-    q_BxPxHxK, v_BxPxHxK = (base.head_projection(x_BxPxE, h, self.qkv_dim, self.dtype, name,
-                                                 use_bias=self.use_bias, dense_init=self.dense_init)
+    q_BxPxHxK, v_BxPxHxK = (self.project_heads(x_BxPxE, name)
                             for name in ("query", "value"))
     buckets_BxHxRxP = lsh_buckets(q_BxPxHxK, mask_BxP, rotations_KxRxN)
     self.sow("intermediates", "buckets_BxHxRxL", buckets_BxHxRxP)
@@ -266,3 +255,13 @@ class ReformerAttention(nn.Module):
       return y_BxHxPxK.reshape(batch, padded, self.qkv_dim)[:, :length]
     y_BxLxD = jnp.transpose(y_BxHxPxK, (0, 2, 1, 3)).reshape(batch, length, self.qkv_dim)
     return jnp.where(mask_BxP[..., None], y_BxLxD, 0).astype(self.dtype)
+
+
+# LRA's ``models/reformer/reformer_attention.py``: ``n_buckets=10`` chunks per round and no
+# output projection are the module's defaults; its ``qkv_dim`` is ``emb_dim`` (set by
+# ``configs/lra.make_config``): LRA's module takes ``qkv_features`` from the input width.
+registry.register(registry.AttentionSpec(
+    "reformer", ReformerAttention,
+    paper="Kitaev et al., Reformer: The Efficient Transformer (2020)",
+    lra_model_type="reformer", lra_options=registry.LRA_BUGS_OFF,
+    lra_bug_options={"lra_bugs": True}, output_projection=False))

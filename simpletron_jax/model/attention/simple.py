@@ -20,8 +20,8 @@ batch is padded to ``max_length``), ``mask_pads=False`` lets the pads enter ``K^
 ``Q dropout(K^T V / sqrt(L))``; dropout scales entries, so that equals the
 ``Q dropout(K^T V) / sqrt(L)`` computed here.
 
-Paper Table 1 variants are built from this one module by the registry
-(``simpletron_jax.model.attention``): ``simple`` has no output projection and
+Paper Table 1 variants are built from this one module, registered at the end of this file:
+``simple`` has no output projection and
 needs ``qkv_dim == out_dim``; ``simple_res`` adds the encoder's double skip;
 ``simple_resl`` adds the output projection back.
 """
@@ -34,7 +34,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 
 NORMALIZERS = ("real", "padded")
@@ -219,14 +219,15 @@ def simple_map(q_BxLxHxK, k_BxLxHxK, mask_BxL, *, normalizer: str = "real",
   return a_BxHxLxL
 
 
-class SimpleAttention(nn.Module):
+class SimpleAttention(base.Attention):
   """Multi-head SimpleAttention (SimpleTRON, Yorsh et al.).
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O; without the output projection the concatenated heads are the output, so
+  ``qkv_dim`` must equal it), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``,
+  ``value`` and ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O. Without the output projection the concatenated heads are the
-      output, so ``qkv_dim`` must equal ``out_dim``.
     dropout_rate: unused; there is no attention-weight matrix to drop out.
       Kept so every variant takes the same arguments.
     use_output_proj: False for paper variants Simple and Simple-Res, True for
@@ -247,10 +248,6 @@ class SimpleAttention(nn.Module):
       projections as flat matmuls with a flat bias (:class:`base.HeadProjection`, the same
       parameters). Non-causal only.
     dtype: computation dtype.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``. Applied with
   ``mutable=[base.MAPS]``, it sows the exact map it never forms, :func:`simple_map`
@@ -264,10 +261,6 @@ class SimpleAttention(nn.Module):
       ``causal``; each naming its ``model.attention_kwargs`` field.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   use_output_proj: bool = False
   causal: bool = False
   chunk_size: int = 128
@@ -275,9 +268,6 @@ class SimpleAttention(nn.Module):
   mask_pads: bool = True
   kv_dropout_rate: float = 0.0
   block_diagonal: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -293,9 +283,7 @@ class SimpleAttention(nn.Module):
           f"model.qkv_dim ({self.qkv_dim}) must equal model.emb_dim ({self.out_dim}); "
           "use attention 'simple_resl' for a different qkv_dim")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               flat=self.block_diagonal, use_bias=self.use_bias,
-                               dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxLxE, flat=self.block_diagonal)
     base.sow_map(self, lambda: simple_map(q, k, mask_BxL, normalizer=self.normalizer,
                                           mask_pads=self.mask_pads, causal=self.causal))
     if self.causal:
@@ -310,6 +298,17 @@ class SimpleAttention(nn.Module):
                                    mask_pads=self.mask_pads, kv_dropout=kv_dropout,
                                    block_diagonal=self.block_diagonal)
     if self.use_output_proj:
-      return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                    dense_init=self.dense_init)
+      return self.project_out(y_BxLxHxK)
     return y_BxLxHxK.reshape(*y_BxLxHxK.shape[:2], self.qkv_dim)
+
+
+# Paper Table 1: Simple and Simple-Res have no output projection, Simple-Res and Simple-ResL
+# the double skip. Simple is exact under length padding only with the pads masked and the
+# real-token count as the normaliser.
+for _name, _output_proj, _double in (("simple", False, False), ("simple_res", False, True),
+                                     ("simple_resl", True, True)):
+  registry.register(registry.AttentionSpec(
+      _name, SimpleAttention, {"use_output_proj": _output_proj}, double_skip=_double,
+      paper="Yorsh et al., SimpleTRON (2021)", length_padding_exact=True,
+      padding_exact_options={"normalizer": "real", "mask_pads": True},
+      explain_method="implicit_exact", simpletron=True, output_projection=_output_proj))

@@ -60,7 +60,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 # Finite "minus infinity" for masked log-space entries and logits (keeps gradients finite).
 # A row with every entry masked comes out uniform, as LRA's -1e10 bias makes it.
@@ -100,13 +100,15 @@ def log_sinkhorn(log_alpha_XxNxN: jnp.ndarray, valid_XxN: jnp.ndarray,
   return jax.lax.fori_loop(0, num_iters, one_round, log_p)
 
 
-class SinkhornAttention(nn.Module):
+class SinkhornAttention(base.Attention):
   """Multi-head sparse Sinkhorn self-attention as in LRA (Tay et al., 2020); non-causal.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections; ``use_bias`` also on ``sort_net``), then ``dropout_rate``, ``dtype``
+  and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the local and the sorted attention weights.
     block_size: b, the size of each strided group (LRA: 50).
     max_num_blocks: M, outputs of the sorting network (LRA: 25); groups ``l >= M`` are
@@ -126,11 +128,6 @@ class SinkhornAttention(nn.Module):
       are strided, masking queries and keys; see the module docstring. False (default):
       the sorting as in the paper and each query sees the real keys of its group.
     dtype: computation dtype; the sorting and the softmaxes are float32.
-    use_bias: biases on the query, key, value, output and ``sort_net`` layers (config
-      field ``model.attention_bias``; LRA's attentions have none, see
-      :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters besides ``query``/``key``/``value``/``out``: ``sort_net`` (a ``Dense``
   from the head width K to M, Xavier-uniform, shared by the heads, as LRA's
@@ -146,10 +143,6 @@ class SinkhornAttention(nn.Module):
       ``max_length`` (each naming its ``model.attention_kwargs`` field).
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   block_size: int = 50
   max_num_blocks: int = 25
   max_length: int = 2048
@@ -158,9 +151,6 @@ class SinkhornAttention(nn.Module):
   temperature: float = 1.0
   joint_softmax: bool = False
   lra_bugs: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   def _sort_width(self, length: int, num_groups: int) -> int:
     """M, after checking the fields against an input of ``length`` (N groups)."""
@@ -198,8 +188,7 @@ class SinkhornAttention(nn.Module):
     width = self._sort_width(length, n)
     m = min(n, width)                          # M', the sort targets used
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxLxE)
     heads, head_dim = q.shape[-2:]
 
     # Pad to N * b (appended positions are pads) and reshape to strided groups:
@@ -272,5 +261,13 @@ class SinkhornAttention(nn.Module):
     y_BxSxNxHxK = (jnp.einsum("bhnst,btnhk->bsnhk", w_local, v_BxSxNxHxK)
                    + jnp.einsum("bhnst,btnhk->bsnhk", w_sorted, sv_BxSxNxHxK))
     y_BxLxHxK = y_BxSxNxHxK.reshape(batch, n * b, heads, head_dim)[:, :length]
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK)
+
+
+# LRA's SinkhornTransformerEncoder: no CLS, MEAN pooling, one Dense head on emb_dim. For CLS
+# it raises "Pooling method not supported yet", so LRA's text and image configs never ran;
+# its dual encoder (retrieval) pools CLS through classifier_head_dual like the others.
+registry.register(registry.AttentionSpec(
+    "sinkhorn", SinkhornAttention, paper="Tay et al., Sparse Sinkhorn Attention (2020)",
+    follows_max_length=True, lra_model_type="sinkhorn", lra_bug_options={"lra_bugs": True},
+    lra_encoder={"classifier_pool": "MEAN", "head": "dense"}))

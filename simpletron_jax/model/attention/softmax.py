@@ -44,7 +44,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 IMPLEMENTATIONS = ("einsum", "xla", "flash")
 # "fused": jax.nn.dot_product_attention with implementation=None (XLA), an alias of "xla".
@@ -337,13 +337,14 @@ def tpu_flash_attention(q_BxNxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, causal: bool)
   return jnp.swapaxes(y_BxHxPxK, 1, 2)[:, :length]
 
 
-class SoftmaxAttention(nn.Module):
+class SoftmaxAttention(base.Attention):
   """Multi-head softmax self-attention.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the attention weights (LRA's
       ``attention_dropout_rate``); only ``einsum`` has it, so with dropout active the
       other implementations fall back to ``einsum``.
@@ -363,10 +364,6 @@ class SoftmaxAttention(nn.Module):
       real positions are the same either way; the pad rows differ, which matters only where
       they are read: LRA's MEAN pooling over pads (``model.lra_mean_over_pads``).
     dtype: computation dtype.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO`` (``y_BxNxO``
   with ``num_queries``). Keys at padded positions get zero weight, so outputs at real
@@ -378,17 +375,10 @@ class SoftmaxAttention(nn.Module):
     ValueError: for an unknown ``implementation``, or ``num_queries`` larger than L.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   causal: bool = False
   implementation: str = "einsum"
   num_queries: int = 0
   lra_masking: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
@@ -397,11 +387,8 @@ class SoftmaxAttention(nn.Module):
     n = self.num_queries or length
     if n > length:
       raise ValueError(f"num_queries={n} exceeds the sequence length {length}")
-    q = base.head_projection(x_BxLxE[:, :n], self.num_heads, self.qkv_dim, self.dtype,
-                             "query", use_bias=self.use_bias, dense_init=self.dense_init)
-    k, v = (base.head_projection(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype, name,
-                                 use_bias=self.use_bias,
-                                 dense_init=self.dense_init) for name in ("key", "value"))
+    q = self.project_heads(x_BxLxE[:, :n], "query")
+    k, v = (self.project_heads(x_BxLxE, name) for name in ("key", "value"))
     base.sow_map(self, lambda: softmax_weights(q, k, self._keep_mask(mask_BxL, n, length)))
     backend = base.target_platform()
     impl, reason = resolve_implementation(
@@ -427,8 +414,7 @@ class SoftmaxAttention(nn.Module):
       keep_Bx1xNxL = self._keep_mask(mask_BxL, n, length)
       attend = self._einsum if impl == "einsum" else self._xla
       y_BxNxHxK = attend(q, k, v, keep_Bx1xNxL, deterministic)
-    return base.output_projection(y_BxNxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxNxHxK)
 
   def _keep_mask(self, mask_BxL, n: int, length: int):
     """``[B, 1, N, L]`` bool: real keys (and real queries with ``lra_masking``), and
@@ -449,3 +435,10 @@ class SoftmaxAttention(nn.Module):
   def _xla(self, q, k, v, keep_Bx1xNxL, deterministic):
     del deterministic  # resolve_implementation sends active dropout to einsum
     return jax.nn.dot_product_attention(q, k, v, mask=keep_Bx1xNxL, implementation="xla")
+
+
+registry.register(registry.AttentionSpec(
+    "softmax", SoftmaxAttention, quadratic=True, paper="Vaswani et al. (2017); LRA Transformer",
+    length_padding_exact=True, lra_model_type="transformer",
+    lra_bug_options={"lra_masking": True},   # query AND key mask: pad rows uniform
+    explain_method="softmax_weights"))

@@ -44,7 +44,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 from simpletron_jax.model.attention.local import (check_int_field, masked_softmax, scale_queries,
                                                   to_blocks)
 
@@ -56,13 +56,14 @@ def summary_offsets(block_size: int, num_summary: int) -> list[int]:
   return sorted({0, *range(block_size - num_summary, block_size)})
 
 
-class SparseAttention(nn.Module):
+class SparseAttention(base.Attention):
   """Multi-head Sparse Transformer attention, LRA's fixed pattern (Child et al., 2019).
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
+  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
+  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of queries, keys and values over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the attention weights (the joint local +
       summary weights, and the global row).
     block_size: l, tokens per block (LRA: 50).
@@ -74,10 +75,6 @@ class SparseAttention(nn.Module):
       global token (LRA with MEAN pooling). The configs set it from
       ``model.classifier_pool``.
     dtype: computation dtype; the softmax is computed in float32.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
     lra_bugs: reproduce LRA's ``models/sparse_transformer/sparse_attention.py`` (config
       field ``model.attention_kwargs.lra_bugs``): the fixed pattern AND a causal mask
       ``j <= i`` (the global row and column stay whole), and pad queries uniform over
@@ -94,16 +91,9 @@ class SparseAttention(nn.Module):
       ``qkv_dim`` is not a multiple of ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   block_size: int = 50
   num_summary: int = 10
   global_first: bool = True
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
   lra_bugs: bool = False
 
   @nn.compact
@@ -116,8 +106,7 @@ class SparseAttention(nn.Module):
                        "'sparse'")
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    q, k, v = base.project_qkv(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                               use_bias=self.use_bias, dense_init=self.dense_init)
+    q, k, v = self.project_qkv(x_BxLxE)
     q = scale_queries(q)
     start = 1 if self.global_first else 0   # the block grid starts here
     l = self.block_size
@@ -178,5 +167,11 @@ class SparseAttention(nn.Module):
       # uniform over all L keys.
       mean_Bx1xHxK = v.mean(axis=1, keepdims=True)
       y_BxLxHxK = jnp.where(mask_BxL[:, :, None, None], y_BxLxHxK, mean_Bx1xHxK)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK)
+
+
+# LRA's ``use_cls_token``: position 0 is global exactly when the pooling is CLS.
+registry.register(registry.AttentionSpec(
+    "sparse", SparseAttention, paper="Child et al., Sparse Transformers, fixed pattern (2019)",
+    lra_model_type="sparse_transformer", lra_options=registry.LRA_BUGS_OFF,
+    lra_bug_options={"lra_bugs": True}, cls_option="global_first"))

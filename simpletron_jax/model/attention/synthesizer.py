@@ -68,22 +68,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from simpletron_jax.model.attention import base
+from simpletron_jax.model.attention import base, registry
 
 NEG = -1e30
 
 
-def _values_and_dots(x_BxLxE, num_heads: int, qkv_dim: int, dtype, dot_product: bool,
-                     use_bias: bool, dense_init: str):
+def _values_and_dots(module: base.Attention, x_BxLxE):
   """``(v_BxLxHxK, dots)``: the values, and ``Q K^T / sqrt(d)`` (``[B, H, L, L]``) when
-  ``dot_product`` else 0; ``use_bias``: projection biases (see :func:`base.head_projection`);
-  ``dense_init``: their init (:func:`base.initializers`)."""
-  if not dot_product:
-    return base.head_projection(x_BxLxE, num_heads, qkv_dim, dtype, "value",
-                                use_bias=use_bias, dense_init=dense_init), 0.0
-  q, k, v = base.project_qkv(x_BxLxE, num_heads, qkv_dim, dtype, use_bias=use_bias,
-                             dense_init=dense_init)
-  q = q / jnp.sqrt(q.shape[-1]).astype(dtype)
+  ``module.dot_product`` else 0, projected with ``module``'s fields (:class:`base.Attention`;
+  call it inside its compact ``__call__``)."""
+  if not module.dot_product:
+    return module.project_heads(x_BxLxE, "value"), 0.0
+  q, k, v = module.project_qkv(x_BxLxE)
+  q = q / jnp.sqrt(q.shape[-1]).astype(module.dtype)
   return v, jnp.einsum("bihk,bjhk->bhij", q, k)
 
 
@@ -114,23 +111,21 @@ def synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL, dropout: nn.Module,
   return jnp.einsum("bhij,bjhk->bihk", weights_BxHxLxL, v_BxLxHxK)
 
 
-class DenseSynthesizerAttention(nn.Module):
+class DenseSynthesizerAttention(base.Attention):
   """Dense Synthesizer (Tay et al., 2021); non-causal, quadratic.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, the values' and the
+  hidden layer's width over all heads), ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of
+  the ``value`` and ``out`` projections, and ``query`` and ``key`` with ``dot_product``), then
+  ``dropout_rate``, ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of the values (and of the hidden layer) over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the ``[B, H, L, L]`` attention weights.
     max_length: the number of key positions ``W2`` predicts; must be at least the
       input length. Configs must set ``model.attention_kwargs.max_length =
       model.max_length + 1``.
     dot_product: if True, add ``Q K^T / sqrt(d)`` to the logits (Dense + Vanilla).
     dtype: computation dtype; the softmax is float32.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters: ``syn_hidden`` (``DenseGeneral`` E -> (H, D/H)), ``syn_out_kernel``
   ``[H, D/H, max_length]`` (Xavier-uniform per head), ``syn_out_bias``
@@ -145,24 +140,15 @@ class DenseSynthesizerAttention(nn.Module):
       ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   max_length: int = 2048
   dot_product: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   @nn.compact
   def __call__(self, x_BxLxE, mask_BxL=None, *, deterministic: bool = True):
     length = x_BxLxE.shape[1]
     base.check_max_length("synthesizer", length, self.max_length)
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    v_BxLxHxK, dots = _values_and_dots(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                                       self.dot_product, self.use_bias,
-                                       self.dense_init)
+    v_BxLxHxK, dots = _values_and_dots(self, x_BxLxE)
     head_dim = v_BxLxHxK.shape[-1]
     hidden_BxLxHxK = nn.relu(nn.DenseGeneral(
         features=(self.num_heads, head_dim), kernel_init=base.KERNEL_INIT,
@@ -178,8 +164,7 @@ class DenseSynthesizerAttention(nn.Module):
                       + b2_HxM[None, :, None, :length].astype(self.dtype) + dots)
     y_BxLxHxK = synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL,
                                     nn.Dropout(self.dropout_rate), deterministic, self.dtype)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK)
 
 
 def fixed_random_rows(key: jax.Array, rows: int, shape: tuple[int, ...]) -> jnp.ndarray:
@@ -194,13 +179,15 @@ def fixed_random_rows(key: jax.Array, rows: int, shape: tuple[int, ...]) -> jnp.
       jnp.arange(rows))
 
 
-class RandomSynthesizerAttention(nn.Module):
+class RandomSynthesizerAttention(base.Attention):
   """Random Synthesizer (Tay et al., 2021); non-causal, quadratic.
 
+  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, the values' width
+  over all heads), ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``value`` and
+  ``out`` projections, and ``query`` and ``key`` with ``dot_product``), then ``dropout_rate``,
+  ``dtype`` and its own options:
+
   Attributes:
-    num_heads: H.
-    qkv_dim: D, total width of the values over all heads.
-    out_dim: O, width of the output projection.
     dropout_rate: dropout on the ``[B, H, L, L]`` attention weights.
     max_length: rows and columns of ``R``; must be at least the input length.
       Configs must set ``model.attention_kwargs.max_length = model.max_length + 1``.
@@ -218,10 +205,6 @@ class RandomSynthesizerAttention(nn.Module):
       queries' outputs are unchanged by the first; pad positions' outputs reach the
       result only through LRA's MEAN over the pads (``model.lra_mean_over_pads``).
     dtype: computation dtype; the softmax is float32.
-    use_bias: biases on the query, key, value and output projections (config field
-      ``model.attention_bias``; LRA's attentions have none, see :func:`base.head_projection`).
-    dense_init: the init of the projections, ``"lra"`` or ``"torch"`` (config field
-      ``model.dense_init``; see :func:`base.initializers`).
 
   Parameters: ``random_logits`` ``[H, max_length, max_length]`` (LRA's ``random``; or
   ``random_factor1`` ``[H, max_length, k]`` and ``random_factor2`` ``[H, k, max_length]``,
@@ -237,19 +220,12 @@ class RandomSynthesizerAttention(nn.Module):
       ``num_heads``.
   """
 
-  num_heads: int
-  qkv_dim: int
-  out_dim: int
-  dropout_rate: float = 0.0
   max_length: int = 2048
   trainable: bool = True
   factorized_rank: int = 0
   random_seed: int = 0
   dot_product: bool = False
   lra_bugs: bool = False
-  dtype: base.Dtype = jnp.float32
-  use_bias: bool = True
-  dense_init: str = "lra"
 
   def _logits(self, length: int) -> jnp.ndarray:
     """``R[:, :L, :L]``, ``[H, L, L]`` float32."""
@@ -281,9 +257,7 @@ class RandomSynthesizerAttention(nn.Module):
       raise ValueError(f"model.attention_kwargs.factorized_rank={self.factorized_rank} must "
                        "be >= 0 (0: a full random matrix)")
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
-    v_BxLxHxK, dots = _values_and_dots(x_BxLxE, self.num_heads, self.qkv_dim, self.dtype,
-                                       self.dot_product, self.use_bias,
-                                       self.dense_init)
+    v_BxLxHxK, dots = _values_and_dots(self, x_BxLxE)
     logits_BxHxLxL = self._logits(length)[None].astype(self.dtype) + dots
     lra_pad_queries = self.lra_bugs and self.dot_product
     if self.lra_bugs and not self.dot_product:   # LRA: ignore_dot_product drops the mask
@@ -291,5 +265,17 @@ class RandomSynthesizerAttention(nn.Module):
     y_BxLxHxK = synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL,
                                     nn.Dropout(self.dropout_rate), deterministic, self.dtype,
                                     lra_pad_queries)
-    return base.output_projection(y_BxLxHxK, self.out_dim, self.dtype, use_bias=self.use_bias,
-                                  dense_init=self.dense_init)
+    return self.project_out(y_BxLxHxK)
+
+
+_SYNTHESIZER = "Tay et al., Synthesizer (2021)"
+# LRA's ``models/synthesizer/synthesizer.py`` defaults to random logits plus the dot
+# product (``synthesizer_mode='random'``, ``ignore_dot_product=False``); the text config's
+# factorized settings are top-level fields, never passed. The dense form LRA never ran.
+registry.register(registry.AttentionSpec(
+    "synthesizer", DenseSynthesizerAttention, quadratic=True, paper=_SYNTHESIZER,
+    follows_max_length=True, lra_model_type="synthesizer"))
+registry.register(registry.AttentionSpec(
+    "synthesizer_random", RandomSynthesizerAttention, quadratic=True, paper=_SYNTHESIZER,
+    follows_max_length=True, lra_model_type="synthesizer", lra_options={"dot_product": True},
+    lra_bug_options={"lra_bugs": True}))
