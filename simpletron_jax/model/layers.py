@@ -184,6 +184,12 @@ def _block_mlp(block: "EncoderBlock") -> MlpBlock:
                   dtype=block.dtype)
 
 
+def _block_layer_norm(block: "EncoderBlock") -> nn.LayerNorm:
+  """A new LayerNorm of ``block`` (``LayerNorm_<i>``, numbered in the order made inside its
+  compact call); a function for the reason :func:`_block_mlp` is."""
+  return nn.LayerNorm(epsilon=block.layer_norm_epsilon, dtype=block.dtype)
+
+
 # Where an encoder block puts its LayerNorms (config field model.block_norm): "pre" (LRA's, on
 # each branch's input) or "post" (BERT's, after each residual sum).
 BLOCK_NORMS = ("pre", "post")
@@ -260,15 +266,13 @@ class EncoderBlock(nn.Module):
     if self.block_norm not in BLOCK_NORMS:
       raise ValueError(f"model.block_norm={self.block_norm!r}; expected one of "
                        f"{list(BLOCK_NORMS)}")
-    if self.block_norm == "post":
-      return self._post_norm(x0_BxLxE, mask_BxL, deterministic)
+    pre = self.block_norm == "pre"
     spec = attention.get(self.attention)
-    emb_dim = x0_BxLxE.shape[-1]
     kwargs = dict(self.attention_kwargs or {})
     if self.num_queries and "num_queries" in spec.module_fields():
       kwargs["num_queries"] = self.num_queries
-    y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x0_BxLxE)
-    y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=emb_dim,
+    y = _block_layer_norm(self)(x0_BxLxE) if pre else x0_BxLxE
+    y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=x0_BxLxE.shape[-1],
                    dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
                    use_bias=self.attention_bias, dense_init=self.dense_init,
                    name="attention", **kwargs)(y, mask_BxL, deterministic=deterministic)
@@ -277,34 +281,11 @@ class EncoderBlock(nn.Module):
     if self.attention_branch_dropout:
       y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     x1_BxLxE = x0_BxLxE + y
-    y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x1_BxLxE)
-    y = _block_mlp(self)(y, deterministic=deterministic)
-    out = x1_BxLxE + y
+    if pre:
+      y = _block_layer_norm(self)(x1_BxLxE)
+    else:   # BERT: LayerNorm_0 after the attention's residual sum, LayerNorm_1 after the MLP's
+      x1_BxLxE = y = _block_layer_norm(self)(x1_BxLxE)
+    out = x1_BxLxE + _block_mlp(self)(y, deterministic=deterministic)
     if spec.double_skip:
       out = out + x0_BxLxE
-    return out
-
-  def _post_norm(self, x0_BxLxE, mask_BxL, deterministic: bool):
-    """The post-LN block (``block_norm="post"``), BERT's ``BertLayer``: the attention
-    (with its output projection, BERT's ``attention.output.dense``), Dropout, the residual
-    sum and ``LayerNorm_0``; the MLP (its last Dropout is BERT's ``output.dropout``), the
-    residual sum (plus ``x0`` for SimpleTRON's double skip) and ``LayerNorm_1``. Called
-    from the compact ``__call__``, so its submodules are the block's."""
-    spec = attention.get(self.attention)
-    kwargs = dict(self.attention_kwargs or {})
-    if self.num_queries and "num_queries" in spec.module_fields():
-      kwargs["num_queries"] = self.num_queries
-    y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim,
-                   out_dim=x0_BxLxE.shape[-1], dropout_rate=self.attention_dropout_rate,
-                   dtype=self.dtype, use_bias=self.attention_bias,
-                   dense_init=self.dense_init, name="attention",
-                   **kwargs)(x0_BxLxE, mask_BxL, deterministic=deterministic)
-    if self.num_queries:
-      y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
-    if self.attention_branch_dropout:
-      y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    x1_BxLxE = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x0_BxLxE + y)
-    out = x1_BxLxE + _block_mlp(self)(x1_BxLxE, deterministic=deterministic)
-    if spec.double_skip:
-      out = out + x0_BxLxE
-    return nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(out)
+    return out if pre else _block_layer_norm(self)(out)
