@@ -167,3 +167,4 @@ def test_a_grouped_run_is_scanned_past_its_first_epoch_for_widths():
   assert precompile.train_scan_count(config, 96000, 14000) == 1000
   config.num_train_steps = 100000
   assert precompile.train_scan_count(config, 96000, 0) == precompile.SCAN_MICRO_BATCHES
+

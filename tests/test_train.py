@@ -13,7 +13,9 @@ import pytest
 from configs.listops import simple as simple_config
 from simpletron_jax.data import batches
 from simpletron_jax.data.common import make_batch
-from simpletron_jax.train import checkpoints, config_checks, evaluation, precompile, steps, trainer
+from simpletron_jax.runtime import errors
+from simpletron_jax.train import (checkpoints, config_checks, evaluation, loop, precompile, steps,
+                                  trainer)
 
 
 def tiny_config(attention="simple", **overrides):
@@ -291,3 +293,27 @@ def test_evaluate_keeps_few_batches_in_flight(presence_task, monkeypatch):
                                config)
   assert result["count"] == 200
   assert len(added) == -(-200 // batches.eval_batch_size(config)) > Recording().limit
+
+
+class _RecordingParallel(steps.PmapParallel):
+  """pmap's placement, recording the leaf counts of the trees read back to the host."""
+
+  def __init__(self):
+    super().__init__()
+    self.read = []
+
+  def host(self, tree):
+    self.read.append(len(jax.tree_util.tree_leaves(tree)))
+    return super().host(tree)
+
+
+def test_the_finiteness_check_reads_no_parameters_back_and_still_stops_on_nan(presence_task):
+  _, state = _state(tiny_config(), presence_task)
+  parallel = _RecordingParallel()
+  metrics = {"loss": jnp.ones(()), "grad_norm": jnp.ones(())}
+  loop.check_finite([(3, metrics)], parallel.put_state(state), "checkpoints/2", parallel)
+  assert parallel.read == [2]   # the step's two metrics, not the parameters
+  bad = state.replace(params=jax.tree_util.tree_map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan),
+                                                    state.params))
+  with pytest.raises(errors.NonFiniteError, match=r"step 3: .*params nan.*checkpoints/2"):
+    loop.check_finite([(3, metrics)], parallel.put_state(bad), "checkpoints/2", parallel)
