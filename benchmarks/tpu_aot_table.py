@@ -34,10 +34,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Only compiling happens here: keep JAX off any local accelerator (and libtpu's chip lock).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from simpletron_jax.data import tasks as task_registry  # noqa: E402  pylint: disable=C0413
+
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs",
                    "benchmarks", "tpu-aot")
 # The committed table, written only when named: --out benchmarks/results/tpu-aot.
-TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+TASKS = task_registry.lra_tasks()   # LRA's six, in Table 1's order
 MODELS = ("transformer", "simple", "linear", "performer")
 
 

@@ -1,8 +1,9 @@
 """Config builder for every (task, attention) pair: LRA's settings, SimpleTRON's where it has them.
 
 Each file ``configs/<task>/<model>.py`` is one call to :func:`make_config`, which builds the
-config from the task's record (:class:`simpletron_jax.data.tasks.TaskSpec`, which holds every
-number of the task; docs/tasks.md) and the rules below. The settings come as docs/configs.md
+config from the task's data record (:class:`simpletron_jax.data.tasks.TaskSpec`) and its
+recipe (:class:`simpletron_jax.train.recipes.TaskRecipe`; docs/tasks.md) and the
+rules below. The settings come as docs/configs.md
 gives them:
 
 * LRA's code configs (``lra_benchmarks/<task>/configs/base_*_config.py`` and
@@ -27,12 +28,11 @@ import ml_collections
 
 from simpletron_jax.data import tasks
 from simpletron_jax.model import attention as attention_registry
+from simpletron_jax.train import recipes
 
-# SimpleTRON's paper variants (``AttentionSpec.simpletron``): simple, simple_res, simple_resl.
-SIMPLE_NAMES = tuple(name for name in attention_registry.names()
-                     if attention_registry.get(name).simpletron)
+SIMPLE_NAMES = ("simple", "simple_res", "simple_resl")
 # The SimpleTRON authors' function (``_authors``), for simple* on the tasks whose record has
-# SimpleTRON's settings (``TaskSpec.simpletron``).
+# SimpleTRON's settings (``TaskRecipe.simpletron``).
 AUTHORS_VARIANTS = {"authors": None, "tiny_authors": "tiny"}  # -> the size variant used
 # The function LRA's code computed, bugs included (:func:`apply_lra_code`), for the LRA
 # baselines (:func:`lra_baselines`) on LRA's tasks.
@@ -41,13 +41,13 @@ LRA_CODE_VARIANTS = {"lra_code": None, "tiny_lra_code": "tiny"}  # -> the size v
 # (masked-token denoising on the task's training split) and the fine-tuning stage (the
 # classifier with the [MASK] row reserved, run with --config.init_from=<pretraining run>),
 # at the published size or ``tiny``, on the tasks whose record has a recipe
-# (``TaskSpec.pretraining``; not retrieval: two documents, not supported yet).
+# (``TaskRecipe.pretraining``; not retrieval: two documents, not supported yet).
 SPT_VARIANTS = {"spt": (None, "mlm"), "tiny_spt": ("tiny", "mlm"),
                 "spt_ft": (None, "none"), "tiny_spt_ft": ("tiny", "none")}
 
 
 def task_variants(task: str) -> tuple[str, ...]:
-  """Every ``:variant`` suffix of ``task``: the record's own (``TaskSpec.variants``), then
+  """Every ``:variant`` suffix of ``task``: its recipe's own (``TaskRecipe.variants``), then
   :data:`AUTHORS_VARIANTS` where the record has SimpleTRON's settings,
   :data:`LRA_CODE_VARIANTS` on LRA's tasks and :data:`SPT_VARIANTS` where it has a
   self-pretraining recipe.
@@ -55,23 +55,23 @@ def task_variants(task: str) -> tuple[str, ...]:
   Raises:
     ValueError: for an unknown task (naming the config field ``task``).
   """
-  spec = tasks.get(task)
-  found = tuple(spec.variants)
-  if spec.simpletron is not None:
+  spec, recipe = tasks.get(task), recipes.get(task)
+  found = tuple(recipe.variants)
+  if recipe.simpletron is not None:
     found += tuple(AUTHORS_VARIANTS)
   if spec.lra:
     found += tuple(LRA_CODE_VARIANTS)
-  if spec.pretraining:
+  if recipe.pretraining:
     found += tuple(SPT_VARIANTS)
   return found
 
 
 def variants(task: str, attention: str) -> tuple[str, ...]:
   """The ``:variant`` suffixes valid for ``attention`` on ``task`` (the ``AUTHORS_VARIANTS``
-  only for SimpleTRON's variants, ``AttentionSpec.simpletron``, the ``LRA_CODE_VARIANTS``
-  only for the LRA baselines, :func:`lra_baselines`)."""
+  only for :data:`SIMPLE_NAMES`, the ``LRA_CODE_VARIANTS`` only for the LRA baselines,
+  :func:`lra_baselines`)."""
   skip = set()
-  if not attention_registry.get(attention).simpletron:
+  if attention not in SIMPLE_NAMES:
     skip |= set(AUTHORS_VARIANTS)
   if attention not in lra_baselines():
     skip |= set(LRA_CODE_VARIANTS)
@@ -99,7 +99,7 @@ def _set_all(config: ml_collections.ConfigDict, fields, prefix: str = "") -> Non
 def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
   """Every field of a run config, with the task's published recipe, sizes and
   ``max_length`` from its record ``spec``; :func:`_task_options` adds the task's own."""
-  recipe, size = spec.recipe, spec.model
+  recipe, size = recipes.get(spec.name).recipe, recipes.get(spec.name).model
   config = ml_collections.ConfigDict()
   config.task = spec.name
   config.seed = 0
@@ -190,9 +190,9 @@ def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
 def _task_options(config: ml_collections.ConfigDict, spec: tasks.TaskSpec) -> None:
   """The task's own fields from its record: the reader's ``config.data`` options
   (``TaskSpec.data_options``) and the published config's other ``config.model`` fields
-  (``TaskSpec.model_options``)."""
+  (``TaskRecipe.model_options``)."""
   _set_all(config, spec.data_options, "data.")
-  _set_all(config, spec.model_options, "model.")
+  _set_all(config, recipes.get(spec.name).model_options, "model.")
 
 
 def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
@@ -203,10 +203,10 @@ def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
   * Text: 4 blocks, 4 heads, 256 / 256 / 1024, lr 0.05, warmup 8000, 20000 steps, L 4000.
   * Matching: 4 blocks, 4 heads, 128 / 128 / 512, lr 0.05, warmup 8000, 15000 steps, L 4000.
 
-  The per-task values are the record's ``TaskSpec.simpletron``; tasks whose record has none
+  The per-task values are the recipe's ``TaskRecipe.simpletron``; tasks whose recipe has none
   are left unchanged (the paper has no settings for them).
   """
-  settings = tasks.get(config.task).simpletron
+  settings = recipes.get(config.task).simpletron
   if settings is None:
     return
   config.adam_b2 = 0.999
@@ -233,29 +233,33 @@ def _lra_variant_settings(config) -> None:
     ``--config.model.attention_kwargs.lra_masking=True`` (``lra_bugs=True``) can switch on
     LRA's missing padding mask (its bugs).
   * ``max_length`` in LRA's code where the record has one of its own
-    (``TaskSpec.lra_baseline_max_length``: text's 1000,
+    (``TaskRecipe.lra_baseline_max_length``: text's 1000,
     ``text_classification/configs/base_tc_config.py``) for every attention but
     :data:`SIMPLE_NAMES`, which keep SimpleTRON's (text: 4000).
   * Each baseline's own sizes, dropout, pooling, block size and other fields where the
-    task's record has them (``TaskSpec.lra_baselines``: image and Pathfinder-32,
+    task's recipe has them (``TaskRecipe.lra_baselines``: image and Pathfinder-32,
     ``image/configs/{cifar10,pathfinder32}/<model_type>_base.py``; ListOps's Performer).
     Path-X has only a Transformer config in LRA: every variant uses its base sizes.
   """
-  spec = tasks.get(config.task)
+  spec, recipe = tasks.get(config.task), recipes.get(config.task)
   attention = config.model.attention
+  if recipe.lra_baseline_max_length is not None and attention not in SIMPLE_NAMES:
+    config.model.max_length = recipe.lra_baseline_max_length
   attention_spec = attention_registry.get(attention)
-  if spec.lra_baseline_max_length is not None and not attention_spec.simpletron:
-    config.model.max_length = spec.lra_baseline_max_length
   model_type = attention_spec.lra_model_type
   if model_type is None:
     return
-  baseline = spec.lra_baselines.get(model_type, tasks.LraBaseline())
+  baseline = recipe.lra_baselines.get(model_type, recipes.LraBaseline())
   _set_all(config, baseline.model, "model.")
   for key, value in baseline.attention_kwargs.items():
     config.model.attention_kwargs[key] = value
   _set_all(config, baseline.options)
-  if not spec.dual:   # LRA's own encoder for the baseline (Sinkhorn's), one-input tasks
-    _set_all(config, attention_spec.lra_encoder, "model.")
+  if model_type == "sinkhorn" and not spec.dual:
+    # SinkhornTransformerEncoder: no CLS, MEAN pooling, one Dense head on emb_dim. For CLS it
+    # raises "Pooling method not supported yet", so LRA's text and image configs never ran;
+    # its dual encoder (retrieval) pools CLS through classifier_head_dual like the others.
+    config.model.classifier_pool = "MEAN"
+    config.model.head = "dense"
   for key, value in attention_spec.lra_options.items():
     if key not in baseline.attention_kwargs:
       config.model.attention_kwargs[key] = value
@@ -308,8 +312,8 @@ def _authors(config, paper_size: bool = True) -> None:
       model.num_heads = 8
 
 
-def _apply_task_variant(config: ml_collections.ConfigDict, variant: tasks.Variant) -> None:
-  """Sets the fields a task's own variant (``TaskSpec.variants``) changes; ``eval_frequency``
+def _apply_task_variant(config: ml_collections.ConfigDict, variant: recipes.Variant) -> None:
+  """Sets the fields a task's own variant (``TaskRecipe.variants``) changes; ``eval_frequency``
   sets ``checkpoint_every`` too."""
   _set_all(config, variant.model, "model.")
   if variant.max_length is not None:
@@ -328,7 +332,7 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
   of minutes.
 
   * A task's own variants (``tiny``, ListOps's ``tiny_lra``, AG News's ``from_bert`` and
-    ``tiny_from_bert``): the fields of its record's :class:`simpletron_jax.data.tasks.Variant`
+    ``tiny_from_bert``): the fields of its record's :class:`simpletron_jax.train.recipes.Variant`
     (docs/tasks.md describes each).
   * ``spt`` and ``tiny_spt`` (the tasks with a self-pretraining recipe): self-pretraining
     (Amos et al., ICLR 2024), the paper size or ``tiny`` with ``config.pretrain``
@@ -358,7 +362,7 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     raise ValueError(f"unknown config variant {variant!r} for task {config.task!r}; "
                      f"known: {known}")
   if variant in AUTHORS_VARIANTS:
-    if not attention_registry.get(config.model.attention).simpletron:
+    if config.model.attention not in SIMPLE_NAMES:
       raise ValueError(f"config variant {variant!r} is the SimpleTRON authors' function: "
                        f"attention must be one of {SIMPLE_NAMES}, not "
                        f"{config.model.attention!r}")
@@ -381,7 +385,7 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     if size is None:   # the paper size: the SPT code's optimisation for the task and stage
       pretraining.apply_paper_recipe(config, "ft" if objective == "none" else "spt")
     return config
-  _apply_task_variant(config, tasks.get(config.task).variants[variant])
+  _apply_task_variant(config, recipes.get(config.task).variants[variant])
   return config
 
 
@@ -396,18 +400,17 @@ def set_pooling_options(config: ml_collections.ConfigDict) -> None:
     length):
     a reference to ``model.max_length``, plus 1 when a CLS token is prepended (CLS pooling,
     not the dual encoder of ``model.lra_dual_no_cls``), so the weights have LRA's shapes;
-  * the option named by ``AttentionSpec.cls_option`` (Sparse's ``global_first``): whether
-    the pooling is CLS (``sparse_transformer.py``'s ``use_cls_token``: the first position is
-    global; in LRA's dual encoder that is the first real token).
+  * Sparse's ``global_first``: the first position is global under CLS pooling
+    (``sparse_transformer.py``'s ``use_cls_token``; in LRA's dual encoder that is the first
+    real token).
   """
   model = config.model
   cls = model.classifier_pool == "CLS"
   with_cls = cls and not (tasks.get(config.task).dual and model.get("lra_dual_no_cls", False))
-  attention_spec = attention_registry.get(model.attention)
-  if attention_spec.follows_max_length:
+  if attention_registry.get(model.attention).follows_max_length:
     model.attention_kwargs.max_length = model.get_ref("max_length") + int(with_cls)
-  if attention_spec.cls_option is not None:
-    model.attention_kwargs[attention_spec.cls_option] = cls
+  if model.attention == "sparse":
+    model.attention_kwargs.global_first = cls
 
 
 def apply_lra_model_bugs(config: ml_collections.ConfigDict) -> None:
@@ -446,7 +449,7 @@ def apply_lra_code(config: ml_collections.ConfigDict) -> None:
   config.data.bucket = 0
   if "lra_pixel_mask" in config.data:
     config.data.lra_pixel_mask = True
-  _set_all(config, tasks.get(config.task).lra_code)
+  _set_all(config, recipes.get(config.task).lra_code)
   if "lra_split" in config.data:
     config.data.lra_split = True
   if "split_hash" in config.data:
@@ -479,16 +482,18 @@ def make_config(task: str, attention: str, variant: str | None = None,
   config = _common(spec)
   _task_options(config, spec)
   config.model.attention = attention
-  attention_spec = attention_registry.get(attention)
-  if attention_spec.simpletron:
+  if attention in SIMPLE_NAMES:
     apply_simpletron_paper(config)
   _lra_variant_settings(config)
+  if attention == "softmax":
+    # "einsum" (LRA's), "xla" or "flash" (cuDNN; bfloat16, attention_dropout_rate=0).
+    config.model.attention_kwargs.implementation = "einsum"
   for key, value in attention_kwargs.items():
     config.model.attention_kwargs[key] = value
   apply_variant(config, variant)
   set_pooling_options(config)
-  if not attention_spec.output_projection:   # the heads side by side are the output
-    config.model.qkv_dim = config.model.emb_dim
+  if (attention in SIMPLE_NAMES and attention != "simple_resl") or attention == "reformer":
+    config.model.qkv_dim = config.model.emb_dim   # no output projection
   add_attention_defaults(config)
   return config
 

@@ -47,8 +47,9 @@ sys.path.insert(0, ROOT)
 
 from simpletron_jax.tools import explain  # noqa: E402  pylint: disable=wrong-import-position
 
-IMAGE_TASKS = ("image", "pathfinder", "pathx")
-TEXT_TASKS = ("text", "retrieval")
+from simpletron_jax.data import tasks as task_registry  # noqa: E402  pylint: disable=C0413
+IMAGE_TASKS = task_registry.shown_as("pixels")   # drawn as an image (TaskSpec.shown)
+TEXT_TASKS = task_registry.shown_as("bytes")     # bytes run on; other tasks' tokens are spaced
 CHARS_PER_LINE = 100
 DPI = 80
 DPI_SHORT = 110   # when every position is named on the maps' axes

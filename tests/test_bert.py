@@ -20,12 +20,11 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax.data import tasks
 from simpletron_jax.model import encoders, layers, transfer
 from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.runtime import errors
 from simpletron_jax.tools import bert_import
-from simpletron_jax.train import checkpoints
+from simpletron_jax.train import checkpoints, recipes
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.
 SIZES = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -309,5 +308,5 @@ def test_agnews_configs_are_bert_base():
     assert (m.embedding_type, m.block_norm, m.pooler, m.classifier_pool, m.learn_pos_emb,
             m.mlp_activation) == ("bert", "post", True, "CLS", True, "gelu_exact")
     assert config.init_from == ""
-    assert lra.make_config("agnews", attention, "from_bert").init_from == tasks.AGNEWS_FROM_BERT
+    assert lra.make_config("agnews", attention, "from_bert").init_from == recipes.AGNEWS_FROM_BERT
   assert lra.variants("agnews", "simple_resl") == ("tiny", "from_bert", "tiny_from_bert")

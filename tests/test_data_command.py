@@ -10,14 +10,20 @@ import io
 import json
 import os
 import pickle
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 
 import numpy as np
 import pytest
 
 from simpletron_jax.data import tasks
 from simpletron_jax.data import __main__ as data_cli
-from simpletron_jax.data import agnews, image, listops, pathfinder, prepare, retrieval, text
+from simpletron_jax.data import (agnews, cifar, image, listops, pathfinder, prepare, retrieval,
+                                 sources, text)
+from tests.conftest import ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -234,20 +240,20 @@ def _cifar_tarball(path, per_batch=3, test=4, seed=0, extra_members=None):
   pickles of dicts with bytes keys), ``per_batch`` images per training batch."""
   rng = np.random.default_rng(seed)
   members, rgb, labels = {}, {"train": [], "test": []}, {"train": [], "test": []}
-  names = [*prepare.CIFAR_TRAIN, prepare.CIFAR_TEST]
+  names = [*cifar.CIFAR_TRAIN, cifar.CIFAR_TEST]
   for b, name in enumerate(names):
-    split = "test" if name == prepare.CIFAR_TEST else "train"
+    split = "test" if name == cifar.CIFAR_TEST else "train"
     n = test if split == "test" else per_batch
     planes = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
     y = [int(v) for v in rng.integers(0, 10, n)]
     batch = {b"batch_label": f"batch {b}".encode(), b"labels": y, b"data": planes,
              b"filenames": [f"{name}_{i}.png".encode() for i in range(n)]}
-    members[f"{prepare.CIFAR_DIR}/{name}"] = pickle.dumps(batch, protocol=2)
+    members[f"{cifar.CIFAR_DIR}/{name}"] = pickle.dumps(batch, protocol=2)
     rgb[split].append(planes.reshape(n, 3, 32, 32).transpose(0, 2, 3, 1))
     labels[split] += y
-  members[f"{prepare.CIFAR_DIR}/batches.meta"] = pickle.dumps(
+  members[f"{cifar.CIFAR_DIR}/batches.meta"] = pickle.dumps(
       {b"label_names": [c.encode() for c in image.CLASSES]}, protocol=2)
-  members[f"{prepare.CIFAR_DIR}/readme.html"] = b"<html></html>"
+  members[f"{cifar.CIFAR_DIR}/readme.html"] = b"<html></html>"
   members.update(extra_members or {})
   _tar(path, members)
   return {s: (np.concatenate(rgb[s]), np.asarray(labels[s])) for s in rgb}
@@ -272,10 +278,10 @@ def test_prepare_image_from_the_cifar_tarball(tmp_path, capsys):
     # Pixel for pixel tf.image.rgb_to_grayscale's arithmetic, in tfds's order.
     np.testing.assert_array_equal(images, image.rgb_to_grayscale(rgb[split][0][order]))
     np.testing.assert_array_equal(labels, rgb[split][1][order])
-    batch = prepare.CIFAR_TEST if split == "test" else None
+    batch = cifar.CIFAR_TEST if split == "test" else None
     first = int(order[0])
     want = (f"{batch}_{first}.png" if batch else
-            f"{prepare.CIFAR_TRAIN[first // 3]}_{first % 3}.png")
+            f"{cifar.CIFAR_TRAIN[first // 3]}_{first % 3}.png")
     assert stored[f"names_{split}"][0] == want
   assert stored["classes"].tolist() == list(image.CLASSES)
   # In tfds's order, so data.lra_split is LRA's split: no warning, exact members.
@@ -298,11 +304,11 @@ def test_a_cifar_batch_that_runs_code_is_refused(tmp_path):
     def __reduce__(self):
       return (os.system, ("echo pwned",))
   archive = tmp_path / "cifar-10-python.tar.gz"
-  _cifar_tarball(archive, extra_members={f"{prepare.CIFAR_DIR}/test_batch":
+  _cifar_tarball(archive, extra_members={f"{cifar.CIFAR_DIR}/test_batch":
                                          pickle.dumps({b"data": Evil()}, protocol=2)})
   with pytest.raises(prepare.DataError, match="test_batch: not a CIFAR-10 python batch .*"
                      "is not allowed"):
-    prepare.cifar_npz(str(archive), str(tmp_path / "out.npz"))
+    image.cifar_npz(str(archive), str(tmp_path / "out.npz"))
   assert not (tmp_path / "out.npz").exists()
 
 
@@ -333,9 +339,9 @@ def test_prepare_text_from_acl_imdb_matches_the_folder_reader(tmp_path, _isolate
     first = json.loads(f.readline())
   assert first == {"id": 2, "rating": 1, "label": 0, "text": "Awful"}
   # Deterministic bytes: preparing again (from the folder this time) gives the same files.
-  before = prepare.file_digest(str(out_dir / "imdb_test.jsonl.gz"))
+  before = sources.file_digest(str(out_dir / "imdb_test.jsonl.gz"))
   prepare.prepare("text", _config("text"), str(tmp_path / "unpacked"), log=lambda _: None)
-  assert prepare.file_digest(str(out_dir / "imdb_test.jsonl.gz")) == before
+  assert sources.file_digest(str(out_dir / "imdb_test.jsonl.gz")) == before
   checks = prepare.verify("text", _config("text", f"--config.data.data_dir={out_dir}"))
   assert ("FAIL", "text train: examples per label [1, 2], the published data has 12,500 "
           "each") in checks
@@ -350,7 +356,7 @@ def test_prepare_agnews_from_the_csv_tarball_is_found_without_a_flag(tmp_path):
   found = prepare.prepare("agnews", _config("agnews"), archive, log=lambda _: None)
   assert found.kind == "csv" and found.path.endswith(os.path.join("data", "ag_news_csv"))
   assert agnews.read_csv(os.path.join(found.path, "train.csv"))[1].tolist() == [2, 0]
-  assert tasks.agnews_source_dirs(_config("agnews"))[0] == found.path
+  assert agnews.source_dirs(_config("agnews"))[0] == found.path
 
 
 # ----------------------------------------------------------------------------
@@ -366,7 +372,7 @@ def test_prepare_generates_listops_and_pathfinder_as_training_would(tmp_path):
   found = prepare.prepare("listops", config, num_workers=1, log=lambda _: None)
   assert found.ready and found.kind == "generated"
   # The folder the trainer would use (ensure_generated's), with a manifest.
-  assert found.path == listops.ensure_generated(**tasks.listops_generator_args(config))
+  assert found.path == listops.ensure_generated(**listops.generator_args(config))
   checks = prepare.verify("listops", config)
   assert ("ok", "listops train: 6 examples, as the config asks") in checks
   assert sum(line.endswith("SHA-256 as made") for _, line in checks) == 3
@@ -378,7 +384,65 @@ def test_prepare_generates_listops_and_pathfinder_as_training_would(tmp_path):
                f"--config.data.cache_dir={cache}")
   found = prepare.prepare("pathfinder", pf, num_workers=1, log=lambda _: None)
   assert found.ready and found.path == pathfinder.ensure_generated(
-      **tasks.pathfinder_generator_args(pf), num_workers=1, progress=False)
+      **pathfinder.generator_args(pf), num_workers=1, progress=False)
   checks = prepare.verify("pathfinder", pf)
   assert ("ok", "pathfinder all: 3 images, as the config asks") in checks
   assert any(line.endswith("SHA-256 as made") for _, line in checks)
+
+
+# ----------------------------------------------------------------------------
+# The command as a user meets it (issue 62, item 3): run as a subprocess, exit status and
+# first line checked.
+
+
+def _command(*args, cache, **popen):
+  """``python -m simpletron_jax.data <args>`` with the cache in ``cache``, from the repository
+  root."""
+  env = {**os.environ, "SIMPLETRON_JAX_CACHE": str(cache), "TQDM_DISABLE": "1"}
+  return subprocess.Popen([sys.executable, "-m", "simpletron_jax.data", *args], cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          **popen)
+
+
+def _finish(process, timeout=120):
+  out, err = process.communicate(timeout=timeout)
+  return process.returncode, out.splitlines(), err.splitlines()
+
+
+def test_where_and_verify_read_what_was_generated(tmp_path, capsys):
+  cache = tmp_path / "cache"
+  rc, out, _ = _finish(_command("where", "--task", "listops", cache=cache))
+  assert rc == 0 and out[0].startswith(f"listops: not generated yet (in {cache / 'listops'}; ")
+  # A small :tiny set, as the main job makes :tiny: verify without --config checks it (each
+  # size found), the task given as a word or as --task.
+  small = [f"--config.data.num_{split}={n}" for split, n in (("train", 6), ("val", 2),
+                                                             ("test", 2))]
+  config = _config("listops", *small, f"--config.data.cache_dir={cache}",
+                   spec="configs/listops/transformer.py:tiny")
+  assert prepare.verify("listops", _config("listops", f"--config.data.cache_dir={cache}"))[0][
+      1].startswith("listops: not generated yet")
+  found = prepare.prepare("listops", config, num_workers=1, log=lambda _: None)
+  rc, out, _ = _finish(_command("verify", "listops", cache=cache))
+  assert rc == 0 and out[0] == f"note: listops: generated {found.path} (data.seed=0)"
+  assert "ok: listops train: 6 examples, as the config asks" in out
+  assert data_cli.main(["verify", "--task", "listops"]) == 1   # another cache: nothing there
+  capsys.readouterr()
+  with pytest.raises(SystemExit):
+    data_cli.parse_args(["verify", "text", "--task", "listops"])
+  assert "error: two tasks: 'text' and --task 'listops'" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_prepare_is_one_line_exit_130_and_leaves_no_folder(tmp_path):
+  cache = tmp_path / "cache"
+  process = _command("prepare", "listops", "--workers", "1", "--config.data.num_train=500000",
+                     cache=cache)
+  deadline = time.monotonic() + 60
+  while not list(cache.glob("listops/*")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert list(cache.glob("listops/*")), "the generator never started"
+  process.send_signal(signal.SIGINT)
+  rc, out, err = _finish(process)
+  assert rc == 130, (out, err)
+  assert err == ["python -m simpletron_jax.data: interrupted; nothing half-made is left in the "
+                 "cache, run the command again to start over"]
+  assert not list(cache.glob("listops/*"))

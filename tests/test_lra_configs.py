@@ -9,9 +9,10 @@ import pytest
 from configs import lra
 from simpletron_jax.data import tasks
 from simpletron_jax.model import attention as attention_registry, encoders
+from simpletron_jax.train import recipes
 
 # The tasks with SimpleTRON's appendix A settings, which have the :authors variants.
-AUTHORS_TASKS = tuple(t for t in tasks.names() if tasks.get(t).simpletron is not None)
+AUTHORS_TASKS = tuple(t for t in tasks.names() if recipes.get(t).simpletron is not None)
 
 # image/configs/cifar10/<file>: (layers, heads, emb, qkv, mlp, dropout, pool, block_size).
 # bigbird_base.py writes ``num_head = 4`` (sic), so num_heads is the base file's 1;

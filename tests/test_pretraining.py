@@ -16,7 +16,7 @@ from configs import lra
 from simpletron_jax.data import tasks
 from simpletron_jax.data.common import make_batch
 from simpletron_jax.model import encoders, transfer
-from simpletron_jax.train import pretraining, steps, trainer
+from simpletron_jax.train import pretraining, recipes, steps, trainer
 from tests.test_train import Killed, _final_params, tiny_config
 
 
@@ -244,7 +244,7 @@ def test_paper_size_spt_configs_train_with_the_spt_codes_recipe():
   paper = lra.make_config("listops", "softmax")
   assert spt.model.num_layers == paper.model.num_layers   # LRA's encoder is kept
   for config, stage in ((spt, "spt"), (ft, "ft")):
-    recipe = tasks.get("listops").pretraining[stage]
+    recipe = recipes.get("listops").pretraining[stage]
     assert (config.learning_rate, config.weight_decay, config.warmup, config.batch_size) == (
         recipe.learning_rate, recipe.weight_decay, recipe.warmup, recipe.batch_size)
     assert config.num_train_steps == 96000 // recipe.batch_size * recipe.epochs == 300000

@@ -1,5 +1,6 @@
-"""The task registry (simpletron_jax/data/tasks.py, docs/tasks.md): one record per task, read by the
-configs, the data, tpu_aot, pretraining, published and the config checks."""
+"""The task registry (simpletron_jax/data/tasks.py, docs/tasks.md): one data record per task,
+registered by its own module and read by the configs, the data command, tpu_aot and the config
+checks; its recipe (simpletron_jax/train/recipes.py), read by the configs and pretraining."""
 
 import dataclasses
 import glob
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 
 from configs import lra
-from simpletron_jax.data import tasks
+from simpletron_jax.data import __main__ as data_cli
+from simpletron_jax.data import prepare, sources, tasks
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.tools import published, tpu_aot
-from simpletron_jax.train import config_checks, pretraining
+from simpletron_jax.train import config_checks, pretraining, recipes
 from tests.conftest import ROOT
 
 
@@ -29,16 +31,17 @@ def test_records_are_frozen_and_hold_the_field_names():
   spec = tasks.get("listops")
   with pytest.raises(dataclasses.FrozenInstanceError):
     spec.max_length = 10  # type: ignore[misc]
-  assert [f.name for f in dataclasses.fields(tasks.ModelSize)] == [
+  assert [f.name for f in dataclasses.fields(recipes.ModelSize)] == [
       "emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_layers"]
   for name in tasks.names():
-    spec = tasks.get(name)
+    spec, recipe = tasks.get(name), recipes.get(name)
     config = lra.make_config(name, "softmax")
     assert config.task == name
-    assert config.model.max_length == (spec.lra_baseline_max_length or spec.max_length)
-    assert config.num_train_steps == spec.recipe.num_train_steps
-    assert set(spec.variants) <= set(lra.task_variants(name))
-    assert "tiny" in spec.variants, name
+    assert config.model.max_length == (recipe.lra_baseline_max_length or spec.max_length)
+    assert config.num_train_steps == recipe.recipe.num_train_steps
+    assert set(recipe.variants) <= set(lra.task_variants(name))
+    assert "tiny" in recipe.variants, name
+    assert spec.shown in tasks.SHOWN and spec.find and spec.prepare and spec.check
 
 
 def test_unknown_task_is_one_line_naming_the_field_and_the_tasks():
@@ -68,38 +71,93 @@ def test_consumers_read_the_record():
       assert tpu_aot.task_sizes(lra.make_config(name, "softmax")) == (
           spec.vocab_size, spec.num_classes, spec.dual)
     cells = {e.attention: e.accuracy for e in published.PUBLISHED if e.task == name}
-    assert cells == dict(spec.published)
+    assert len(cells) == (0 if not spec.lra else 14 if name in ("listops", "text", "retrieval")
+                          else 11), name
+  assert published.lookup("softmax", "listops").accuracy == 36.37
+  assert published.lookup("simple_resl", "retrieval").accuracy == 73.59
+  assert published.lookup("performer", "pathx").accuracy is None
+  assert tasks.shown_as("pixels") == ("image", "pathfinder", "pathx")
+  assert tasks.shown_as("bytes") == ("text", "retrieval")
   with pytest.raises(ValueError, match="no self-pretraining recipe; known: "
                                        r"\['listops', 'text', 'image', 'pathfinder', 'pathx'\]"):
     pretraining.apply_paper_recipe(lra.make_config("retrieval", "softmax"), "spt")
 
 
-def _toy_reader(config):
+TOY_FILE = "toy.npz"
+
+
+def _toy_folder(config):
+  return os.path.join(tasks.cache_dir(config), "toy", f"seed{int(config.data.seed)}")
+
+
+def _toy_make(config):
+  """Draws the toy data from ``data.seed`` into the cache, with a manifest."""
   rng = np.random.default_rng(int(config.data.seed))
-  def split(n):
+  arrays = {}
+  for split, n in (("train", 64), ("val", 16), ("test", 16)):
     lengths = rng.integers(2, config.model.max_length, n)
-    tokens = [rng.integers(1, 7, length) for length in lengths]
-    return RaggedExamples.from_sequences(tokens, rng.integers(0, 3, n))
-  return tasks.TaskData(train=split(64), val=split(16), test=split(16), vocab_size=7,
-                        num_classes=3, source="toy")
+    arrays[f"{split}_tokens"] = np.concatenate([rng.integers(1, 7, k) for k in lengths])
+    arrays[f"{split}_lengths"], arrays[f"{split}_labels"] = lengths, rng.integers(0, 3, n)
+  folder = _toy_folder(config)
+  os.makedirs(folder, exist_ok=True)
+  np.savez(os.path.join(folder, TOY_FILE), **arrays)
+  sources.write_manifest(folder, "toy", [os.path.join(folder, TOY_FILE)], None)
+  return folder
+
+
+def _toy_read(folder):
+  with np.load(os.path.join(folder, TOY_FILE)) as z:
+    return {s: RaggedExamples.from_sequences(
+        np.split(z[f"{s}_tokens"], np.cumsum(z[f"{s}_lengths"])[:-1]), z[f"{s}_labels"])
+            for s in sources.SPLITS}
+
+
+def _toy_reader(config):
+  found = _toy_find(config)
+  folder = found.path if found.ready else _toy_make(config)
+  return tasks.TaskData(**_toy_read(folder), vocab_size=7, num_classes=3, source=folder)
+
+
+def _toy_find(config):
+  folder = _toy_folder(config)
+  ready = os.path.isfile(os.path.join(folder, TOY_FILE))
+  return sources.Where("toy", "generated", folder, ready, "drawn from data.seed")
+
+
+def _toy_prepare(config, source, dest, num_workers, log):
+  del source, dest, num_workers, log
+  _toy_make(config)
+  return _toy_find(config)
+
+
+def _toy_check(config, found):
+  del config
+  labels = {split: examples.labels for split, examples in _toy_read(found.path).items()}
+  return sources.split_checks("toy", labels, 3, {"train": 64, "val": 16, "test": 16})
 
 
 @pytest.fixture
 def toy_task():
   spec = tasks.register(tasks.TaskSpec(
       name="toy", reader=_toy_reader, vocab_size=7, num_classes=3, max_length=32,
-      model=tasks.ModelSize(emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=1),
-      recipe=tasks.Recipe(batch_size=8, num_train_steps=10), source="this test",
-      lra=False, data_options={"flavour": "plain", "vocab_path": str},
-      variants={"tiny": tasks.Variant(model={"emb_dim": 8, "qkv_dim": 8}, max_length=16)}))
+      find=_toy_find, prepare=_toy_prepare, check=_toy_check, lra=False,
+      data_options={"flavour": "plain", "vocab_path": str}))
+  recipes.register(recipes.TaskRecipe(
+      task="toy", model=recipes.ModelSize(emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32,
+                                          num_layers=1),
+      recipe=recipes.Recipe(batch_size=8, num_train_steps=10), source="this test",
+      variants={"tiny": recipes.Variant(model={"emb_dim": 8, "qkv_dim": 8}, max_length=16)}))
   yield spec
-  del tasks.REGISTRY["toy"]
+  del tasks.REGISTRY["toy"], recipes.REGISTRY["toy"]
 
 
-def test_a_new_task_is_one_record_and_one_reader(toy_task):
+def test_a_new_task_is_one_record_and_one_reader(toy_task, tmp_path):
   with pytest.raises(ValueError, match="already registered"):
     tasks.register(toy_task)
+  with pytest.raises(ValueError, match="task='nope' is not a task"):
+    recipes.register(dataclasses.replace(recipes.get("toy"), task="nope"))
   config = lra.make_config("toy", "simple", "tiny")
+  config.data.cache_dir = str(tmp_path)
   assert (config.model.emb_dim, config.model.qkv_dim, config.model.max_length) == (8, 8, 16)
   assert (config.batch_size, config.num_train_steps, config.data.flavour) == (8, 10, "plain")
   assert config.data.vocab_path is None
@@ -109,3 +167,28 @@ def test_a_new_task_is_one_record_and_one_reader(toy_task):
   data = tasks.load_task(config)
   assert (data.vocab_size, data.num_classes, len(data.train)) == (7, 3, 64)
   assert tpu_aot.task_sizes(config) == (7, 3, False)
+
+
+def test_a_new_task_is_in_the_data_command(toy_task, tmp_path, capsys):
+  """where, prepare and verify run the toy record's functions, with no other change."""
+  del toy_task
+  spec = tmp_path / "toy_config.py"
+  spec.write_text("from configs import lra\n\n\ndef get_config(variant=None):\n"
+                  "  return lra.make_config('toy', 'simple', variant)\n")
+  flags = ["--config", f"{spec}:tiny", f"--config.data.cache_dir={tmp_path / 'cache'}"]
+  folder = os.path.join(tmp_path, "cache", "toy", "seed0")
+  assert data_cli.main(["where", "--task", "toy", *flags]) == 0
+  assert capsys.readouterr().out == (f"toy: not generated yet (in {folder}; drawn from "
+                                     "data.seed)\n")
+  assert data_cli.main(["verify", "toy", *flags]) == 1
+  assert capsys.readouterr().out.startswith("FAIL: toy: not generated yet")
+  assert data_cli.main(["prepare", "toy", *flags]) == 0
+  assert capsys.readouterr().out == f"toy: generated {folder} (drawn from data.seed)\n"
+  assert data_cli.main(["verify", "--task", "toy", *flags]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[1] == (f"ok: {folder}/{TOY_FILE}: "
+                      f"{os.path.getsize(os.path.join(folder, TOY_FILE))} bytes, SHA-256 as made")
+  assert "ok: toy train: 64 examples, as published" in lines
+  # The data the reader trains on is the data prepare made.
+  config = prepare.task_config("toy", f"{spec}:tiny", flags[2:])
+  assert len(tasks.load_task(config).val) == 16

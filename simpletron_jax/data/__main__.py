@@ -5,14 +5,18 @@
     python -m simpletron_jax.data prepare --task retrieval --from ~/data/lra_release.gz
     python -m simpletron_jax.data prepare --task listops --config configs/listops/simple.py:tiny
     python -m simpletron_jax.data verify --task text
+    python -m simpletron_jax.data verify listops      # each generated size in the cache
 
 ``--config`` (default ``configs/<task>/transformer.py``) and ``--config.<field>=<value>``
 overrides, as for ``train.py``, give the task's data settings: ``data.data_dir``,
 ``data.tfds_data_dir``, the generator arguments and seed. ``--from`` is a downloaded file (or
 the folder it was unpacked to), ``--dest`` the folder to write into (default ``~/data``, where
-the loaders look). What each command does: :mod:`simpletron_jax.data.prepare`; docs/data.md
-gives the commands task by task. Nothing is downloaded. A missing source, a damaged file or a
-bad flag ends with one line and exit status 1; ``verify`` also exits 1 when a check fails.
+the loaders look). The task may be given as ``--task`` or as the word after the command. The
+tasks are those of the registry (:mod:`simpletron_jax.data.tasks`). What each command does:
+:mod:`simpletron_jax.data.prepare`; docs/data.md gives the commands task by task. Nothing is
+downloaded. A missing source, a damaged file or a bad flag ends with one line and exit status
+1; ``verify`` also exits 1 when a check fails; Ctrl-C ends with one line and exit status 130,
+leaving no folder that ``prepare`` began in the cache.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import sys
 from typing import Sequence
 
 from simpletron_jax.data import prepare as prep
+from simpletron_jax.data import tasks
 from simpletron_jax.runtime import cli, overrides
 
 PROGRAM = "python -m simpletron_jax.data"
+INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -36,9 +43,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   parser = overrides.OverrideParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
                                    epilog="--config.<field>=<value> (repeatable) overrides a "
                                           "config field, as for train.py")
+  names = ", ".join(tasks.names())
   parser.add_argument("command", choices=("where", "prepare", "verify"))
+  parser.add_argument("task_word", nargs="?", default=None, metavar="TASK",
+                      help="the task, as --task")
   parser.add_argument("--task", default=None,
-                      help=f"one of {', '.join(prep.TASKS)} (where: default every task)")
+                      help=f"one of {names} (where: default every task)")
   parser.add_argument("--config", default=None,
                       help="the config whose data settings to use (default "
                            "configs/<task>/transformer.py)")
@@ -51,10 +61,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                       help="prepare: generator processes for ListOps and Pathfinder "
                            "(default: every CPU)")
   args = parser.parse_args(list(argv))
+  if args.task_word is not None:
+    if args.task is not None and args.task != args.task_word:
+      parser.error(f"two tasks: {args.task_word!r} and --task {args.task!r}")
+    args.task = args.task_word
   if args.command != "where" and args.task is None:
-    parser.error(f"{args.command} needs --task (one of {', '.join(prep.TASKS)})")
-  if args.task is not None and args.task not in prep.TASKS:
-    parser.error(f"--task {args.task!r}: not a task; the tasks: {', '.join(prep.TASKS)}")
+    parser.error(f"{args.command} needs --task (one of {names})")
+  if args.task is not None and args.task not in tasks.names():
+    parser.error(f"--task {args.task!r}: not a task; the tasks: {names}")
   if args.config and args.task is None:
     parser.error("--config needs --task")
   return args
@@ -70,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     ValueError, OSError: user errors (one line, see :mod:`simpletron_jax.data.prepare`).
   """
   if args.command == "where":
-    for task in ([args.task] if args.task else prep.TASKS):
+    for task in ([args.task] if args.task else tasks.names()):
       config = prep.task_config(task, args.config, args.config_overrides)
       print(prep.where(task, config).line(), flush=True)
     return 0
@@ -81,9 +95,11 @@ def run(args: argparse.Namespace) -> int:
     print(found.line())
     return 0
   failed = False
-  for status, line in prep.verify(args.task, config, args.source):
-    print(f"{status}: {line}", flush=True)
-    failed |= status == "FAIL"
+  found = [config] if args.config else prep.configs_to_verify(args.task, config)
+  for one in found:
+    for status, line in prep.verify(args.task, one, args.source):
+      print(f"{status}: {line}", flush=True)
+      failed |= status == "FAIL"
   return 1 if failed else 0
 
 
@@ -91,11 +107,16 @@ def main(argv: Sequence[str] | None = None) -> int:
   """The command line; a user error ends as one line ``python -m simpletron_jax.data: ...``.
 
   Returns:
-    The exit status (see :func:`run`).
+    The exit status (see :func:`run`); :data:`INTERRUPTED` after Ctrl-C, with one line.
   """
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  with cli.user_errors_exit(PROGRAM):
-    return run(args)
+  try:
+    with cli.user_errors_exit(PROGRAM):
+      return run(args)
+  except KeyboardInterrupt:
+    print(f"{PROGRAM}: interrupted; nothing half-made is left in the cache, run the command "
+          "again to start over", file=sys.stderr, flush=True)
+    return INTERRUPTED
 
 
 if __name__ == "__main__":

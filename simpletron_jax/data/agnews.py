@@ -34,10 +34,12 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import ml_collections
 import numpy as np
 
+from simpletron_jax.data import sources, tasks
 from simpletron_jax.data.common import RaggedExamples, report_truncation, split_train_val
 from simpletron_jax.data.tfds_io import find_prepared_tfds, read_tfds_split
 
@@ -350,3 +352,102 @@ def _subset(examples: RaggedExamples, idx: np.ndarray, labels: np.ndarray) -> Ra
   """The examples ``idx`` of ``examples`` (in that order) with ``labels``."""
   seqs = [examples.example(int(i)) for i in idx]
   return RaggedExamples.from_sequences(seqs, labels, dtype=examples.tokens.dtype)
+
+
+# ----------------------------------------------------------------------------
+# The task's record: its reader and its data command.
+
+DEFAULT_DIR = os.path.join(tasks.DEFAULT_DATA_ROOT, "ag_news_csv")
+"""Searched for ``train.csv`` and ``test.csv`` when no source is set."""
+DOWNLOAD = sources.Download("ag_news_csv.tgz",
+                            "https://s3.amazonaws.com/fast-ai-nlp/ag_news_csv.tgz", None,
+                            "AG News CSV release (Zhang et al., 2015)")
+RELEASE_FILES = ("train.csv", "test.csv", "classes.txt")
+KNOWN_COUNTS = {"train": 120000, "test": 7600}
+PER_CLASS = {"train": 30000, "test": 1900}
+
+
+def source_dirs(config: ml_collections.ConfigDict) -> tuple[str | None, str | None]:
+  """As :func:`simpletron_jax.data.tasks.source_dirs` for ``ag_news_subset``, with
+  :data:`DEFAULT_DIR` as the default CSV folder when it holds ``train.csv`` and
+  ``test.csv``."""
+  data_dir, tfds_dir = tasks.source_dirs(config, TFDS_NAME)
+  default = os.path.expanduser(DEFAULT_DIR)
+  if data_dir is None and tfds_dir is None and all(
+      os.path.isfile(os.path.join(default, name)) for name in CSV_FILES.values()):
+    data_dir = default
+  return data_dir, tfds_dir
+
+
+def copy_release(source: str, out_dir: str) -> list[str]:
+  """Copies ``train.csv``, ``test.csv`` (and ``classes.txt``) of the AG News CSV release (the
+  tarball or its folder) into ``out_dir``.
+
+  Raises:
+    DataError: ``train.csv`` or ``test.csv`` is missing (naming the source).
+  """
+  written = []
+  if os.path.isdir(source):
+    folder = next((f for f in (source, os.path.join(source, "ag_news_csv"))
+                   if os.path.isfile(os.path.join(f, "train.csv"))), source)
+    for name in RELEASE_FILES:
+      if os.path.isfile(os.path.join(folder, name)):
+        with open(os.path.join(folder, name), "rb") as src:
+          sources.copy_stream(src, os.path.join(out_dir, name))
+        written.append(os.path.join(out_dir, name))
+  else:
+    for parts, open_member in sources.iter_tar(source):
+      if parts[-1] in RELEASE_FILES and (len(parts) == 1 or parts[-2] == "ag_news_csv"):
+        with open_member() as src:
+          sources.copy_stream(src, os.path.join(out_dir, parts[-1]))
+        written.append(os.path.join(out_dir, parts[-1]))
+  missing = [n for n in RELEASE_FILES[:2] if os.path.join(out_dir, n) not in written]
+  if missing:
+    raise sources.DataError(f"{source}: no ag_news_csv/{', '.join(missing)}; expected "
+                            f"{DOWNLOAD.file} ({DOWNLOAD.url}) or its folder")
+  return written
+
+
+def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
+  data_dir, tfds_dir = source_dirs(config)
+  kind, where = find_source(data_dir, tfds_dir)
+  splits, tokenizer, _ = load_agnews(
+      data_dir=data_dir, tfds_data_dir=tfds_dir, vocab_path=config.data.get("vocab_path"),
+      max_length=int(config.model.max_length), seed=int(config.data.seed),
+      val_fraction=float(config.data.get("val_fraction", 0.05)),
+      lowercase=config.data.get("lowercase"))
+  return tasks.TaskData(**splits, vocab_size=tokenizer.vocab_size, num_classes=NUM_CLASSES,
+                        source=f"{tasks.describe(kind, where)}; vocabulary {tokenizer.path}")
+
+
+def _find(config: ml_collections.ConfigDict) -> sources.Where:
+  return tasks.found_source("agnews", *find_source(*source_dirs(config)))
+
+
+def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+             num_workers: int | None, log: Callable[[str], None]) -> sources.Where | None:
+  del num_workers
+  if source is None:
+    return None
+  out = os.path.join(dest, "ag_news_csv")
+  log(f"agnews: {source} -> {out}")
+  sources.write_manifest(out, "agnews", copy_release(source, out), source)
+  return sources.point_at(sources.Where("agnews", "csv", out, True), _find, config, log)
+
+
+def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
+  del config
+  if found.kind == "tfds":
+    return sources.count_checks("agnews", sources.tfds_counts(found.path), KNOWN_COUNTS)
+  labels = {split: read_csv(os.path.join(found.path, CSV_FILES[split]))[1]
+            for split in ("train", "test")}
+  return sources.split_checks("agnews", labels, NUM_CLASSES, KNOWN_COUNTS, PER_CLASS)
+
+
+SPEC = tasks.register(tasks.TaskSpec(
+    name="agnews", reader=_load, vocab_size=None, num_classes=NUM_CLASSES, max_length=128,
+    find=_find, prepare=_prepare, check=_check, download=DOWNLOAD, shown="tokens", lra=False,
+    data_options={"tfds_data_dir": str,   # tfds ag_news_subset
+                  "vocab_path": str,      # BERT folder or vocab.txt
+                  "lowercase": bool,      # None: as the checkpoint
+                  "val_fraction": 0.05, "bucket": 32}))

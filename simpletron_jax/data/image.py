@@ -47,12 +47,15 @@ import logging
 import os
 import zipfile
 import zlib
-from typing import Any
+from typing import Any, Callable
 
+import ml_collections
 import numpy as np
 
+from simpletron_jax.data import cifar, sources, tasks
 from simpletron_jax.data.common import RaggedExamples, split_train_val
 from simpletron_jax.data.tfds_io import find_prepared_tfds, read_tfds_split
+from simpletron_jax.runtime import atomic_io
 
 VOCAB_SIZE = 256
 NUM_CLASSES = 10
@@ -306,3 +309,107 @@ def load_image(*, data_dir: str | None, tfds_data_dir: str | None, seed: int,
   return {"train": images_to_examples(images[train_idx], labels[train_idx]),
           "val": images_to_examples(images[val_idx], labels[val_idx]),
           "test": images_to_examples(*data["test"])}
+
+
+def cifar_npz(source: str, out_path: str) -> dict[str, int]:
+  """Makes the grayscale npz the image task reads from CIFAR-10's python release.
+
+  Grayscale is :func:`rgb_to_grayscale`, the arithmetic of ``tf.image.rgb_to_grayscale``,
+  which LRA's image pipeline applies. Each split is stored in the order tfds stores it
+  (:func:`tfds_order`), so LRA's ``train[:90%]`` is the first 45,000 images
+  (``data.lra_split``).
+
+  Args:
+    source: ``cifar-10-python.tar.gz`` or its ``cifar-10-batches-py`` folder
+      (:func:`simpletron_jax.data.cifar.read_release`).
+    out_path: the ``.npz`` to write (atomically).
+
+  Returns:
+    Images per split.
+
+  Writes arrays ``x_train`` ``[50000, 32, 32]`` uint8, ``y_train`` uint8, ``x_test``,
+  ``y_test``, ``classes`` (the names), ``names_train`` / ``names_test`` (the release's file
+  names) and ``index_train`` / ``index_test`` (each image's index in the release: over
+  ``data_batch_1..5``, or in ``test_batch``).
+
+  Raises:
+    DataError: a missing or damaged batch (naming it), or labels outside 0..9.
+  """
+  arrays: dict[str, Any] = {"classes": np.asarray(CLASSES)}
+  counts = {}
+  for split, (rgb, labels, files) in cifar.read_release(source).items():
+    if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+      raise sources.DataError(f"{source}: {split} labels outside 0..9")
+    order = tfds_order(len(labels), split)
+    arrays[f"x_{split}"] = rgb_to_grayscale(rgb[order])
+    arrays[f"y_{split}"] = labels[order].astype(np.uint8)
+    arrays[f"names_{split}"] = np.asarray(files)[order] if files else np.asarray([], "<U1")
+    arrays[f"index_{split}"] = order
+    counts[split] = int(len(labels))
+  with atomic_io.atomic_path(out_path) as tmp:
+    with open(tmp, "wb") as f:
+      np.savez_compressed(f, **arrays)
+  return counts
+
+
+# ----------------------------------------------------------------------------
+# The task's record: its reader and its data command.
+
+KNOWN_COUNTS = {"train": 50000, "test": 10000}
+PER_CLASS = {"train": 5000, "test": 1000}
+
+
+def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
+  data_dir, tfds_dir = tasks.source_dirs(config, TFDS_NAME)
+  kind, where = find_source(data_dir, tfds_dir)
+  splits = load_image(data_dir=data_dir, tfds_data_dir=tfds_dir, seed=int(config.data.seed),
+                      val_fraction=float(config.data.val_fraction),
+                      lra_split=tasks.data_flag(config, "lra_split"))
+  splits = tasks.apply_lra_pixel_mask(config, splits)
+  return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+                        source=tasks.describe(kind, where))
+
+
+def _find(config: ml_collections.ConfigDict) -> sources.Where:
+  return tasks.found_source("image", *find_source(*tasks.source_dirs(config, TFDS_NAME)))
+
+
+def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+             num_workers: int | None, log: Callable[[str], None]) -> sources.Where | None:
+  del num_workers
+  if source is None:
+    return None
+  out = os.path.join(dest, "cifar10", NPZ_NAME)
+  log(f"image: {source} -> {out}")
+  counts = cifar_npz(source, out)
+  sources.write_manifest(os.path.dirname(out), "image", [out], source, {"images": counts})
+  return sources.point_at(sources.Where("image", "npz", out, True), _find, config, log)
+
+
+def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
+  del config
+  if found.kind == "tfds":
+    return sources.count_checks("image", sources.tfds_counts(found.path), KNOWN_COUNTS,
+                                "images")
+  checks = []
+  if npz_in_tfds_order(found.path):
+    checks.append(("ok", f"{found.path}: training images in tfds's order "
+                         "(data.lra_split=True is LRA's split)"))
+  labels = {split: y for split, (_, y) in read_npz(found.path).items()}
+  return checks + sources.split_checks("image", labels, NUM_CLASSES, KNOWN_COUNTS, PER_CLASS,
+                                       "images")
+
+
+SPEC = tasks.register(tasks.TaskSpec(
+    name="image", reader=_load, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    max_length=SEQ_LENGTH, find=_find, prepare=_prepare, check=_check,
+    download=cifar.DOWNLOAD, shown="pixels",
+    data_options={
+        "bucket": 0,                    # every image is a full sequence
+        "tfds_data_dir": str, "val_fraction": 0.1,
+        "lra_pixel_mask": False,  # True: LRA's mask token > 0 (black pixels are padding)
+        # True: LRA's train[:90%] / train[90%:] in source order (exact with tfds cifar10; with
+        # the npz copy LRA's sizes only); False: a seeded 90/10 draw.
+        "lra_split": False,
+        # True: LRA's batch(drop_remainder=True) on val/test (10,000 test images -> 9,984).
+        "drop_last_eval_batch": False}))

@@ -37,10 +37,13 @@ from __future__ import annotations
 import codecs
 import logging
 import os
+from typing import Callable
 
+import ml_collections
 import numpy as np
 
-from simpletron_jax.data.common import RaggedExamples, report_truncation
+from simpletron_jax.data import sources, tasks
+from simpletron_jax.data.common import PairedExamples, RaggedExamples, report_truncation
 from simpletron_jax.data.text import check_max_length, bytes_to_examples, decode, encode
 
 VOCAB_SIZE = 257
@@ -234,3 +237,78 @@ def load_retrieval(*, data_dir: str, max_length: int,
   return {split: read_split(os.path.join(folder, name), max_length, unescape=unescape,
                            split=split)
           for split, name in SPLIT_FILES.items()}
+
+
+# ----------------------------------------------------------------------------
+# The task's record: its reader and its data command.
+
+DEFAULT_LRA_DIR = os.path.join(tasks.DEFAULT_DATA_ROOT, "lra_release")
+"""Searched for the AAN TSVs when ``data.data_dir`` is unset; ``python -m simpletron_jax.data
+prepare --task retrieval`` puts them there."""
+KNOWN_COUNTS = {"train": 147086, "val": 18090, "test": 17437}   # LRA paper, section 3
+
+
+def data_dir_of(config: ml_collections.ConfigDict) -> str | None:
+  """The folder the retrieval task searches for the AAN TSVs: ``data.data_dir``, else
+  :data:`DEFAULT_LRA_DIR` when it holds them, else None."""
+  data_dir = tasks.optional_dir(config, "data_dir")
+  if data_dir:
+    return data_dir
+  try:
+    find_data_dir(DEFAULT_LRA_DIR)
+  except FileNotFoundError:
+    return None
+  return os.path.expanduser(DEFAULT_LRA_DIR)
+
+
+def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
+  data_dir = data_dir_of(config)
+  if not data_dir:
+    raise FileNotFoundError(
+        "config field data.data_dir is unset and ~/data/lra_release holds no AAN files: the "
+        "retrieval task needs LRA's new_aan_pairs.{train,eval,test}.tsv (inside lra_release.gz, "
+        "https://storage.googleapis.com/long-range-arena/lra_release.gz); run python -m "
+        "simpletron_jax.data prepare --task retrieval --from lra_release.gz, or pass "
+        "--config.data.data_dir=/path/to/tsv_data")
+  pairs = load_retrieval(data_dir=data_dir, max_length=int(config.model.max_length),
+                         unescape=bool(config.data.get("unescape", False)))
+  splits = {name: PairedExamples(*pairs[name]) for name in ("train", "val", "test")}
+  return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+                        source=data_dir)
+
+
+def _find(config: ml_collections.ConfigDict) -> sources.Where:
+  folder = data_dir_of(config)
+  if folder is None:
+    raise FileNotFoundError("no AAN files in ~/data/lra_release")
+  return sources.Where("retrieval", "tsv", find_data_dir(folder), True)
+
+
+def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+             num_workers: int | None, log: Callable[[str], None]) -> sources.Where | None:
+  del num_workers
+  if source is None:
+    return None
+  folder = sources.from_lra("retrieval", source, dest, ["tsv_data"],
+                            lambda rest: rest in ([n] for n in SPLIT_FILES.values()), log)
+  tsv_dir = find_data_dir(folder)
+  if os.path.abspath(os.path.expanduser(DEFAULT_LRA_DIR)) != os.path.abspath(folder):
+    log(sources.data_dir_line("retrieval", tsv_dir))
+  config = config.copy_and_resolve_references()
+  config.data.data_dir = tsv_dir
+  return _find(config)
+
+
+def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
+  del config
+  labels = {split: read_split(os.path.join(found.path, name), 1)[0].labels
+            for split, name in SPLIT_FILES.items()}
+  return sources.split_checks("retrieval", labels, NUM_CLASSES, KNOWN_COUNTS)
+
+
+SPEC = tasks.register(tasks.TaskSpec(
+    name="retrieval", reader=_load, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    max_length=4000, find=_find, prepare=_prepare, check=_check,
+    download=sources.LRA_RELEASE, shown="bytes", dual=True,
+    data_options={"unescape": False,  # True decodes the b'...' literals of the TSV (not LRA's)
+                  "drop_last_eval_batch": False}))  # True: LRA drops the last partial batch

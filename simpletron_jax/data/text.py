@@ -34,12 +34,15 @@ import logging
 import os
 import re
 import zlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+import ml_collections
 import numpy as np
 
+from simpletron_jax.data import imdb, sources, tasks
 from simpletron_jax.data.common import RaggedExamples, report_truncation, split_train_val
 from simpletron_jax.data.tfds_io import find_prepared_tfds, read_tfds_split
+from simpletron_jax.runtime import atomic_io
 
 VOCAB_SIZE = 257
 """Token ids are 0 (padding) and 1..256 (byte value + 1)."""
@@ -368,3 +371,103 @@ def _hold_out(texts: list[bytes], labels: np.ndarray, val_fraction: float, seed:
   val = bytes_to_examples([texts[i] for i in val_idx], labels[val_idx], max_length)
   return [texts[i] for i in train_idx], labels[train_idx], val
 
+
+
+def imdb_jsonl(source: str, out_dir: str) -> dict[str, int]:
+  """Makes ``imdb_train.jsonl.gz`` and ``imdb_test.jsonl.gz`` (the format of
+  :func:`read_jsonl`) from the ``aclImdb`` release (:func:`simpletron_jax.data.imdb.reviews`).
+
+  Each line is ``{"id", "rating", "label", "text"}``: the id and rating from the file name
+  ``{id}_{rating}.txt``, label 0 (``neg``) or 1 (``pos``), the text the file's UTF-8 stripped
+  of surrounding whitespace, as tfds's ``imdb_reviews`` serves it; ordered by label, then id
+  (the reader shuffles). The gzip headers carry no time, so the same release gives the same
+  bytes.
+
+  Args:
+    source: ``aclImdb_v1.tar.gz`` or its ``aclImdb`` folder (or one above it).
+    out_dir: the folder for the two files.
+
+  Returns:
+    Reviews per split.
+
+  Raises:
+    DataError: a review that is not UTF-8 (naming it), or a split without reviews.
+  """
+  records: dict[str, list] = {"train": [], "test": []}
+  for split, label, review_id, rating, raw, where_ in imdb.reviews(source):
+    try:
+      body = raw.strip().decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise sources.DataError(f"{where_}: not UTF-8 ({e})") from None
+    records[split].append((label, review_id, rating, body))
+  counts = {}
+  for split, rows in records.items():
+    if not rows:
+      raise sources.DataError(f"{source}: no {imdb.IMDB_DIR}/{split}/{{neg,pos}}/*.txt "
+                              f"reviews; expected {imdb.DOWNLOAD.file} ({imdb.DOWNLOAD.url}) "
+                              "or its folder")
+    rows.sort()
+    path = os.path.join(out_dir, JSONL_FILES[split])
+    with atomic_io.atomic_path(path) as tmp:
+      with open(tmp, "wb") as raw_out, gzip.GzipFile(filename="", mode="wb", fileobj=raw_out,
+                                                       mtime=0) as out:
+        for label, review_id, rating, body in rows:
+          line = {"id": review_id, "rating": rating, "label": label, "text": body}
+          out.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
+    counts[split] = len(rows)
+  return counts
+
+
+# ----------------------------------------------------------------------------
+# The task's record: its reader and its data command.
+
+KNOWN_COUNTS = {"train": 25000, "test": 25000}
+PER_CLASS = {"train": 12500, "test": 12500}
+
+
+def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
+  data_dir, tfds_dir = tasks.source_dirs(config, TFDS_NAME)
+  kind, where = find_source(data_dir, tfds_dir)
+  splits = load_text(data_dir=data_dir, tfds_data_dir=tfds_dir,
+                     max_length=int(config.model.max_length), seed=int(config.data.seed),
+                     val_fraction=float(config.data.get("val_fraction", 0.1)))
+  return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+                        source=tasks.describe(kind, where))
+
+
+def _find(config: ml_collections.ConfigDict) -> sources.Where:
+  return tasks.found_source("text", *find_source(*tasks.source_dirs(config, TFDS_NAME)))
+
+
+def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+             num_workers: int | None, log: Callable[[str], None]) -> sources.Where | None:
+  del num_workers
+  if source is None:
+    return None
+  out = os.path.join(dest, "imdb")
+  log(f"text: {source} -> {out}")
+  counts = imdb_jsonl(source, out)
+  sources.write_manifest(out, "text", [os.path.join(out, n) for n in JSONL_FILES.values()],
+                         source, {"reviews": counts})
+  return sources.point_at(sources.Where("text", "jsonl", out, True), _find, config, log)
+
+
+def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
+  del config
+  if found.kind == "tfds":
+    return sources.count_checks("text", sources.tfds_counts(found.path), KNOWN_COUNTS)
+  _, src = find_source(found.path, None)
+  labels = {split: (read_jsonl(src[split])[1] if found.kind == "jsonl"
+                    else read_acl_imdb(src, split)[1]) for split in ("train", "test")}
+  return sources.split_checks("text", labels, NUM_CLASSES, KNOWN_COUNTS, PER_CLASS)
+
+
+SPEC = tasks.register(tasks.TaskSpec(
+    name="text", reader=_load, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    max_length=4000, find=_find, prepare=_prepare, check=_check, download=imdb.DOWNLOAD,
+    shown="bytes",
+    data_options={"tfds_data_dir": str,
+                  # IMDB has no validation split: hold out a seeded 10% of train, so the
+                  # best-validation checkpoint is not chosen on test. 0: LRA's code, which
+                  # validates on the test split.
+                  "val_fraction": 0.1}))

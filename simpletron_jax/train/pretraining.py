@@ -25,7 +25,7 @@ LRA's gaps between architectures. What is taken from them, and from their code
   of the committed ``:tiny`` grid (docs/experiments.md); ``tie_head`` ties the output
   weights to the input embedding (not theirs);
 * the optimisation of each stage, per task (each task record's ``pretraining``,
-  :class:`simpletron_jax.data.tasks.SptRecipe`, applied by the paper-size ``:spt`` / ``:spt_ft``
+  :class:`simpletron_jax.train.recipes.SptRecipe`, applied by the paper-size ``:spt`` / ``:spt_ft``
   configs): AdamW (0.9, 0.999), linear warmup then a constant rate,
   no dropout, their learning rate, weight decay, batch and epochs.
 
@@ -68,8 +68,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from simpletron_jax.data import tasks
 from simpletron_jax.model import encoders
+from simpletron_jax.train import recipes
 
 # Objectives (config field ``pretrain.objective``): "none" (classification; the fine-tuning
 # stage), "mlm" (masked-token denoising) or "causal" (next-token prediction).
@@ -83,7 +83,7 @@ LM_HEADS = ("linear", "mlp")
 
 def apply_paper_recipe(config: ml_collections.ConfigDict, stage: str) -> None:
   """Sets the optimisation of Amos et al.'s code for ``config.task``: its record's
-  ``pretraining[stage]`` (:class:`simpletron_jax.data.tasks.SptRecipe`: the SPT code's
+  ``pretraining[stage]`` (:class:`simpletron_jax.train.recipes.SptRecipe`: the SPT code's
   ``configs/experiment/lra/transformer-lra-<task>[-mlm].yaml`` at commit f919137; Path-X:
   ``transformer-lra-pathx[-mlm]-small.yaml``), its epochs counted in the record's
   ``train_examples``. Every stage: AdamW (0.9, 0.999), warmup then constant, dropout 0.
@@ -98,9 +98,9 @@ def apply_paper_recipe(config: ml_collections.ConfigDict, stage: str) -> None:
   Raises:
     ValueError: naming ``config.task`` when the code has no recipe for it, or ``stage``.
   """
-  spec = tasks.get(config.task)
+  spec = recipes.get(config.task)
   if not spec.pretraining:
-    known = [t for t in tasks.names() if tasks.get(t).pretraining]
+    known = [t for t, recipe in recipes.REGISTRY.items() if recipe.pretraining]
     raise ValueError(f"config.task={config.task!r}: no self-pretraining recipe; known: "
                      f"{known}")
   if stage not in ("spt", "ft"):

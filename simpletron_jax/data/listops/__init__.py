@@ -2,8 +2,9 @@
 
 :mod:`.tokens` holds the fixed vocabulary, LRA's tokenisation and the evaluator that gives an
 expression its label; :mod:`.generate` draws expressions with LRA's algorithm, seeded, and
-writes them in LRA's TSV layout; :mod:`.read` reads that layout (or LRA's release). Their
-public names are importable from here.
+writes them in LRA's TSV layout; :mod:`.read` reads that layout (or LRA's release);
+:mod:`.task` registers the task's record and data command. Their public names are importable
+from here.
 """
 
 from simpletron_jax.data.listops.generate import (ensure_generated,  # noqa: F401
@@ -13,3 +14,4 @@ from simpletron_jax.data.listops.generate import (ensure_generated,  # noqa: F40
 from simpletron_jax.data.listops.read import load_split  # noqa: F401
 from simpletron_jax.data.listops.tokens import (END, NUM_CLASSES, OPERATORS,  # noqa: F401
                                                 PAD_ID, VOCAB, VOCAB_SIZE, evaluate, tokenize)
+from simpletron_jax.data.listops.task import generator_args  # noqa: F401

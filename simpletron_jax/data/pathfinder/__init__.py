@@ -7,7 +7,8 @@ contours of separate paddles; ``data.generator="dashed"``, the default), :mod:`.
 ``solid`` option (connected paths whose label a connected-component labelling reads off).
 :mod:`.generate` writes a level in LRA's file layout, :mod:`.read` reads that layout (or LRA's
 release) and splits it, and :mod:`.stats` measures a set of images (the comparison with the
-original generator in ``benchmarks/pathfinder_generators.py``). Their public names are
+original generator in ``benchmarks/pathfinder_generators.py``); :mod:`.task` registers the
+``pathfinder`` and ``pathx`` records and their data command. Their public names are
 importable from here.
 """
 
@@ -26,3 +27,4 @@ from simpletron_jax.data.pathfinder.params import (CONTOUR_LENGTHS, GENERATORS, 
 from simpletron_jax.data.pathfinder.read import (SPLIT_HASHES, find_level_dir,  # noqa: F401
                                                  load_pathfinder, lra_example_key, lra_hash,
                                                  lra_order, lra_split_bounds, read_metadata)
+from simpletron_jax.data.pathfinder.task import generator_args  # noqa: F401
