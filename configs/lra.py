@@ -30,7 +30,9 @@ from simpletron_jax.data import tasks
 from simpletron_jax.model import attention as attention_registry
 from simpletron_jax.train import recipes
 
-SIMPLE_NAMES = ("simple", "simple_res", "simple_resl")
+# SimpleTRON's paper variants (``AttentionSpec.simpletron``): simple, simple_res, simple_resl.
+SIMPLE_NAMES = tuple(name for name in attention_registry.names()
+                     if attention_registry.get(name).simpletron)
 # The SimpleTRON authors' function (``_authors``), for simple* on the tasks whose record has
 # SimpleTRON's settings (``TaskRecipe.simpletron``).
 AUTHORS_VARIANTS = {"authors": None, "tiny_authors": "tiny"}  # -> the size variant used
@@ -68,10 +70,10 @@ def task_variants(task: str) -> tuple[str, ...]:
 
 def variants(task: str, attention: str) -> tuple[str, ...]:
   """The ``:variant`` suffixes valid for ``attention`` on ``task`` (the ``AUTHORS_VARIANTS``
-  only for :data:`SIMPLE_NAMES`, the ``LRA_CODE_VARIANTS`` only for the LRA baselines,
-  :func:`lra_baselines`)."""
+  only for SimpleTRON's variants, ``AttentionSpec.simpletron``, the ``LRA_CODE_VARIANTS``
+  only for the LRA baselines, :func:`lra_baselines`)."""
   skip = set()
-  if attention not in SIMPLE_NAMES:
+  if not attention_registry.get(attention).simpletron:
     skip |= set(AUTHORS_VARIANTS)
   if attention not in lra_baselines():
     skip |= set(LRA_CODE_VARIANTS)
@@ -243,9 +245,9 @@ def _lra_variant_settings(config) -> None:
   """
   spec, recipe = tasks.get(config.task), recipes.get(config.task)
   attention = config.model.attention
-  if recipe.lra_baseline_max_length is not None and attention not in SIMPLE_NAMES:
-    config.model.max_length = recipe.lra_baseline_max_length
   attention_spec = attention_registry.get(attention)
+  if recipe.lra_baseline_max_length is not None and not attention_spec.simpletron:
+    config.model.max_length = recipe.lra_baseline_max_length
   model_type = attention_spec.lra_model_type
   if model_type is None:
     return
@@ -254,12 +256,8 @@ def _lra_variant_settings(config) -> None:
   for key, value in baseline.attention_kwargs.items():
     config.model.attention_kwargs[key] = value
   _set_all(config, baseline.options)
-  if model_type == "sinkhorn" and not spec.dual:
-    # SinkhornTransformerEncoder: no CLS, MEAN pooling, one Dense head on emb_dim. For CLS it
-    # raises "Pooling method not supported yet", so LRA's text and image configs never ran;
-    # its dual encoder (retrieval) pools CLS through classifier_head_dual like the others.
-    config.model.classifier_pool = "MEAN"
-    config.model.head = "dense"
+  if not spec.dual:   # LRA's own encoder for the baseline (Sinkhorn's), one-input tasks
+    _set_all(config, attention_spec.lra_encoder, "model.")
   for key, value in attention_spec.lra_options.items():
     if key not in baseline.attention_kwargs:
       config.model.attention_kwargs[key] = value
@@ -362,7 +360,7 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     raise ValueError(f"unknown config variant {variant!r} for task {config.task!r}; "
                      f"known: {known}")
   if variant in AUTHORS_VARIANTS:
-    if config.model.attention not in SIMPLE_NAMES:
+    if not attention_registry.get(config.model.attention).simpletron:
       raise ValueError(f"config variant {variant!r} is the SimpleTRON authors' function: "
                        f"attention must be one of {SIMPLE_NAMES}, not "
                        f"{config.model.attention!r}")
@@ -400,17 +398,18 @@ def set_pooling_options(config: ml_collections.ConfigDict) -> None:
     length):
     a reference to ``model.max_length``, plus 1 when a CLS token is prepended (CLS pooling,
     not the dual encoder of ``model.lra_dual_no_cls``), so the weights have LRA's shapes;
-  * Sparse's ``global_first``: the first position is global under CLS pooling
-    (``sparse_transformer.py``'s ``use_cls_token``; in LRA's dual encoder that is the first
-    real token).
+  * the option named by ``AttentionSpec.cls_option`` (Sparse's ``global_first``): whether
+    the pooling is CLS (``sparse_transformer.py``'s ``use_cls_token``: the first position is
+    global; in LRA's dual encoder that is the first real token).
   """
   model = config.model
   cls = model.classifier_pool == "CLS"
   with_cls = cls and not (tasks.get(config.task).dual and model.get("lra_dual_no_cls", False))
-  if attention_registry.get(model.attention).follows_max_length:
+  attention_spec = attention_registry.get(model.attention)
+  if attention_spec.follows_max_length:
     model.attention_kwargs.max_length = model.get_ref("max_length") + int(with_cls)
-  if model.attention == "sparse":
-    model.attention_kwargs.global_first = cls
+  if attention_spec.cls_option is not None:
+    model.attention_kwargs[attention_spec.cls_option] = cls
 
 
 def apply_lra_model_bugs(config: ml_collections.ConfigDict) -> None:
@@ -482,18 +481,16 @@ def make_config(task: str, attention: str, variant: str | None = None,
   config = _common(spec)
   _task_options(config, spec)
   config.model.attention = attention
-  if attention in SIMPLE_NAMES:
+  attention_spec = attention_registry.get(attention)
+  if attention_spec.simpletron:
     apply_simpletron_paper(config)
   _lra_variant_settings(config)
-  if attention == "softmax":
-    # "einsum" (LRA's), "xla" or "flash" (cuDNN; bfloat16, attention_dropout_rate=0).
-    config.model.attention_kwargs.implementation = "einsum"
   for key, value in attention_kwargs.items():
     config.model.attention_kwargs[key] = value
   apply_variant(config, variant)
   set_pooling_options(config)
-  if (attention in SIMPLE_NAMES and attention != "simple_resl") or attention == "reformer":
-    config.model.qkv_dim = config.model.emb_dim   # no output projection
+  if not attention_spec.output_projection:   # the heads side by side are the output
+    config.model.qkv_dim = config.model.emb_dim
   add_attention_defaults(config)
   return config
 
