@@ -7,7 +7,8 @@ Usage::
     python scripts/reproduce.py text_simple_authors --config.data.data_dir=~/data/imdb \\
         --config.max_train_minutes=8                         # stop after 8 minutes of training
     python scripts/reproduce.py text_simple_authors --config.data.data_dir=~/data/imdb \\
-        --copy-to results/paper/text_simple_authors          # rerun: resume, then copy the logs
+        --copy_to results/paper/text_simple_authors          # rerun: resume, then copy the logs
+    python scripts/reproduce.py listops_simple --rehearse    # a CPU rehearsal: not a result
 
 A cell is a config file, the flags the GPU run uses (``Cell.flags``: dtype, the speed
 options, the validation frequency; ``Cell.train_flags``: train.py's own, such as
@@ -19,9 +20,19 @@ stopped cell continues it. When the run is finished (``run_record.workdir_result
 complete, every step, this config's fingerprint) it writes ``comparison.md`` (our test
 accuracy under the publication's protocol against the published number,
 ``simpletron_jax.tools.reporting``) and ``reproduce.json`` (cell, command, device, the row) into
-the workdir. Only ``--copy-to DIR`` writes elsewhere: it copies ``config.json``,
+the workdir. Only ``--copy_to DIR`` writes elsewhere: it copies ``config.json``,
 ``metrics.jsonl``, ``results.json``, ``comparison.md`` and ``reproduce.json`` (never
-checkpoints) to ``DIR``.
+checkpoints) to ``DIR``. ``reproduce.json``'s ``flags`` are the ``--config.*`` flags
+``train.py`` was given after the config, as they ran (the cell's, with a ``final_only`` cell's
+validation step computed from the overrides, then the overrides).
+
+``--rehearse`` runs a cell's whole path (its flags, train.py, the test, the comparison files)
+in minutes on a CPU, to check a command before a GPU slot: the cell's config at its ``:tiny``
+size (``:authors`` becomes ``:tiny_authors``, ``:lra_code`` ``:tiny_lra_code``), trained for
+:data:`REHEARSAL_STEPS` steps, on 64/32/32 generated examples where the task generates its
+data (ListOps). Its workdir is ``runs/paper_rehearsal/<cell>``; its row in ``comparison.md``
+and ``reproduce.json`` reads "rehearsal, not a result", with no published number and no gap;
+``reproduce.json`` has ``"rehearsal": true``; ``--copy_to`` is refused.
 
 Exit status: 0 when the cell is finished and compared; 3 when ``train.py`` stopped early on
 its time budget (``config.max_train_minutes``: rerun the same command to continue); 75 when
@@ -31,7 +42,6 @@ of each cell and the GPU procedure are in docs/reproduce.md.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -45,6 +55,14 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 UNFINISHED_EXIT_CODE = 3
+# --rehearse: the steps, the validation and checkpoint frequency, and the generated data sizes.
+REHEARSAL_STEPS = 4
+REHEARSAL_FLAGS = (f"--config.num_train_steps={REHEARSAL_STEPS}", "--config.eval_frequency=2",
+                   "--config.checkpoint_every=2", "--config.warmup=1")
+REHEARSAL_DATA = {"num_train": 64, "num_val": 32, "num_test": 32}   # where config.data has them
+REHEARSAL_LABEL = "rehearsal, not a result"
+# A cell's :variant -> the variant of its :tiny size (--rehearse).
+REHEARSAL_VARIANTS = {"": "tiny", "authors": "tiny_authors", "lra_code": "tiny_lra_code"}
 COPIED_FILES = ("config.json", "metrics.jsonl", "results.json", "comparison.md",
                 "reproduce.json")
 # The GPU setting of every cell: bfloat16 activations and matmuls, float32 parameters and
@@ -190,6 +208,23 @@ def _load(cell: Cell, args: Sequence[str]):
     raise CellError(f"{cell.name}: {e}") from None
 
 
+def rehearsal_cell(cell: Cell) -> Cell:
+  """The cell as ``--rehearse`` runs it (see the module docstring): its config at the
+  ``:tiny`` size, its flags followed by :data:`REHEARSAL_FLAGS` and the small data sizes.
+
+  Raises:
+    CellError: the cell's variant has no tiny counterpart, or its config cannot be loaded.
+  """
+  path, _, variant = cell.config.partition(":")
+  if variant not in REHEARSAL_VARIANTS:
+    raise CellError(f"{cell.name}: no :tiny size for the variant {variant!r} to rehearse")
+  tiny = dataclasses.replace(cell, config=f"{path}:{REHEARSAL_VARIANTS[variant]}")
+  data = _load(tiny, []).data
+  sizes = tuple(f"--config.data.{k}={v}" for k, v in REHEARSAL_DATA.items() if k in data)
+  return dataclasses.replace(tiny, flags=(*cell.flags, *REHEARSAL_FLAGS, *sizes),
+                             note=f"{REHEARSAL_LABEL}: {cell.note}")
+
+
 def cell_overrides(cell: Cell, overrides: Sequence[str] = ()) -> list[str]:
   """The cell's flags (with the one-validation flag of a ``final_only`` cell, at the step
   count these flags and overrides give), then the user's ``--config.*`` overrides, which win.
@@ -237,8 +272,11 @@ def _device() -> dict[str, Any]:
           "platform": devices[0].platform}
 
 
-def compare(cell: Cell, workdir: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
-  """Writes ``comparison.md`` and ``reproduce.json`` for a finished run in ``workdir``.
+def compare(cell: Cell, workdir: str, overrides: Sequence[str] = (),
+            rehearsal: bool = False) -> dict[str, Any]:
+  """Writes ``comparison.md`` and ``reproduce.json`` for a finished run in ``workdir``;
+  ``rehearsal``: a ``--rehearse`` run (:func:`rehearsal_cell`), whose row is labelled
+  :data:`REHEARSAL_LABEL` and compared with nothing.
 
   Returns:
     The comparison row (``simpletron_jax.tools.reporting.comparison_rows``), with ``ours`` and
@@ -259,11 +297,20 @@ def compare(cell: Cell, workdir: str, overrides: Sequence[str] = ()) -> dict[str
   group = reporting.RunGroup(cell.name, config.task, config.model.attention,
                              {int(config.seed): results})
   row = reporting.comparison_rows([group])[0]
+  command = user_command(cell, [*overrides, "--rehearse"] if rehearsal else overrides)
+  heading = f"`{command}`\n\n"
+  if rehearsal:   # never to be read as a reproduction of the published number
+    row.update(label=f"{cell.name} ({REHEARSAL_LABEL})", published=None, source=None,
+               ours=None, gap=None)
+    heading += (f"**{REHEARSAL_LABEL.capitalize()}**: the cell's path at the :tiny size for "
+                f"{config.num_train_steps} steps; its accuracy says nothing about the "
+                "published number.\n\n")
   table = reporting.comparison_markdown([row])
   with open(os.path.join(workdir, "comparison.md"), "w", encoding="utf-8") as f:
-    f.write(f"`{user_command(cell, overrides)}`\n\n{table}")
-  record = {"cell": cell.name, "config": cell.config, "flags": cell_overrides(cell),
-            "overrides": list(overrides), "command": user_command(cell, overrides),
+    f.write(f"{heading}{table}")
+  record = {"cell": cell.name, "rehearsal": rehearsal, "config": cell.config,
+            "flags": cell_overrides(cell, overrides),
+            "overrides": list(overrides), "command": command,
             "train_command": " ".join(["python", *train_command(cell, workdir, overrides)]),
             **_device(), "steps_per_sec": results.get("steps_per_sec"),
             "train_seconds": results.get("train_seconds"),
@@ -284,7 +331,7 @@ def copy_logs(workdir: str, dest: str) -> list[str]:
     CellError: ``dest`` exists and is not a folder, or a file is missing from ``workdir``.
   """
   if os.path.exists(dest) and not os.path.isdir(dest):
-    raise CellError(f"--copy-to {dest} is a file, not a folder")
+    raise CellError(f"--copy_to {dest} is a file, not a folder")
   missing = [n for n in COPIED_FILES if not os.path.isfile(os.path.join(workdir, n))]
   if missing:
     raise CellError(f"{workdir} lacks {', '.join(missing)}: nothing copied")
@@ -309,12 +356,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   Returns:
     The exit status (see the module docstring).
   """
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  from simpletron_jax.runtime import cli  # pylint: disable=import-outside-toplevel
+  parser = cli.ArgumentParser(prog="reproduce.py", description=__doc__.split("\n\n")[0])
   parser.add_argument("cell", nargs="?", help="a cell name (--list shows them)")
   parser.add_argument("--list", action="store_true", help="print the cells and exit")
   parser.add_argument("--workdir", default=None, help="default: runs/paper/<cell>")
-  parser.add_argument("--copy-to", default=None,
+  parser.add_argument("--copy_to", default=None,
                       help="copy the run's logs (no checkpoints) here when it is finished")
+  parser.add_argument("--rehearse", action="store_true",
+                      help="a CPU rehearsal of the cell: its :tiny size for "
+                      f"{REHEARSAL_STEPS} steps, in runs/paper_rehearsal/<cell>; its row "
+                      f"reads '{REHEARSAL_LABEL}'")
   args, overrides = parser.parse_known_args(argv)
   if args.list:
     print(plan_markdown(), end="")
@@ -327,10 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.cell:
       raise CellError("name a cell (python scripts/reproduce.py --list shows them)")
     cell = get_cell(args.cell)
+    if args.rehearse and args.copy_to:
+      raise CellError("--copy_to copies a result; a --rehearse run is not one, so it stays in "
+                      "its workdir")
     if args.copy_to and os.path.exists(args.copy_to) and not os.path.isdir(args.copy_to):
-      raise CellError(f"--copy-to {args.copy_to} is a file, not a folder")
+      raise CellError(f"--copy_to {args.copy_to} is a file, not a folder")
+    if args.rehearse:
+      cell = rehearsal_cell(cell)
     config = cell_config(cell, overrides)   # a bad override fails here, before training
-    workdir = args.workdir or os.path.join(ROOT, "runs", "paper", cell.name)
+    workdir = args.workdir or os.path.join(
+        ROOT, "runs", "paper_rehearsal" if args.rehearse else "paper", cell.name)
     cmd = [sys.executable, *train_command(cell, workdir, overrides)]
     print(f"reproduce.py: {cell.name}: {' '.join(cmd[1:])}", flush=True)
     status = subprocess.call(cmd, cwd=ROOT)
@@ -346,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"reproduce.py: {cell.name} is not finished ({problem}); rerun the same command "
             "to continue from its last checkpoint", file=sys.stderr)
       return UNFINISHED_EXIT_CODE
-    compare(cell, workdir, overrides)
+    compare(cell, workdir, overrides, rehearsal=args.rehearse)
     if args.copy_to:
       copy_logs(workdir, args.copy_to)
       print(f"reproduce.py: copied {', '.join(COPIED_FILES)} to {args.copy_to}")

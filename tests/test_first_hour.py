@@ -5,6 +5,7 @@ None of these trains: each command stops at its check, before any data or compil
 file takes seconds per case (mostly Python's and absl's start-up).
 """
 
+import json
 import os
 import re
 import signal
@@ -121,7 +122,7 @@ def test_dashed_flag_is_a_deprecated_alias(tmp_path):
 
 
 @pytest.mark.parametrize("program", ["train.py", "eval.py", "scripts/seeds.py",
-                                     "scripts/compare.py"])
+                                     "scripts/compare.py", "scripts/reproduce.py"])
 def test_help_is_plain_text(program):
   proc = _run(program, "--help")
   # absl's --help (train.py, eval.py) exits with status 1 after printing; argparse's with 0.
@@ -289,3 +290,37 @@ def test_sigterm_during_the_final_test_saves_and_says_so(tmp_path):
       "command to test it"), err[-3000:]
   assert "Traceback" not in err, err[-3000:]
   assert not (workdir / "run.lock").exists() and not (workdir / "results.json").exists()
+
+
+# ----------------------------------------------------------------------------
+# scripts/reproduce.py --rehearse: a paper cell's path on a CPU, never read as a result.
+
+
+def test_rehearse_refuses_copy_to(tmp_path):
+  proc = _run("scripts/reproduce.py", "listops_simple", "--rehearse", "--copy_to",
+              str(tmp_path / "results"))
+  _assert_one_line(proc, "reproduce.py: --copy_to copies a result; a --rehearse run is not one")
+  assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow   # a 4-step :tiny_lra_code run of a final-step cell (about 40 s)
+def test_rehearsal_of_a_final_step_cell_is_marked_and_records_its_flags(tmp_path):
+  workdir = tmp_path / "rehearsal"
+  proc = _run("scripts/reproduce.py", "listops_transformer_lra_code", "--rehearse",
+              "--workdir", str(workdir), f"--config.data.cache_dir={tmp_path / 'cache'}",
+              timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / "reproduce.json", encoding="utf-8") as f:
+    record = json.load(f)
+  assert record["rehearsal"] is True and record["config"].endswith(":tiny_lra_code")
+  assert record["row"]["label"] == "listops_transformer_lra_code (rehearsal, not a result)"
+  assert record["row"]["published"] is None and record["row"]["gap"] is None
+  # The flags as they ran: one validation at the rehearsal's last step (4), not the cell's.
+  frequencies = [f for f in record["flags"] if f.startswith("--config.eval_frequency=")]
+  assert frequencies[-1] == "--config.eval_frequency=4", record["flags"]
+  with open(workdir / "config.json", encoding="utf-8") as f:
+    config = json.load(f)
+  assert (config["eval_frequency"], config["num_train_steps"]) == (4, 4)
+  text = (workdir / "comparison.md").read_text()
+  assert "**Rehearsal, not a result**" in text and "36.37" not in text
+  assert "| listops_transformer_lra_code (rehearsal, not a result) |" in text
