@@ -16,9 +16,10 @@ from its newest checkpoint; a ``results.json`` that does not count is named with
 (incomplete, another step count or config, a NaN, or resumed with ``--allow_resume_changes``:
 its numbers mix two configs, and ``--count_forced`` counts it anyway). A seed that still does
 not count after training stops the script with a one-line error, as does a failed or preempted
-``train.py`` (with train.py's own one-line error from its log). While a seed trains, each line
-train.py prints (its progress lines, every 30 s, and its result) is also printed here, after
-``seed <s>:``; all of it goes to the seed's ``train.log``.
+``train.py`` (with train.py's own one-line error from its log). While a seed trains, train.py's
+progress lines (a line every 30 s for the data generation and the training), its validations,
+its result and its one-line error are also printed here, after ``seed <s>:``
+(:data:`RELAYED`); all of its output goes to the seed's ``train.log``.
 The script then writes ``summary.json`` and ``summary.md`` in the root: per-seed test
 accuracy under both protocols (best-validation checkpoint, final step), their mean ± std
 (sample std) and the best seed (``simpletron_jax.tools.reporting``). ``--copy_to DIR`` also
@@ -49,6 +50,11 @@ from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train import preemption  # noqa: E402
 
 RUN_FILES = ("config.json", "metrics.jsonl", "results.json")
+# The lines of train.py's output that are also printed while a seed trains: progress
+# ("train: 120/5000 (2%), ..." and "ListOps examples: ..."), validations ("step 200: val
+# accuracy ..."), a resume, the result ("test accuracy ...") and a one-line error.
+RELAYED = re.compile(r"^(\S[^:|]*: \d+/\d+ \(|step \d+: |Resumed from |test accuracy |"
+                     r"train\.py: |SIGTERM|SIGINT)")
 TrainFn = Callable[[int, str], None]
 ConfigFn = Callable[[int], Any]   # seed -> the ml_collections.ConfigDict train.py builds
 
@@ -107,7 +113,8 @@ def expected_config(config: str, overrides: Sequence[str], seed: int):
 def run_relayed(cmd: list[str], cwd: str, log: str, what: str,
                 relay: Callable[[str], None] = print) -> None:
   """Runs ``cmd`` (a ``train.py`` command line) in ``cwd``, appending its stdout and stderr to
-  the file ``log`` and passing each line, as it comes, to ``relay`` after ``"<what>: "``.
+  the file ``log`` and passing each line that :data:`RELAYED` matches, as it comes, to ``relay``
+  after ``"<what>: "``.
 
   Raises:
     RuntimeError: if it exits non-zero; the message names ``what``, the exit code, the run's
@@ -122,8 +129,8 @@ def run_relayed(cmd: list[str], cwd: str, log: str, what: str,
         f.write(line)
         f.flush()
         lines.append(line)
-        if line.strip():
-          relay(f"{what}: {line.rstrip()}")
+        if RELAYED.match(line.strip()):
+          relay(f"{what}: {line.strip()}")
   if proc.returncode:
     cause = reporting.last_error_line("".join(lines))
     raise RuntimeError(f"{what}: train.py exited {proc.returncode}"

@@ -324,3 +324,31 @@ def test_rehearsal_of_a_final_step_cell_is_marked_and_records_its_flags(tmp_path
   text = (workdir / "comparison.md").read_text()
   assert "**Rehearsal, not a result**" in text and "36.37" not in text
   assert "| listops_transformer_lra_code (rehearsal, not a result) |" in text
+
+
+# ----------------------------------------------------------------------------
+# scripts/seeds.py shows each seed's progress while it trains.
+
+
+@pytest.mark.slow   # two 2-step seeds (about 30 s)
+def test_seeds_relays_progress_while_training(tmp_path):
+  proc = _run("scripts/seeds.py", *TINY, "--seeds", "0", "1", "--workdir_root",
+              str(tmp_path / "seeds"), f"--config.data.cache_dir={tmp_path / 'cache'}",
+              "--config.data.num_train=64", "--config.data.num_val=32",
+              "--config.data.num_test=32", "--config.model.num_layers=1",
+              "--config.num_train_steps=2", "--config.eval_frequency=2",
+              env={"SIMPLETRON_PROGRESS_SECONDS": "1"}, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.splitlines()
+  for seed in (0, 1):
+    mine = [line for line in lines if line.startswith(f"seed {seed}: ")]
+    assert any(re.match(rf"seed {seed}: ListOps examples: \d+/128 ", l) for l in mine), mine
+    assert any(re.match(rf"seed {seed}: train: \d/2 \(", l) for l in mine), mine
+    assert any(l.startswith(f"seed {seed}: step 2: val accuracy") for l in mine), mine
+    assert mine[-1].startswith(f"seed {seed}: test accuracy "), mine
+    assert not any("| encoder/" in l for l in mine), "the parameter table stays in train.log"
+    log = (tmp_path / "seeds" / f"seed{seed}" / "train.log").read_text()
+    assert "| encoder/" in log and "test accuracy" in log
+  # The relayed lines come before the summary, which is printed once every seed is done.
+  assert lines.index(next(l for l in lines if l.startswith("seed 1: test accuracy"))) < next(
+      i for i, l in enumerate(lines) if l.startswith("| seed |"))
