@@ -388,6 +388,12 @@ def test_prepare_generates_listops_and_pathfinder_as_training_would(tmp_path):
   checks = prepare.verify("pathfinder", pf)
   assert ("ok", "pathfinder all: 3 images, as the config asks") in checks
   assert any(line.endswith("SHA-256 as made") for _, line in checks)
+  # Without --config (the published 200,000 images are not there): each set in the cache.
+  found = prepare.configs_to_verify("pathfinder", _config("pathfinder",
+                                                          f"--config.data.cache_dir={cache}"))
+  assert [(c.data.num_images, c.data.generator) for c in found] == [(3, "solid")]
+  assert prepare.configs_to_verify("pathx", _config("pathx", f"--config.data.cache_dir={cache}")
+                                   )[0].data.num_images == 200000   # none at 128 x 128
 
 
 # ----------------------------------------------------------------------------
