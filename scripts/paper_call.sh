@@ -6,7 +6,10 @@
 #
 # MINUTES is the call's whole budget (the device tool allows 10 a call; use at most 9). Each
 # cell runs `python scripts/reproduce.py CELL --config.max_train_minutes=M`, with M the
-# minutes left minus a reserve for its compile, final test and copy (RESERVE_MIN, default 2).
+# minutes left (to the second) minus a reserve for what runs after train.py's time budget is
+# spent: the step in progress, the stop's validation, save and tests, the comparison and the
+# copy (RESERVE_S seconds, default 60; RESERVE_MIN=N sets it to N minutes). train.py's budget
+# counts from its own start, so its start-up and compiles are inside M.
 # A cell stopped by its budget is resumed by the next call on the same warm machine (same
 # command: its checkpoints stay in runs/paper/CELL); on a fresh machine it starts again. A
 # cell that is not finished stops the call, so the cells always run in plan order.
@@ -22,13 +25,14 @@ shift
 [ $# -gt 0 ] || { echo "paper_call.sh: name at least one cell (python scripts/reproduce.py --list)"; exit 2; }
 OUT=${OUT:-/tmp/paper_call}
 DATA=${DATA:-.data}
-RESERVE_MIN=${RESERVE_MIN:-2}
+RESERVE_S=${RESERVE_S:-$(( ${RESERVE_MIN:-1} * 60 ))}
 read -r -a extra <<< "${EXTRA:-}"
 mkdir -p "$OUT"
 deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
 log="$OUT/call.log"
 say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
-left_min() { echo $(( (deadline - $(date +%s)) / 60 )); }
+left_s() { echo $(( deadline - $(date +%s) )); }
+left_min() { echo $(( $(left_s) / 60 )); }
 
 say "call of $minutes min: $*"
 if [ "${SMOKE:-1}" != 0 ]; then   # wheels, imports and 20 train steps on this device
@@ -36,8 +40,9 @@ if [ "${SMOKE:-1}" != 0 ]; then   # wheels, imports and 20 train steps on this d
 fi
 
 for cell in "$@"; do
-  budget=$(( $(left_min) - RESERVE_MIN ))
-  if [ "$budget" -lt 1 ]; then say "$cell: no time left in this call"; break; fi
+  budget_s=$(( $(left_s) - RESERVE_S ))
+  if [ "$budget_s" -lt 60 ]; then say "$cell: no time left in this call"; break; fi
+  budget=$(printf "%d.%02d" $(( budget_s / 60 )) $(( budget_s % 60 * 100 / 60 )))
   data=()
   case "$cell" in
     text_*) data=("--config.data.data_dir=$DATA/imdb");;
