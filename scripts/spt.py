@@ -4,42 +4,44 @@ and seeds (Amos et al., ICLR 2024; :mod:`simpletron_jax.train.pretraining`).
 Usage::
 
     python scripts/spt.py --tasks listops text --attentions simple transformer linear \\
-        --seeds 0 1 2 --size tiny --spt-steps 300 --ft-steps 300 \\
-        --workdir-root runs/spt_tiny --copy-to results/spt_tiny
+        --seeds 0 1 2 --size tiny --spt_steps 300 --ft_steps 300 \\
+        --workdir_root runs/spt_tiny --copy_to results/spt_tiny
 
 For each task, attention and seed, three runs in ``<root>/<task>_<attention>/seed<s>/``:
 
 * ``spt``: ``configs/<task>/<attention>.py:<size>_spt`` (masked-token denoising on the
-  training split) for ``--spt-steps`` steps;
+  training split) for ``--spt_steps`` steps;
 * ``ft``: ``:<size>_spt_ft`` with ``init_from`` = the ``spt`` run (the encoder copied, the
-  classifier head new) for ``--ft-steps`` steps;
-* ``scratch``: ``:<size>`` for the same ``--ft-steps`` steps and the same schedule; at the
+  classifier head new) for ``--ft_steps`` steps;
+* ``scratch``: ``:<size>`` for the same ``--ft_steps`` steps and the same schedule; at the
   paper size (``--size ''``) with the same recipe as ``ft`` too (the SPT code's fine-tuning
   optimisation, :func:`simpletron_jax.train.pretraining.apply_paper_recipe`), so the two arms
   differ only in their initialisation.
 
-``--spt-steps`` / ``--ft-steps`` (optimizer steps) default to the configs' own: at the paper
+``--spt_steps`` / ``--ft_steps`` (optimizer steps) default to the configs' own: at the paper
 size the SPT code's epochs and warmups, at ``tiny`` the ``tiny`` schedule.
 
-``--table-only`` trains nothing and rewrites the tables from the runs found.
+``--table_only`` trains nothing and rewrites the tables from the runs found.
 ``--warmup`` (default 10% of each run's steps when its steps are given, else the config's)
 and ``--config.<field>=<value>`` (the syntax of ``train.py``, parsed by
 :mod:`simpletron_jax.runtime.overrides`; repeatable) apply to all three;
-``--spt-config.<field>=<value>`` to the pretraining runs only (e.g. their learning rate), so
+``--spt_config.<field>=<value>`` to the pretraining runs only (e.g. their learning rate), so
 the two arms still fine-tune with the same recipe.
 A run is not trained again when its ``results.json`` is a finished run of its very config:
 complete, at its step count, and with its ``config_fingerprint``
 (:func:`simpletron_jax.train.run_record.workdir_results_problem`, as ``scripts/seeds.py`` checks);
 any other resumes from its checkpoints (the reason is printed). The runs go to
-``--workdir-root`` (default ``runs/spt_<size>``). After each seed the script writes
+``--workdir_root`` (default ``runs/spt_<size>``). After each seed the script writes
 ``table.md`` and ``table.json`` in the root; nothing under ``results/`` changes unless
-``--copy-to DIR`` is given, which copies them and every run's ``config.json`` and
+``--copy_to DIR`` is given, which copies them and every run's ``config.json`` and
 ``results.json`` (never checkpoints) into ``DIR``. The table gives the mean ± sample std over
 the seeds done of the test accuracy at the final step (both arms have the same number of
 fine-tuning steps) and at the best-validation step, and the pretraining's masked-token accuracy
 on the validation split; only runs that count enter it (a fine-tuning run is compared with the
 ``init_from`` its own ``config.json`` names, so a copied folder still tabulates), and the others
-are listed under ``left_out`` in ``table.json`` with the reason.
+are listed under ``left_out`` in ``table.json`` with the reason. Flags are spelled with
+underscores, as train.py's; the dashed spellings (``--spt-steps``, ``--spt-config.<field>``,
+...) are accepted until the next release, with a note.
 """
 
 from __future__ import annotations
@@ -61,8 +63,10 @@ from simpletron_jax.runtime import overrides as overrides_lib  # noqa: E402  pyl
 from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
 
 STAGES = ("spt", "ft", "scratch")
-SPT_PREFIX = "--spt-config."
-"""The prefix of the pretraining-only overrides (``--spt-config.<field>=<value>``)."""
+SPT_PREFIX = "--spt_config."
+"""The prefix of the pretraining-only overrides (``--spt_config.<field>=<value>``)."""
+OLD_SPT_PREFIX = "--spt-config."
+"""Its former spelling, accepted until the next release (with a deprecation note)."""
 
 
 def stage_config(task: str, attention: str, size: str, stage: str, seed: int,
@@ -215,32 +219,38 @@ def copy_out(root: str, dest: str) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The flags; ``config_overrides`` and ``spt_overrides`` hold the ``--config.*`` and
-  ``--spt-config.*`` arguments (the latter as ``--config.*``).
+  ``--spt_config.*`` arguments (the latter as ``--config.*``).
 
   Raises:
     SystemExit: argparse's usage error.
   """
-  parser = argparse.ArgumentParser(
-      description=__doc__.split("\n")[0],
+  parser = cli.ArgumentParser(
+      prog="spt.py", description=__doc__.split("\n")[0],
       epilog="--config.<field>=<value> (repeatable) sets a config field of every run, as for "
-             "train.py; --spt-config.<field>=<value> of the pretraining runs only (after "
+             "train.py; --spt_config.<field>=<value> of the pretraining runs only (after "
              "--config.*)")
   parser.add_argument("--tasks", nargs="+", default=["listops", "text"])
   parser.add_argument("--attentions", nargs="+", default=["simple", "transformer", "linear"])
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
   parser.add_argument("--size", default="tiny", help="'tiny', or '' for the published size")
-  parser.add_argument("--spt-steps", type=int, default=None,
+  parser.add_argument("--spt_steps", type=int, default=None,
                       help="pretraining steps (default: the :spt config's)")
-  parser.add_argument("--ft-steps", type=int, default=None,
+  parser.add_argument("--ft_steps", type=int, default=None,
                       help="fine-tuning and scratch steps (default: the :spt_ft config's)")
   parser.add_argument("--warmup", type=int, default=None)
-  parser.add_argument("--workdir-root", default=None,
+  parser.add_argument("--workdir_root", default=None,
                       help="folder of the runs and tables (default runs/spt_<size>)")
-  parser.add_argument("--copy-to", default="", metavar="DIR",
+  parser.add_argument("--copy_to", default="", metavar="DIR",
                       help="also copy the tables and run files here, e.g. results/spt_tiny")
-  parser.add_argument("--table-only", action="store_true",
+  parser.add_argument("--table_only", action="store_true",
                       help="train nothing: only (re)write the tables from the runs there are")
   argv = sys.argv[1:] if argv is None else list(argv)
+  if any(a.startswith(OLD_SPT_PREFIX) for a in argv):
+    print(f"spt.py: {OLD_SPT_PREFIX}<field> is deprecated: write {SPT_PREFIX}<field> (flags "
+          "are spelled with underscores, as train.py's; the dashed form goes in the next "
+          "release)", file=sys.stderr)
+    argv = [SPT_PREFIX + a[len(OLD_SPT_PREFIX):] if a.startswith(OLD_SPT_PREFIX) else a
+            for a in argv]
   hint = overrides_lib.old_syntax(argv, ("--set", "--spt-set"))
   if hint:
     parser.error(hint)

@@ -4,10 +4,10 @@ accuracy: the README's per-variant ListOps table (issue 3).
 Usage::
 
     python scripts/variant_table.py --task listops --variant tiny --steps 300 --warmup 200 --jobs 2
-    python scripts/variant_table.py ... --copy-to results/listops_tiny_table  # commit-ready
+    python scripts/variant_table.py ... --copy_to results/listops_tiny_table  # commit-ready
 
 Each run is ``python train.py --config configs/<task>/<model>.py:<variant>`` with
-``--config.num_train_steps=<steps> --config.eval_frequency=<eval-every>
+``--config.num_train_steps=<steps> --config.eval_frequency=<eval_every>
 --config.warmup=<warmup>`` and any ``--config.<field>=<value>`` given here (the syntax of
 ``train.py``, :mod:`simpletron_jax.runtime.overrides`), in ``<runs>/<model>`` (``--runs``, default
 ``runs/<task>_<variant>_table``). A run is reused only when its ``results.json`` is a finished
@@ -20,9 +20,10 @@ go side by side, each pinned to its own CPU core (``taskset``) so their timings 
 each other.
 
 The script writes ``table.md`` and ``table.json`` in the runs folder. Nothing under
-``results/`` changes unless ``--copy-to DIR`` is given: then each run's ``results.json``,
+``results/`` changes unless ``--copy_to DIR`` is given: then each run's ``results.json``,
 ``config.json`` and ``metrics.jsonl`` (never checkpoints) and the two tables are copied into
-``DIR``.
+``DIR``. Flags are spelled with underscores, as train.py's; the dashed ``--eval-every`` and
+``--copy-to`` are accepted until the next release, with a note.
 """
 
 from __future__ import annotations
@@ -159,20 +160,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     SystemExit: argparse's usage error.
   """
   parser = overrides.OverrideParser(
-      description=__doc__.split("\n\n")[0],
+      prog="variant_table.py", description=__doc__.split("\n\n")[0],
       epilog="--config.<field>=<value> (repeatable) sets a config field of every run, as for "
              "train.py")
   parser.add_argument("--task", default="listops")
   parser.add_argument("--variant", default="tiny", help="the config variant ('' for none)")
   parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
-  parser.add_argument("--eval-every", type=int, default=150, help="steps between validations")
+  parser.add_argument("--eval_every", type=int, default=150, help="steps between validations")
   parser.add_argument("--warmup", type=int, default=200, help="learning-rate warmup steps")
   parser.add_argument("--names", nargs="*", default=None, help="default: every registered one")
   parser.add_argument("--jobs", type=int, default=1, help="runs side by side, one core each")
   parser.add_argument("--runs", default=None,
                       help="folder of the runs and the tables "
                            "(default runs/<task>_<variant>_table)")
-  parser.add_argument("--copy-to", default=None, metavar="DIR",
+  parser.add_argument("--copy_to", default=None, metavar="DIR",
                       help="also copy the run files and tables here, e.g. "
                            "results/<task>_<variant>_table to refresh the committed ones")
   return parser.parse_args(argv)
@@ -180,7 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None, train_for: Callable[[int | None], TrainFn] =
          subprocess_train) -> dict:
-  """Parses flags, runs the variants, writes the table (and copies it with ``--copy-to``).
+  """Parses flags, runs the variants, writes the table (and copies it with ``--copy_to``).
 
   Args:
     argv: the arguments (default ``sys.argv[1:]``).

@@ -121,8 +121,34 @@ def test_dashed_flag_is_a_deprecated_alias(tmp_path):
   assert lines[1].startswith("seeds.py: --workdir_root"), "the alias reached the flag"
 
 
+def test_spt_dashed_spellings_parse_as_the_underscored_ones(capsys):
+  spt = _load_script("spt")
+  dashed = spt.parse_args(["--spt-steps", "4", "--ft-steps=6", "--workdir-root", "/tmp/r",
+                           "--table-only", "--spt-config.learning_rate=0.01",
+                           "--config.seed=1"])
+  notes = capsys.readouterr().err.splitlines()
+  underscored = spt.parse_args(["--spt_steps", "4", "--ft_steps=6", "--workdir_root", "/tmp/r",
+                                "--table_only", "--spt_config.learning_rate=0.01",
+                                "--config.seed=1"])
+  assert vars(dashed) == vars(underscored)
+  assert underscored.spt_overrides == ["--config.learning_rate=0.01"]
+  assert capsys.readouterr().err == "", "the underscored spelling draws no note"
+  assert len(notes) == 5 and all("is deprecated: write --" in n for n in notes), notes
+
+
+def _load_script(name):
+  """``scripts/<name>.py`` as a module."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts",
+                                                                   f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 @pytest.mark.parametrize("program", ["train.py", "eval.py", "scripts/seeds.py",
-                                     "scripts/compare.py", "scripts/reproduce.py"])
+                                     "scripts/compare.py", "scripts/reproduce.py",
+                                     "scripts/spt.py", "scripts/variant_table.py"])
 def test_help_is_plain_text(program):
   proc = _run(program, "--help")
   # absl's --help (train.py, eval.py) exits with status 1 after printing; argparse's with 0.

@@ -27,7 +27,6 @@ No JAX here.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import os
 import sys
@@ -47,7 +46,7 @@ def split_overrides(argv: Sequence[str], prefix: str = PREFIX) -> tuple[list[str
   Args:
     argv: the arguments (without the program name).
     prefix: what an override starts with: ``--config.`` (every script), or another stage's
-      prefix such as ``--spt-config.`` (``scripts/spt.py``'s pretraining-only overrides).
+      prefix such as ``--spt_config.`` (``scripts/spt.py``'s pretraining-only overrides).
 
   Returns:
     ``(rest, overrides)``: the other arguments in order, and each override as one
@@ -86,16 +85,18 @@ def old_syntax(argv: Sequence[str], flags: Sequence[str]) -> str | None:
     name, _, inline = arg.partition("=")
     if name in flags:
       value = inline or (argv[i + 1] if i + 1 < len(argv) else "FIELD=VALUE")
-      new = PREFIX if name in ("--override", "--set") else "--spt-config."
+      new = PREFIX if name in ("--override", "--set") else "--spt_config."
       return (f"{name} {value} is written {new}{value} now (the syntax of train.py: "
               f"{PREFIX}<field>=<value>)")
   return None
 
 
-class OverrideParser(argparse.ArgumentParser):
+class OverrideParser(cli.ArgumentParser):
   """An ``ArgumentParser`` that first takes the ``--config.<field>=<value>`` overrides out of
   the command line (:func:`split_overrides`) and stores them, in order, as
-  ``args.config_overrides``.
+  ``args.config_overrides``. Its other flags follow the project's style
+  (:class:`simpletron_jax.runtime.cli.ArgumentParser`: underscores, a dashed spelling accepted
+  with a deprecation note, plain ``--help``).
 
   Args:
     old_flags: retired override flags (``--override``, ``--set``) answered with the same
