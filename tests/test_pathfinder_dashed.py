@@ -18,7 +18,8 @@ from PIL import Image
 
 from configs import lra
 from simpletron_jax.data import pathfinder as pf
-from simpletron_jax.data.pathfinder import dashed, stats
+from simpletron_jax.data.pathfinder import dashed_geometry, stats
+from simpletron_jax.data.pathfinder import task as pf_task
 
 REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                          "benchmarks", "results", "cpu", "pathfinder_generators.json")
@@ -100,7 +101,7 @@ def test_first_paddle_angles_follow_opencv_border():
   the 360 angles; OpenCV's dilation then leaves -DBL_MAX on the border and the original finds
   no free pixel. At 128 x 128 (larger paddles) only a corner pixel can read wholly outside:
   for -59..-54 degrees at margin 2 (checked against OpenCV 5.0), for no angle at margin 3."""
-  g32 = dashed._geometry(pf.dashed_params_for(32, "hard"), 1)
+  g32 = dashed_geometry._geometry(pf.dashed_params_for(32, "hard"), 1)
   failing = [d for d in range(-180, 180) if g32.reads_outside(d)]
   assert len(failing) == 330
   for d in range(-180, 180):
@@ -108,7 +109,7 @@ def test_first_paddle_angles_follow_opencv_border():
     one_sided = (dy > 0).all() or (dy < 0).all() or (dx > 0).all() or (dx < 0).all()
     assert one_sided == (d in failing)
   for margin, expected in ((2, list(range(-59, -53))), (3, [])):
-    g128 = dashed._geometry(pf.dashed_params_for(128, "hard"), margin)
+    g128 = dashed_geometry._geometry(pf.dashed_params_for(128, "hard"), margin)
     assert [d for d in range(-180, 180) if g128.reads_outside(d)] == expected
 
 
@@ -116,7 +117,7 @@ def test_contours_are_dashed_chains(hard32):
   """Paddle counts, gaps of about 2 * margin, turns within 90 / continuity degrees, and the
   first paddles of distractors and of target 0 at one of the 30 angles that can start."""
   p, examples = hard32
-  g = dashed._geometry(p, 1)
+  g = dashed_geometry._geometry(p, 1)
   starting = {d for d in range(-180, 180) if not g.reads_outside(d)}
   for _, _, info in examples:
     assert [len(t) for t in info["targets"]] == [p.contour_length] * 2
@@ -299,7 +300,7 @@ def test_the_task_loader_generates_with_the_configured_generator(generator, monk
   def ensure_generated(cache_dir, **kwargs):
     raise Asked(kwargs["generator"])
 
-  monkeypatch.setattr(pf, "ensure_generated", ensure_generated)
+  monkeypatch.setattr(pf_task, "ensure_generated", ensure_generated)   # where the loader reads it
   config = lra.make_config("pathfinder", "simple", "tiny")
   config.data.generator = generator
   config.data.data_dir = None

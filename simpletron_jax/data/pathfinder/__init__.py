@@ -3,8 +3,10 @@
 An image shows curved contours on a black background and two round markers; the label is 1
 when one contour joins the markers. :mod:`.params` holds the levels and LRA's settings.
 :mod:`.dashed` draws an image as LRA's data was drawn (the algorithm of ``drewlinsley/pathfinder``,
-contours of separate paddles; ``data.generator="dashed"``, the default), :mod:`.draw` the
-``solid`` option (connected paths whose label a connected-component labelling reads off).
+contours of separate paddles; ``data.generator="dashed"``, the default; its paddles and
+candidate pixels per setting in :mod:`.dashed_geometry`), :mod:`.draw` the ``solid`` option
+(connected paths whose label a connected-component labelling reads off; its masks in
+:mod:`.draw_masks`).
 :mod:`.generate` writes a level in LRA's file layout, :mod:`.read` reads that layout (or LRA's
 release) and splits it, and :mod:`.stats` measures a set of images (the comparison with the
 original generator in ``benchmarks/pathfinder_generators.py``); :mod:`.task` registers the
