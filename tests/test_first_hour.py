@@ -123,6 +123,22 @@ def test_dashed_flag_is_a_deprecated_alias(tmp_path):
   assert lines[1].startswith("seeds.py: --workdir_root"), "the alias reached the flag"
 
 
+@pytest.mark.parametrize("argv,first", [
+    (("scripts/seeds.py",), "seeds.py: the following arguments are required: --config"),
+    (("scripts/seeds.py", *TINY, "--seeds", "a"), "seeds.py: argument --seeds: invalid int "
+     "value: 'a'"),
+    (("scripts/compare.py",), "compare.py: the following arguments are required: folder"),
+    (("scripts/reproduce.py", "listops_simple", "--workdir"), "reproduce.py: argument "
+     "--workdir: expected one argument"),
+    (("scripts/variant_table.py", "--steps", "x"), "variant_table.py: argument --steps: "
+     "invalid int value: 'x'"),
+])
+def test_a_bad_invocation_is_one_line_and_status_1(argv, first):
+  proc = _run(*argv)
+  _assert_one_line(proc, first, "(see --help)")
+  assert len(proc.stderr.strip().splitlines()) == 1, "no usage block before the error"
+
+
 def test_spt_dashed_spellings_parse_as_the_underscored_ones(capsys):
   spt = _load_script("spt")
   dashed = spt.parse_args(["--spt-steps", "4", "--ft-steps=6", "--workdir-root", "/tmp/r",

@@ -348,7 +348,8 @@ class ArgumentParser(argparse.ArgumentParser):
   For one release the dashed spelling of an option defined with underscores
   (``--workdir-root``) is still accepted, with a deprecation note on stderr; an option still
   defined with dashes also takes its underscore spelling, silently. ``--help`` is plain text
-  (:func:`plain_text`). ``--config.<field>`` overrides are left as they are.
+  (:func:`plain_text`); a bad invocation ends with one line and status 1 (:meth:`error`).
+  ``--config.<field>`` overrides are left as they are.
   """
 
   def parse_known_args(self, args=None, namespace=None):  # pylint: disable=signature-differs
@@ -380,6 +381,12 @@ class ArgumentParser(argparse.ArgumentParser):
   def format_help(self) -> str:
     """argparse's help, as plain text."""
     return plain_text(super().format_help())
+
+  def error(self, message: str):
+    """A bad invocation (a missing or unknown flag, a bad value): one line,
+    ``<prog>: <message> (see --help)``, and exit status 1, as ``train.py``'s flag errors;
+    argparse's own prints the usage first and exits 2."""
+    self.exit(1, f"{self.prog}: {message} (see --help)\n")
 
 
 def check_workdir(path: str, flag: str = "--workdir") -> None:
