@@ -16,7 +16,9 @@ from its newest checkpoint; a ``results.json`` that does not count is named with
 (incomplete, another step count or config, a NaN, or resumed with ``--allow_resume_changes``:
 its numbers mix two configs, and ``--count_forced`` counts it anyway). A seed that still does
 not count after training stops the script with a one-line error, as does a failed or preempted
-``train.py`` (with train.py's own one-line error from its log). While a seed trains, train.py's
+``train.py`` (with train.py's own one-line error from its log; status 75 after a preemption,
+which saved the seed's step: rerun to continue). SIGINT or SIGTERM sent to this script is
+passed on to the running train.py once per signal (:func:`run_relayed`). While a seed trains, train.py's
 progress lines (a line every 30 s for the data generation and the training), its validations,
 its result and its one-line error are also printed here, after ``seed <s>:``
 (:data:`RELAYED`); all of its output goes to the seed's ``train.log``.
@@ -36,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from typing import Any, Callable, Sequence
@@ -43,7 +46,7 @@ from typing import Any, Callable, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.runtime import cli, errors  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.runtime import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
@@ -62,6 +65,11 @@ ConfigFn = Callable[[int], Any]   # seed -> the ml_collections.ConfigDict train.
 class SeedError(RuntimeError):
   """A seed could not be finished: train.py failed or was preempted, or its results.json
   still does not count; the message (one line) names the seed, the cause and the file."""
+
+
+class SeedPreempted(SeedError):
+  """train.py was preempted (SIGTERM or SIGINT) after saving; the script exits with
+  ``preemption.PREEMPTED_EXIT_CODE`` (75), as train.py does, and a rerun continues."""
 
 
 def seed_dir(root: str, seed: int) -> str:
@@ -116,21 +124,35 @@ def run_relayed(cmd: list[str], cwd: str, log: str, what: str,
   the file ``log`` and passing each line that :data:`RELAYED` matches, as it comes, to ``relay``
   after ``"<what>: "``.
 
+  The child runs in its own session, so a Ctrl-C or a scheduler's signal to this script's
+  process group reaches it once, through this script: SIGINT or SIGTERM here is passed on to
+  train.py (which saves its step and exits 75), and the script waits for it; a second one is
+  passed on too (train.py then stops at once).
+
   Raises:
     RuntimeError: if it exits non-zero; the message names ``what``, the exit code, the run's
       own one-line error when it printed one (``train.py: <cause>``) and ``log``.
   """
   env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # each line as it is printed
   lines = []
-  with open(log, "a", encoding="utf-8") as f:
+  with open(log, "a", encoding="utf-8") as f, cli.sigterm_raises():
     with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          env=env, text=True, errors="replace") as proc:
-      for line in proc.stdout:
-        f.write(line)
-        f.flush()
-        lines.append(line)
-        if RELAYED.match(line.strip()):
-          relay(f"{what}: {line.strip()}")
+                          env=env, text=True, errors="replace",
+                          start_new_session=True) as proc:
+      while True:
+        try:
+          for line in proc.stdout:
+            f.write(line)
+            f.flush()
+            lines.append(line)
+            if RELAYED.match(line.strip()):
+              relay(f"{what}: {line.strip()}")
+          break
+        except KeyboardInterrupt as e:   # SIGINT, or SIGTERM (errors.Terminated)
+          signum = signal.SIGTERM if isinstance(e, errors.Terminated) else signal.SIGINT
+          if proc.poll() is None:
+            proc.send_signal(signum)
+            relay(f"{what}: {signum.name} passed on to train.py; waiting for it to stop")
   if proc.returncode:
     cause = reporting.last_error_line("".join(lines))
     raise RuntimeError(f"{what}: train.py exited {proc.returncode}"
@@ -158,8 +180,9 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0,
       run_relayed(cmd, ROOT, log, f"seed {seed}", relay)
     except RuntimeError as e:
       if re.search(rf"exited {preemption.PREEMPTED_EXIT_CODE}[:;]", str(e)):
-        raise SeedError(f"seed {seed}: train.py was preempted (SIGTERM or SIGINT) after saving "
-                        f"a checkpoint; rerun the same command to continue (log: {log})") from None
+        raise SeedPreempted(f"seed {seed}: train.py was preempted (SIGTERM or SIGINT) after "
+                            "saving a checkpoint; rerun the same command to continue (log: "
+                            f"{log})") from None
       raise SeedError(str(e)) from None
   return train
 
@@ -289,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results = run_seeds(args.seeds, root, subprocess_trainer(args.config, overrides, args.nice),
                         config_for=lambda seed: expected_config(args.config, overrides, seed),
                         count_forced=args.count_forced)
+  except SeedPreempted as e:   # saved: 75, as train.py, so a scheduler reruns the command
+    print(f"seeds.py: {e}", file=sys.stderr)
+    raise SystemExit(preemption.PREEMPTED_EXIT_CODE) from None
   except SeedError as e:  # a named cause: one line, no traceback
     raise SystemExit(f"seeds.py: {e}") from None
   title = " ".join([args.config, *overrides])

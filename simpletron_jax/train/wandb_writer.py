@@ -69,9 +69,9 @@ class WandbWriter(ScalarWriter):
     except Exception as e:  # pylint: disable=broad-except  # any failure of W&B's start
       raise errors.StartError(
           f"could not start the W&B run {run_id} (config.wandb.project={project!r}, "
-          f"mode={mode!r}): {str(e).rstrip('.')}. Log in (`wandb login`), or set --config.wandb.mode=offline "
-          "and upload later with `wandb sync`, or --config.wandb.project='' to log without "
-          "W&B") from e
+          f"mode={mode!r}): {str(e).rstrip('.')}. Log in (`wandb login`), or set "
+          "--config.wandb.mode=offline and upload later with `wandb sync`, or "
+          "--config.wandb.project='' to log without W&B") from e
     self._run.define_metric(STEP_KEY)
     self._run.define_metric("*", step_metric=STEP_KEY)
     # <directory>/wandb/<offline-run or run>-<time>-<id>: the run's .wandb log, logs/, files/
