@@ -222,7 +222,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ``--spt_config.*`` arguments (the latter as ``--config.*``).
 
   Raises:
-    SystemExit: argparse's usage error.
+    SystemExit: a bad invocation: one line, status 1 (cli.ArgumentParser.error).
   """
   parser = cli.ArgumentParser(
       prog="spt.py", description=__doc__.split("\n")[0],

@@ -157,7 +157,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The flags; ``config_overrides`` holds the ``--config.<field>=<value>`` arguments.
 
   Raises:
-    SystemExit: argparse's usage error.
+    SystemExit: a bad invocation: one line, status 1 (cli.ArgumentParser.error).
   """
   parser = overrides.OverrideParser(
       prog="variant_table.py", description=__doc__.split("\n\n")[0],

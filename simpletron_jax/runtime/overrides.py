@@ -112,8 +112,9 @@ class OverrideParser(cli.ArgumentParser):
     """As argparse's, with ``config_overrides`` set on the namespace.
 
     Raises:
-      SystemExit: argparse's usage error, also for an override without a field name or a
-        retired flag (one line).
+      SystemExit: a bad invocation, one line and status 1
+        (:meth:`simpletron_jax.runtime.cli.ArgumentParser.error`), also for an override without
+        a field name or a retired flag.
     """
     args = sys.argv[1:] if args is None else list(args)
     hint = old_syntax(args, self.old_flags)
