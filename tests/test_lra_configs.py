@@ -8,7 +8,7 @@ import pytest
 
 from configs import lra
 from simpletron_jax.data import tasks
-from simpletron_jax.model import attention as attention_registry, encoders
+from simpletron_jax.model import attention as attention_registry, encoders, model_config
 from simpletron_jax.train import recipes
 
 # The tasks with SimpleTRON's appendix A settings, which have the :authors variants.
@@ -122,7 +122,7 @@ def test_other_configs_keep_the_default_function():
         config = lra.make_config(task, name, variant)
         typed = encoders.ModelConfig.from_config_dict(config.model)
         for field in dataclasses.fields(encoders.ModelConfig):
-          if field.name not in encoders.SIZES and field.name not in (
+          if field.name not in model_config.SIZES and field.name not in (
               "attention", "attention_kwargs", "dropout_rate", "attention_dropout_rate",
               "learn_pos_emb", "classifier_pool", "head", "interaction", "dtype"):
             assert getattr(typed, field.name) == field.default, (task, name, field.name)
