@@ -1058,7 +1058,11 @@ def plot(payload: dict[str, Any], path: str) -> bool:
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
-  ax_mem.legend(fontsize=8, loc="upper left", ncol=2)
+  # A CPU run measures no memory: its lines (and so the legend) are on the speed panel alone;
+  # a run that measured nothing has no legend.
+  legend_ax = ax_mem if ax_mem.lines else ax_speed
+  if legend_ax.lines:
+    legend_ax.legend(fontsize=8, loc="upper left", ncol=2)
   fig.suptitle(f"LRA text model, batch {settings['batch']}, {settings['dtype']}, "
                f"{machine['device_kind']} x{machine['n_devices']}")
   fig.tight_layout()

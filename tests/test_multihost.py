@@ -169,7 +169,26 @@ def test_only_process_0_writes_metrics_tensorboard_and_results(straight):
   keys = [(r["step"], r["split"]) for r in records]
   assert len(keys) == len(set(keys)) and (STEPS, "val") in keys
   results = json.loads((workdir / "results.json").read_text())
-  assert results["num_devices"] == 2 and results == pytest.approx(rec0["results"])
+  assert results["num_devices"] == 2
+  _assert_same_record(results, rec0["results"])
+
+
+def _assert_same_record(got, want, where="results"):
+  """``got`` equals ``want``: floats within a relative 1e-6 (a JSON round trip), everything
+  else (keys, lengths, strings, integers, booleans, None) exactly, at any depth."""
+  if isinstance(want, float) or isinstance(got, float):
+    assert isinstance(got, (int, float)) and not isinstance(got, bool), (where, got, want)
+    assert got == pytest.approx(want, rel=1e-6, nan_ok=True), (where, got, want)
+  elif isinstance(want, dict):
+    assert isinstance(got, dict) and got.keys() == want.keys(), (where, sorted(got), sorted(want))
+    for key in want:
+      _assert_same_record(got[key], want[key], f"{where}.{key}")
+  elif isinstance(want, list):
+    assert isinstance(got, list) and len(got) == len(want), (where, got, want)
+    for i, (a, b) in enumerate(zip(got, want)):
+      _assert_same_record(a, b, f"{where}[{i}]")
+  else:
+    assert got == want and type(got) is type(want), (where, got, want)
 
 
 @pytest.mark.multihost
