@@ -225,7 +225,7 @@ def test_explain_without_matplotlib(tmp_path):
 def test_gpu_software_reads_cuda_cudnn_and_driver(tmp_path, monkeypatch):
   import types  # pylint: disable=import-outside-toplevel
   from jax._src import lib as jax_lib  # pylint: disable=import-outside-toplevel
-  from simpletron_jax.train import run_record  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import software_record  # pylint: disable=import-outside-toplevel
   fake = types.SimpleNamespace(cuda_runtime_get_version=lambda: 12040,
                                cudnn_get_version=lambda: 90100,
                                cuda_driver_get_version=lambda: 12080)
@@ -235,16 +235,16 @@ def test_gpu_software_reads_cuda_cudnn_and_driver(tmp_path, monkeypatch):
   smi.write_text("#!/bin/sh\necho 550.54.15\n")
   smi.chmod(0o755)
   monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
-  record = run_record.gpu_software("gpu")
+  record = software_record.gpu_software("gpu")
   assert record == {"cuda_version": "12.4", "cudnn_version": "9.1.0",
                     "cuda_driver_version": "12.8", "nvidia_driver_version": "550.54.15"}
-  line = run_record.software_line({"python_version": "3.11", **record})
+  line = software_record.software_line({"python_version": "3.11", **record})
   assert line.endswith("CUDA 12.4, cuDNN 9.1.0, CUDA driver API 12.8, NVIDIA driver 550.54.15")
   # Off a GPU, or where nothing can be read, every field is None and nothing raises.
-  assert set(run_record.gpu_software("cpu").values()) == {None}
+  assert set(software_record.gpu_software("cpu").values()) == {None}
   monkeypatch.setattr(jax_lib, "cuda_versions", None, raising=False)
   monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-  assert set(run_record.gpu_software("gpu").values()) == {None}
+  assert set(software_record.gpu_software("gpu").values()) == {None}
 
 
 # ----------------------------------------------------------------------------

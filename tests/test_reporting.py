@@ -14,7 +14,7 @@ import pytest
 from simpletron_jax.data import tasks
 from simpletron_jax.model import attention
 from simpletron_jax.tools import published, reporting
-from simpletron_jax.train import checkpoints, evaluation, run_record, steps, trainer
+from simpletron_jax.train import checkpoints, evaluation, software_record, steps, trainer
 from tests.test_train import Killed, _state, tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
@@ -182,20 +182,21 @@ def test_compare_script_writes_markdown_with_gaps_and_a_png(tmp_path):
 
 
 def test_software_lines_name_versions_devices_and_commit():
-  record = run_record.software("cpu", 2, 1)
+  record = software_record.software("cpu", 2, 1)
   for key in ("python_version", "jax_version", "jaxlib_version", "flax_version",
               "optax_version", "orbax_checkpoint_version", "numpy_version"):
     assert isinstance(record[key], str) and record[key], key
   assert record["jax_version"] == jax.__version__ and record["numpy_version"] == np.__version__
   assert (record["device_kind"], record["device_count"], record["process_count"]) == ("cpu", 2, 1)
   assert record["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40}", record["git_commit"])
-  line = run_record.software_line({**record, "git_commit": "0123456789abcdef", "git_dirty": True})
+  line = software_record.software_line({**record, "git_commit": "0123456789abcdef",
+                                        "git_dirty": True})
   assert line.startswith(f"python {record['python_version']}, jax {jax.__version__}, jaxlib ")
   assert line.endswith("; cpu x2, 1 process; git 0123456789 (dirty)")
-  assert run_record.software_line({"test_accuracy": 0.5}) == "not recorded"
+  assert software_record.software_line({"test_accuracy": 0.5}) == "not recorded"
   group = reporting.RunGroup("g", "listops", "simple", {0: record, 1: record, 2: {}})
   text = reporting.software_markdown([group])
-  assert f"- g: {run_record.software_line(record)} (2 runs); and not recorded (1 run)" in text
+  assert f"- g: {software_record.software_line(record)} (2 runs); and not recorded (1 run)" in text
 
 
 def test_published_table_names_registered_attentions_and_known_tasks():

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from simpletron_jax.tools import published
-from simpletron_jax.train import run_record
+from simpletron_jax.train import software_record
 
 PROTOCOL_KEYS = {"best_val": "test_accuracy_best_val", "final": "test_accuracy_final"}
 """``results.json`` key of each protocol's test accuracy (a fraction)."""
@@ -239,13 +239,13 @@ def comparison_markdown(rows: Iterable[Mapping[str, Any]]) -> str:
 
 def software_markdown(groups: Iterable[RunGroup]) -> str:
   """What computed each group, from its runs' ``results.json``: one list item per group with
-  each distinct :func:`run_record.software_line` and how many of its runs have it (``not
+  each distinct :func:`software_record.software_line` and how many of its runs have it (``not
   recorded`` for runs written before train.py recorded its software)."""
   lines = []
   for g in groups:
     counts: dict[str, int] = {}
     for seed in sorted(g.results):
-      line = run_record.software_line(g.results[seed])
+      line = software_record.software_line(g.results[seed])
       counts[line] = counts.get(line, 0) + 1
     shown = "; and ".join(f"{line} ({n} run{'' if n == 1 else 's'})"
                           for line, n in counts.items())

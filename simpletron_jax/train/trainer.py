@@ -50,6 +50,7 @@ from simpletron_jax.train import (
     run_guard,
     run_record,
     schedules,
+    software_record,
 )
 from simpletron_jax.data.common import PairedExamples, report_split_truncation
 from simpletron_jax.train.steps import JitParallel, PmapParallel, TrainState, make_parallel
@@ -382,13 +383,13 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
 
 def _write_config(start: _Start) -> dict[str, Any]:
   """Writes ``config.json`` (process 0; atomic): ``start.config_tree`` and, under
-  ``software``, what computes the run (:func:`run_record.software`), which it returns.
+  ``software``, what computes the run (:func:`software_record.software`), which it returns.
 
   Raises:
     errors.WriteError: the file could not be written (named).
   """
-  software = run_record.software(jax.devices()[0].device_kind, jax.device_count(),
-                                 jax.process_count())
+  software = software_record.software(jax.devices()[0].device_kind, jax.device_count(),
+                                      jax.process_count())
   if jax.process_index() == 0:
     atomic_io.write_json_atomic(start.config_path,
                                 {**start.config_tree, run_record.SOFTWARE_KEY: software})
@@ -609,7 +610,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     describe; a run that trains on past an existing ``results.json`` deletes it first.
     ``forced_resume_changes`` (:func:`run_record.forced_changes`) lists the starts that
     ``allow_resume_changes`` let change what is computed (empty: none), and the
-    :func:`run_record.software` fields (versions, ``device_kind``, ``device_count``,
+    :func:`software_record.software` fields (versions, ``device_kind``, ``device_count``,
     ``process_count``, ``git_commit``) what computed it; ``config.json`` holds the latter
     under ``software``. Neither enters ``config_fingerprint``.
 
