@@ -24,7 +24,7 @@ from simpletron_jax.model import encoders, layers, transfer
 from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.runtime import errors
 from simpletron_jax.tools import bert_import
-from simpletron_jax.train import checkpoints, recipes
+from simpletron_jax.train import params_checkpoints, recipes
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.
 SIZES = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -193,7 +193,7 @@ def test_save_as_run_is_read_by_init_from(hf_bert, tmp_path):
   out = str(tmp_path / "converted")
   bert_import.main([hf_bert[0], out])
   # init_from checks the checkpoint as it checks a run's best/ before copying from it.
-  assert checkpoints.verify_params_checkpoint(os.path.join(out, "best"), "init_from") == 0
+  assert params_checkpoints.verify_params_checkpoint(os.path.join(out, "best"), "init_from") == 0
   restored = transfer.load_run_params(out)
   expected = bert_import.convert(checkpoint)[0]
   flat_restored, flat_expected = transfer.flatten(restored), transfer.flatten(expected)
@@ -205,7 +205,7 @@ def test_save_as_run_is_read_by_init_from(hf_bert, tmp_path):
     bert_import.save_as_run(checkpoint, out)
   # Saving into a folder that holds a checkpoint never passes silently.
   with pytest.raises(errors.CheckpointError, match="already holds a checkpoint"):
-    checkpoints.save_params_checkpoint(os.path.join(out, "best"), expected, {})
+    params_checkpoints.save_params_checkpoint(os.path.join(out, "best"), expected, {})
 
 
 def test_read_checkpoint_errors(tmp_path):

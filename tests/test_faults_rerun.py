@@ -34,7 +34,8 @@ from configs import lra
 from simpletron_jax.data import text
 from simpletron_jax.runtime import errors, progress
 from simpletron_jax.tools import reporting
-from simpletron_jax.train import checkpoints, precompile, preemption, run_guard, run_record, trainer
+from simpletron_jax.train import (checkpoints, params_checkpoints, precompile, preemption,
+                                  run_guard, run_record, trainer)
 from simpletron_jax.train.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _kill_at, _params, fault_config
@@ -249,7 +250,7 @@ def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_
   refused before anything is copied; an intact one is checked and used."""
   source = _copy(finished, tmp_path, "source")
   best = os.path.join(source, "best")
-  step = checkpoints.verify_params_checkpoint(best, "init_from")
+  step = params_checkpoints.verify_params_checkpoint(best, "init_from")
   assert step == finished[1]["best_step"]
   meta_path = os.path.join(best, str(step), "meta", "metadata")
   with open(meta_path) as f:

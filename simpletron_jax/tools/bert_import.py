@@ -42,7 +42,7 @@ from flax import traverse_util
 
 from simpletron_jax.model import encoders, transfer
 from simpletron_jax.runtime import atomic_io, cli
-from simpletron_jax.train import checkpoints
+from simpletron_jax.train import params_checkpoints
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -371,10 +371,10 @@ def save_as_run(checkpoint: BertCheckpoint, out_dir: str) -> str:
   """Writes BERT's converted weights as a ``train.py`` run's best checkpoint.
 
   ``out_dir/best/0`` holds ``{"params": ...}`` and their CRC-32 as a run's best checkpoint
-  does (:func:`simpletron_jax.train.checkpoints.save_params_checkpoint`), so that ``train.py
-  --config.init_from=out_dir`` checks it and starts from BERT (copied, new and dropped are then written to
-  the new run's ``transfer.json``). ``out_dir/bert_import.json`` records the source folder,
-  its ``config.json`` and the unused tensors.
+  does (:func:`simpletron_jax.train.params_checkpoints.save_params_checkpoint`), so that
+  ``train.py --config.init_from=out_dir`` checks it and starts from BERT (copied, new and
+  dropped are then written to the new run's ``transfer.json``). ``out_dir/bert_import.json``
+  records the source folder, its ``config.json`` and the unused tensors.
 
   Args:
     checkpoint: from :func:`read_checkpoint`.
@@ -391,8 +391,8 @@ def save_as_run(checkpoint: BertCheckpoint, out_dir: str) -> str:
     raise FileExistsError(f"{best} exists; choose another output folder or delete it")
   os.makedirs(out_dir, exist_ok=True)
   params, unused = convert(checkpoint)
-  checkpoints.save_params_checkpoint(best, params, {"source": "bert_import",
-                                                    "bert_dir": checkpoint.path})
+  params_checkpoints.save_params_checkpoint(best, params, {"source": "bert_import",
+                                                           "bert_dir": checkpoint.path})
   atomic_io.write_json_atomic(os.path.join(out_dir, "bert_import.json"), {
       "source": checkpoint.path, "weight_file": checkpoint.weight_file,
       "config": checkpoint.config, "unused": unused})

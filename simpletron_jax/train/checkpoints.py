@@ -159,7 +159,7 @@ def finish_saves(*managers: ocp.CheckpointManager) -> None:
     except Exception as e:  # a failed background write, of any kind, stops the run
       raise errors.CheckpointError(
           f"the background save of step {step} to {where} failed: {type(e).__name__}: "
-          f"{_first_line(e)}. The checkpoints saved before it are kept.") from e
+          f"{first_line(e)}. The checkpoints saved before it are kept.") from e
     if (step is not None and step in manager.all_steps() and jax.process_index() == 0
         and not os.path.isdir(where)):
       raise errors.CheckpointError(
@@ -214,94 +214,11 @@ def check_format(meta: dict[str, Any], where: str) -> None:
         "saved it.")
 
 
-def verify_params_checkpoint(directory: str, what: str) -> int:
-  """Checks the newest checkpoint of ``directory`` before its parameters are used elsewhere
-  (``init_from``, :mod:`simpletron_jax.model.transfer`), as :func:`restore_checkpoint` checks one
-  it restores: its arrays load, match the CRC-32 saved with them, and are finite.
-
-  Without a train state to restore into, the arrays are read as saved, and their
-  ``params_crc32`` (the CRC-32 of the parameters) is compared.
-
-  Args:
-    directory: a checkpoint folder (``<workdir>/best``).
-    what: the setting that names it, for messages (``"init_from='runs/a'"``).
-
-  Returns:
-    The step checked.
-
-  Raises:
-    FileNotFoundError: the folder holds no checkpoint.
-    errors.CheckpointError: the checkpoint is damaged (unreadable, another CRC-32, NaN or
-      inf), naming its folder and what to do.
-    errors.ConfigMismatchError: an earlier release saved it (:func:`check_format`).
-  """
-  quiet_abandoned_reads()
-  with ocp.CheckpointManager(os.path.abspath(directory)) as manager:
-    step = manager.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"{what}: no checkpoint in {directory}")
-    where = step_dir(manager, step)
-    try:
-      meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-      tree = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore()))["state"]
-    except Exception as e:  # a damaged checkpoint fails in many ways; each is named
-      raise errors.CheckpointError(
-          f"{what}: damaged checkpoint {where}: {type(e).__name__}: {_first_line(e)}. Use an "
-          "intact run (eval.py --workdir on it checks one) or retrain it.") from e
-  check_format(meta, f"{what}: {where}")
-  problem = None
-  if run_guard.state_crc32(tree["params"]) != meta["params_crc32"]:
-    problem = "its parameters do not match the CRC-32 saved with them"
-  if problem is None and not run_guard.tree_is_finite(tree["params"]):
-    problem = "its parameters hold NaN or inf"
-  if problem:
-    raise errors.CheckpointError(f"{what}: damaged checkpoint {where}: {problem}. Use an "
-                                 "intact run or retrain it.")
-  return step
-
-
 def model_config_dict(model_config) -> dict[str, Any]:
   """``config.model`` as the plain JSON dict that checkpoints record (references resolved)."""
   if isinstance(model_config, ml_collections.ConfigDict):
     model_config = model_config.to_dict()
   return json.loads(json.dumps(model_config))
-
-
-def save_params_checkpoint(directory: str, params: Any, meta: dict[str, Any]) -> None:
-  """Writes ``params`` alone as step 0 of a new checkpoint folder, as a run's ``best/`` holds
-  them: ``{"params": params}`` and a JSON ``meta`` with :data:`FORMAT_KEY` and
-  ``params_crc32`` added, so that :func:`verify_params_checkpoint` checks it and
-  :func:`simpletron_jax.model.transfer.load_run_params` reads it (``init_from``). For
-  parameters made outside a run, such as an imported BERT
-  (:func:`simpletron_jax.tools.bert_import.save_as_run`).
-
-  Args:
-    directory: the checkpoint folder (``<out_dir>/best``); created.
-    params: a nested dict of arrays.
-    meta: what to record beside them (JSON-serialisable).
-
-  Raises:
-    errors.NonFiniteError: ``params`` hold NaN or inf; nothing is written.
-    errors.CheckpointError: naming ``directory``, when the save fails (e.g. a read-only
-      folder) or orbax skips it because the folder already holds a checkpoint.
-  """
-  if not run_guard.tree_is_finite(params):
-    raise errors.NonFiniteError(f"{directory}: the parameters to save hold NaN or inf")
-  meta = {**meta, FORMAT_KEY: FORMAT, "params_crc32": run_guard.state_crc32(params)}
-  try:
-    with ocp.CheckpointManager(os.path.abspath(directory),
-                               options=ocp.CheckpointManagerOptions(create=True)) as manager:
-      saved = manager.save(0, args=ocp.args.Composite(
-          state=ocp.args.StandardSave({"params": params}), meta=ocp.args.JsonSave(meta)))
-      manager.wait_until_finished()
-  except Exception as e:  # any failure of the library or the file system
-    raise errors.CheckpointError(
-        f"saving the parameters to {directory} failed: {type(e).__name__}: "
-        f"{_first_line(e)}") from e
-  if not saved:
-    raise errors.CheckpointError(f"orbax skipped saving the parameters to {directory}: the "
-                                 "folder already holds a checkpoint; use a new folder")
 
 
 def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
@@ -315,8 +232,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
 
   ``meta`` is stored with :data:`FORMAT_KEY`, ``state_crc32`` (:func:`run_guard.state_crc32`
   of the params and optimizer state), ``params_crc32`` (of the params alone, for
-  :func:`verify_params_checkpoint`) and ``state_structure`` (:func:`run_guard.state_structure`)
-  added, which :func:`restore_checkpoint` verifies.
+  :func:`params_checkpoints.verify_params_checkpoint`) and ``state_structure``
+  (:func:`run_guard.state_structure`) added, which :func:`restore_checkpoint` verifies.
 
   With an asynchronous manager (:func:`checkpoint_manager` ``async_save=True``) it first
   waits for the previous save (:func:`finish_saves`), then returns once orbax holds a
@@ -351,7 +268,7 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
       manager.wait_until_finished()
   except Exception as e:  # any failure of the library or the file system stops the run
     raise errors.CheckpointError(
-        f"saving step {step} to {where} failed: {type(e).__name__}: {_first_line(e)}") from e
+        f"saving step {step} to {where} failed: {type(e).__name__}: {first_line(e)}") from e
   if saved and saves.async_save:
     saves.pending = step
   if not saved:
@@ -360,7 +277,9 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
         f"{manager.latest_step()}, and orbax only saves newer steps")
 
 
-def _first_line(error: BaseException, limit: int = 300) -> str:
+def first_line(error: BaseException, limit: int = 300) -> str:
+  """The first line of ``error``'s message, at most ``limit`` characters, for one-line
+  messages."""
   text = str(error).strip().splitlines()
   return (text[0] if text else "")[:limit]
 
@@ -468,7 +387,7 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
     except errors.ConfigMismatchError:
       raise
     except Exception as e:  # a damaged checkpoint fails in many ways; each is reported
-      problem = f"{step_dir(manager, candidate)}: {type(e).__name__}: {_first_line(e)}"
+      problem = f"{step_dir(manager, candidate)}: {type(e).__name__}: {first_line(e)}"
       if step is not None:
         raise errors.CheckpointError(f"damaged checkpoint {problem}") from e
       problems.append(problem)
@@ -515,7 +434,7 @@ def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any],
     try:
       run_id = _best_run_id(best, step)
     except Exception as e:  # unreadable meta: a damaged checkpoint
-      errors.warn(f"removing damaged best checkpoint {where}: {_first_line(e)}")
+      errors.warn(f"removing damaged best checkpoint {where}: {first_line(e)}")
       best.delete(step)
       continue
     if run_id != meta["run_id"]:

@@ -44,6 +44,7 @@ from simpletron_jax.train import (
     evaluation,
     loop,
     metric_logging,
+    params_checkpoints,
     precompile,
     preemption,
     profiling,
@@ -147,7 +148,7 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
 
   Before any parameter is copied, the source checkpoint is checked as a resumed or evaluated
   one is: its arrays load, match their CRC-32 and are finite
-  (:func:`checkpoints.verify_params_checkpoint`).
+  (:func:`params_checkpoints.verify_params_checkpoint`).
 
   Raises:
     FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
@@ -157,7 +158,7 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
   """
   best = os.path.join(str(config.get("init_from") or ""), "best")
   if config.get("init_from") and os.path.isdir(best):   # else transfer names what is missing
-    checkpoints.verify_params_checkpoint(best, f"init_from={config.init_from!r}")
+    params_checkpoints.verify_params_checkpoint(best, f"init_from={config.init_from!r}")
   params, report = transfer.init_from_config(config, state.params)
   if report is None:
     return state
