@@ -14,7 +14,7 @@ the authors' code is copied into this project, and the tests need no torch.
 
 Recipe (CPU, PyTorch >= 1.9, a few seconds)::
 
-    python scripts/authors_golden.py --authors-src /tmp/authors --out tests/fixtures/authors
+    python scripts/authors_golden.py --authors_src /tmp/authors --out tests/fixtures/authors
 
 Per case (``simple__listops``, ``simple__retrieval``) it builds the authors' ``Transformer``
 at a tiny size (emb = qkv 32, 2 heads, mlp 64, 2 blocks, max_length 40; ListOps vocab 20 and
@@ -46,7 +46,6 @@ Raises:
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import math
@@ -54,6 +53,11 @@ import os
 import sys
 
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:   # appended: nothing here may shadow the authors' modules
+  sys.path.append(ROOT)
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=wrong-import-position
 
 NOTEBOOKS = {"listops": "lra/notebooks/listops_setup_simple_2.ipynb",
              "retrieval": "lra/notebooks/bpe_matching_setup_simple_2.ipynb"}
@@ -196,8 +200,8 @@ def make_case(ns: dict, task: str, notebook: str) -> dict[str, np.ndarray]:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--authors-src", required=True,
+  parser = cli.ArgumentParser(prog="authors_golden.py", description=__doc__.splitlines()[0])
+  parser.add_argument("--authors_src", required=True,
                       help="a checkout of vladyorsh/lra_efficient_transformers")
   parser.add_argument("--out", required=True, help="folder for the .npz fixtures")
   args = parser.parse_args(argv)
@@ -205,7 +209,7 @@ def main(argv=None) -> int:
   for task, notebook in NOTEBOOKS.items():
     path = os.path.join(args.authors_src, notebook)
     if not os.path.exists(path):
-      raise SystemExit(f"{path} not found (--authors-src)")
+      raise SystemExit(f"{path} not found (--authors_src)")
     arrays = make_case(load_notebook(path), task, notebook)
     target = os.path.join(args.out, f"simple__{task}.npz")
     np.savez(target, **arrays)

@@ -45,6 +45,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.tools import explain  # noqa: E402  pylint: disable=wrong-import-position
 
 from simpletron_jax.data import tasks as task_registry  # noqa: E402  pylint: disable=C0413
@@ -60,9 +61,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The command line (module docstring).
 
   Raises:
-    SystemExit: argparse's usage error, for a bad flag.
+    SystemExit: a bad invocation (a missing or unknown flag, a bad value): one line,
+      ``explain.py: <cause> (see --help)``, status 1
+      (:meth:`simpletron_jax.runtime.cli.ArgumentParser.error`).
   """
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = cli.ArgumentParser(prog="explain.py", description=__doc__.split("\n\n")[0])
   parser.add_argument("--workdir", required=True, help="a train.py run directory")
   parser.add_argument("--split", default="test", choices=("train", "val", "test"))
   parser.add_argument("--index", type=int, default=None, help="the (first) example's index")
@@ -493,7 +496,6 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise
     raise SystemExit("explain.py: matplotlib cannot be imported, and it draws every figure: "
                      f"pip install -e \".[bench]\" ({e})") from None
-  from simpletron_jax.runtime import cli  # pylint: disable=import-outside-toplevel
   with cli.user_errors_exit("explain.py", args.verbose, dirs=(ROOT,)):
     explain_examples(args)
   return 0

@@ -12,7 +12,7 @@ Recipe (CPU, about 4 minutes; see ``docs/lra_parity.md``)::
     python3 -m venv /tmp/lra-venv    # then jax 0.4.13 + flax 0.3.6: docs/lra_parity.md
     git clone https://github.com/google-research/long-range-arena /tmp/lra
     git -C /tmp/lra checkout cd31e5c
-    /tmp/lra-venv/bin/python scripts/lra_golden.py --lra-src /tmp/lra \
+    /tmp/lra-venv/bin/python scripts/lra_golden.py --lra_src /tmp/lra \
         --out tests/fixtures/lra
 
 Output: ``<out>/<model_type>__<task>.npz`` per case (arrays ``param/<path>`` with LRA's
@@ -22,7 +22,7 @@ float32, and for ``transformer__listops`` also ``train_inputs`` [3, B, L], ``tra
 each case LRA's model kwargs, the call, and either ``"ok"`` or the exception LRA's code
 raised. Exit status 0 even when some LRA models raise: the manifest records it. The
 manifest's ``lra_commit`` is the full SHA of the LRA source (``git rev-parse HEAD`` there, or
-``--lra-commit`` for a copy that is not a git checkout); a run refuses to add cases to a
+``--lra_commit`` for a copy that is not a git checkout); a run refuses to add cases to a
 manifest made from another commit.
 
 Two more cases, beside the model x task grid (``manifest["extra_cases"]``, see
@@ -51,7 +51,6 @@ because ``matching/train.py`` as released fails in ``get_model``).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -62,6 +61,8 @@ import types
 import zlib
 
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODEL_TYPES = ("transformer", "linear_transformer", "performer", "linformer", "local",
                "sparse_transformer", "longformer", "bigbird", "sinkhorn", "synthesizer",
@@ -462,7 +463,7 @@ def lra_commit(lra_src: str, given: str | None) -> str:
   """The full commit SHA of the LRA source at ``lra_src``.
 
   From ``git rev-parse HEAD`` when ``lra_src`` is the root of a git work tree (a folder
-  inside another repository is not taken for one), else ``given`` (``--lra-commit``).
+  inside another repository is not taken for one), else ``given`` (``--lra_commit``).
 
   Raises:
     ValueError: when neither gives a 40-hex SHA, when ``given`` is not a prefix of the
@@ -481,17 +482,30 @@ def lra_commit(lra_src: str, given: str | None) -> str:
   except (OSError, subprocess.CalledProcessError):
     head = None
   if head and given and not head.startswith(given.lower()):
-    raise ValueError(f"--lra-commit {given} but {lra_src} is at {head}")
+    raise ValueError(f"--lra_commit {given} but {lra_src} is at {head}")
   commit = (head or given or "").lower()
   if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
-    raise ValueError(f"{lra_src} is not a git checkout: pass --lra-commit with the full "
+    raise ValueError(f"{lra_src} is not a git checkout: pass --lra_commit with the full "
                      "40-hex SHA of the LRA commit it holds")
   return commit
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--lra-src", required=True, help="an LRA checkout (its root)")
+  """Writes the fixtures (module docstring); returns 0.
+
+  Raises:
+    SystemExit: a bad invocation, one line and status 1
+      (:meth:`simpletron_jax.runtime.cli.ArgumentParser.error`): a missing or unknown flag, an
+      ``--lra_src`` without ``lra_benchmarks/``, a commit that cannot be told, an unknown extra
+      case, a manifest made from another LRA commit.
+  """
+  if ROOT not in sys.path:   # appended: nothing of the project may shadow LRA's modules
+    sys.path.append(ROOT)
+  # Here, not at the top: the module imports only numpy and the standard library (the tests
+  # load it for its functions); cli needs absl and ml_collections, which LRA's venv has.
+  from simpletron_jax.runtime import cli  # pylint: disable=import-outside-toplevel
+  parser = cli.ArgumentParser(prog="lra_golden.py", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--lra_src", required=True, help="an LRA checkout (its root)")
   parser.add_argument("--out", default="tests/fixtures/lra")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--models", default=",".join(MODEL_TYPES))
@@ -499,12 +513,12 @@ def main(argv=None) -> int:
   parser.add_argument("--extras", default=",".join(EXTRA_CASES),
                       help="extra cases to make (comma-separated, '' for none): "
                       + ", ".join(EXTRA_CASES))
-  parser.add_argument("--lra-commit", default=None,
-                      help="the LRA commit's full SHA, when --lra-src is not a git checkout")
+  parser.add_argument("--lra_commit", default=None,
+                      help="the LRA commit's full SHA, when --lra_src is not a git checkout")
   args = parser.parse_args(argv)
   lra_src = os.path.abspath(args.lra_src)
   if not os.path.isdir(os.path.join(lra_src, "lra_benchmarks")):
-    parser.error(f"--lra-src {lra_src}: no lra_benchmarks/ folder there")
+    parser.error(f"--lra_src {lra_src}: no lra_benchmarks/ folder there")
   try:
     commit = lra_commit(lra_src, args.lra_commit)
   except ValueError as e:
@@ -528,7 +542,7 @@ def main(argv=None) -> int:
                  f"{commit}: write the new fixtures into another --out")
   manifest.update(lra_commit=commit, jax=jax.__version__, flax=flax.__version__,
                   seed=args.seed, size=SIZE, length=LENGTH, batch=BATCH,
-                  command="python scripts/lra_golden.py --lra-src DIR --out " + args.out)
+                  command="python scripts/lra_golden.py --lra_src DIR --out " + args.out)
   for model_type in [m for m in args.models.split(",") if m]:
     for task in [t for t in args.tasks.split(",") if t]:
       name = f"{model_type}__{task}"

@@ -18,7 +18,6 @@ Needs Pillow.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -27,6 +26,7 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from simpletron_jax.data import pathfinder  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=wrong-import-position
 
 _CAPTION = 14  # caption height in pixels
 _GAP = 6
@@ -54,7 +54,7 @@ def _row(tiles: list[Image.Image]) -> Image.Image:
 
 def main(argv: list[str] | None = None) -> str:
   """Renders the grid and returns the path it wrote."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = cli.ArgumentParser(prog="pathfinder_grid.py", description=__doc__.split("\n")[0])
   parser.add_argument("--out", default=os.path.join("runs", "pathfinder_samples.png"),
                       help="the PNG (default runs/pathfinder_samples.png; the committed one: "
                            "--out docs/pathfinder_samples.png)")

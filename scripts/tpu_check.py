@@ -15,7 +15,9 @@ width the run meets. Prints per chip: argument, output, temporary and code bytes
 against the chip's HBM, and XLA's FLOPs and bytes accessed per step.
 
 Exit status: 0 when every step compiles and fits; 1 with one line naming the config when one
-does not compile or does not fit; 2 for a usage error (unknown slice, task, config field).
+does not compile or does not fit; 2 for a usage error (unknown slice, task, config field). A
+flag absl refuses (a missing ``--config``, an unknown flag, a bad value) ends with one line,
+``tpu_check.py: <cause>``, and status 1 (:func:`simpletron_jax.runtime.cli.parse_flags`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Only compiling happens here: keep JAX off any local accelerator (and libtpu's chip lock).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=wrong-import-position
 
 config_flags.DEFINE_config_file("config", None, "A configs/<task>/<model>.py[:variant] file.",
                                 lock_config=True)
@@ -100,5 +103,11 @@ def main(argv):
     raise SystemExit(1)
 
 
+def parse_flags(argv):
+  """absl's flag parsing with one-line errors and status 1
+  (:func:`simpletron_jax.runtime.cli.parse_flags`)."""
+  return cli.parse_flags(argv, "tpu_check.py")
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

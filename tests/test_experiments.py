@@ -34,7 +34,7 @@ def in_tmp(tmp_path, monkeypatch):
 
 def _argv(tmp_path, *extra):
   del tmp_path   # the defaults: runs/experiments/<name>/ under the working directory
-  return ["--quick", "--steps", "2", "--eval-every", "1", *extra]
+  return ["--quick", "--steps", "2", "--eval_every", "1", *extra]
 
 
 def _runs(tmp_path, name):
@@ -78,7 +78,7 @@ def test_attention_transfer_quick(in_tmp, presence_task, committed_unchanged):  
 def test_attention_swap_quick(in_tmp, presence_task, committed_unchanged):  # noqa: F811
   tmp_path = in_tmp
   payload = _script("attention_swap").main(
-      _argv(tmp_path, "--targets", "simple", "--finetune-steps", "2", "--lora-rank", "4"),
+      _argv(tmp_path, "--targets", "simple", "--finetune_steps", "2", "--lora_rank", "4"),
       data=presence_task)
   rows = payload["table"]["simple"]
   assert list(rows) == ["all layers", "first 1", "last 1", "LoRA r=4", "full retraining",
@@ -110,10 +110,10 @@ def test_depth_quick(in_tmp, presence_task, committed_unchanged):  # noqa: F811
   accs = [r["test_accuracy"] for r in payload["runs"] if r["num_layers"] == 1]
   assert payload["summary"][0]["test_mean"] == pytest.approx(np.mean(accs))
   _outputs(tmp_path, "depth")
-  # --finished-only reports the finished runs of a larger grid and trains nothing.
+  # --finished_only reports the finished runs of a larger grid and trains nothing.
   report = _script("depth").main(
       _argv(tmp_path, "--attentions", "simple_res", "softmax", "--depths", "1", "2", "--seeds",
-            "0", "1", "2", "--finished-only"), data=presence_task)
+            "0", "1", "2", "--finished_only"), data=presence_task)
   assert report["runs"] == payload["runs"]
   assert not os.path.exists(_runs(tmp_path, "depth") / "simple_res_L1_seed2")
 
@@ -169,8 +169,8 @@ def test_overrides_take_train_pys_syntax_and_outputs_stay_under_runs(tmp_path, c
   with pytest.raises(ValueError, match=r"^the config has no field 'model.max_lenght' \(did "
                      r"you mean 'model.max_length'\?\)"):
     exp_common.make_config(bad, "listops", "simple")
-  # --copy-to is the only way into a committed folder: the outputs, and only those, go there.
-  args = parser.parse_args(["--runs", str(tmp_path / "runs"), "--copy-to",
+  # --copy_to is the only way into a committed folder: the outputs, and only those, go there.
+  args = parser.parse_args(["--runs", str(tmp_path / "runs"), "--copy_to",
                             str(tmp_path / "results" / "depth")])
   payload = exp_common.finish(args, "depth", {"rows": [1]}, "| a |\n", lambda fig: None)
   assert payload == {"experiment": "depth", "quick": False, "rows": [1]}

@@ -6,18 +6,18 @@ One softmax model is trained on text (IMDB). For each target attention (``linear
 
 * ``all`` / ``first k`` / ``last k`` layers swapped (``model.attention_per_layer``), the
   trained weights moved over (``transfer.transfer_params``), evaluated without retraining;
-* ``LoRA r=32``: all layers swapped, then adapters of rank ``--lora-rank`` on W_q, W_k, W_v
+* ``LoRA r=32``: all layers swapped, then adapters of rank ``--lora_rank`` on W_q, W_k, W_v
   and W_o trained with the rest frozen (``config.lora``);
 * ``full retraining``: all layers swapped, every parameter trained;
 * ``unswapped``: the softmax model itself.
 
-Re-alignment runs train ``--finetune-steps`` steps from the softmax run (``init_from``).
+Re-alignment runs train ``--finetune_steps`` steps from the softmax run (``init_from``).
 
     python scripts/experiments/attention_swap.py --quick                  # CPU, :tiny config
     python scripts/experiments/attention_swap.py                          # paper size
 
 Writes ``attention_swap.{json,md,png}`` to ``--out`` (default: the ``--runs`` folder,
-``runs/experiments/attention_swap/``); ``--copy-to DIR`` also copies them into ``DIR``
+``runs/experiments/attention_swap/``); ``--copy_to DIR`` also copies them into ``DIR``
 (``results/experiments/...`` to refresh the committed ones).
 """
 
@@ -118,8 +118,8 @@ def main(argv=None, data=None) -> dict:
   parser.add_argument("--targets", nargs="+", default=["linear", "performer", "simple"])
   parser.add_argument("--k", type=int, default=0,
                       help="layers in the first-k / last-k rows (default: half)")
-  parser.add_argument("--lora-rank", type=int, default=32)
-  parser.add_argument("--finetune-steps", type=int, default=0,
+  parser.add_argument("--lora_rank", type=int, default=32)
+  parser.add_argument("--finetune_steps", type=int, default=0,
                       help="steps of the LoRA and retraining runs (default: the mode's)")
   args = parser.parse_args(argv)
   result = run(args, exp_common.DataCache(data))

@@ -11,7 +11,7 @@ kernels (and biases, with model.attention_bias); the rest starts from a fresh in
     python scripts/experiments/attention_transfer.py                      # paper size
 
 Writes ``attention_transfer.{json,md,png}`` to ``--out`` (default: the ``--runs`` folder,
-``runs/experiments/attention_transfer/``); ``--copy-to DIR`` also copies them into ``DIR``
+``runs/experiments/attention_transfer/``); ``--copy_to DIR`` also copies them into ``DIR``
 (``results/experiments/...`` to refresh the committed ones).
 """
 

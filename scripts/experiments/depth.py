@@ -24,7 +24,7 @@ and a BERT vocabulary (``docs/bert.md``)::
         --config.data.data_dir=~/data/ag_news_csv --config.data.vocab_path=~/bert-base-cased
 
 Writes ``depth.{json,md,png}`` to ``--out`` (default: the ``--runs`` folder,
-``runs/experiments/depth/``); ``--copy-to DIR`` also copies them into ``DIR``
+``runs/experiments/depth/``); ``--copy_to DIR`` also copies them into ``DIR``
 (``results/experiments/...`` to refresh the committed ones).
 """
 
@@ -97,10 +97,10 @@ def block_stats(config, workdir, data) -> list[dict[str, float]]:
 def run(args, data_cache) -> dict:
   """Trains every (attention, depth, seed) and collects test accuracy and block stats.
 
-  With ``--finished-only`` the unfinished runs are left out instead of trained.
+  With ``--finished_only`` the unfinished runs are left out instead of trained.
 
   Raises:
-    ValueError: with ``--finished-only``, if no run has finished.
+    ValueError: with ``--finished_only``, if no run has finished.
   """
   mode = QUICK if args.quick else PAPER
   runs = []
@@ -122,7 +122,7 @@ def run(args, data_cache) -> dict:
                      "best_val_accuracy": result["best_val_accuracy"],
                      "blocks": block_stats(cfg, workdir, data)})
   if not runs:
-    raise ValueError(f"no finished run under {args.runs} (--finished-only)")
+    raise ValueError(f"no finished run under {args.runs} (--finished_only)")
   return {"runs": runs, "summary": summary(runs)}
 
 
@@ -185,7 +185,7 @@ def main(argv=None, data=None) -> dict:
   parser.add_argument("--depths", nargs="+", type=int, default=None,
                       help="numbers of blocks (default: 1 2 4 8 quick, 1..12 paper)")
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-  parser.add_argument("--finished-only", action="store_true",
+  parser.add_argument("--finished_only", action="store_true",
                       help="train nothing: report the runs under --runs that have finished "
                            "(a grid that is still running, or was stopped)")
   args = parser.parse_args(argv)

@@ -3,14 +3,20 @@ options, configs, training through ``trainer``, evaluating a parameter tree, and
 JSON / markdown / PNG outputs.
 
 Every script has a CPU ``--quick`` mode on the ``:tiny`` configs and a paper-size mode (the
-configs without a suffix); ``--steps`` and ``--eval-every`` override the step counts, and
+configs without a suffix); ``--steps`` and ``--eval_every`` override the step counts, and
 ``--config.model.max_length=256`` any config field of every run (the syntax of ``train.py``,
 parsed by :mod:`simpletron_jax.runtime.overrides`).
 
 Outputs go under ``runs/`` unless asked otherwise: the runs in ``--runs`` (default
 ``runs/experiments/<name>/``), the JSON, markdown table and PNG in ``--out`` (default: the
-``--runs`` folder). ``--copy-to DIR`` copies those three files into ``DIR`` too (e.g.
+``--runs`` folder). ``--copy_to DIR`` copies those three files into ``DIR`` too (e.g.
 ``results/experiments/<name>/``, to refresh the committed ones); nothing else writes there.
+
+Flags are spelled with underscores, as train.py's; the dashed spellings of an earlier release
+(``--eval-every``, ``--copy-to``, ``--lora-rank``, ``--finetune-steps``, ``--finished-only``)
+are accepted until the next release, with a note
+(:class:`simpletron_jax.runtime.cli.ArgumentParser`). A bad invocation ends with one line,
+``<script>: <cause> (see --help)``, and exit status 1.
 
 A user error (an override of a field the config lacks, a bad config value, missing data, a
 runs folder holding another config) ends with one line, ``<script>: <cause>``, and exit
@@ -44,18 +50,18 @@ OUTPUT_EXTENSIONS = ("json", "md", "png")
 
 
 def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
-  """Adds ``--quick``, ``--steps``, ``--eval-every``, ``--out``, ``--copy-to``, ``--runs``,
+  """Adds ``--quick``, ``--steps``, ``--eval_every``, ``--out``, ``--copy_to``, ``--runs``,
   ``--verbose`` (the ``--config.<field>=<value>`` overrides are taken by
   :class:`simpletron_jax.runtime.overrides.OverrideParser`)."""
   parser.add_argument("--quick", action="store_true",
                       help="CPU mode: the :tiny configs and few steps")
   parser.add_argument("--steps", type=int, default=None,
                       help="training steps of every run (default: the mode's)")
-  parser.add_argument("--eval-every", type=int, default=None,
+  parser.add_argument("--eval_every", type=int, default=None,
                       help="steps between validations (default: the mode's)")
   parser.add_argument("--out", default=None,
                       help="folder for the JSON, markdown table and PNG (default: --runs)")
-  parser.add_argument("--copy-to", default=None, metavar="DIR",
+  parser.add_argument("--copy_to", default=None, metavar="DIR",
                       help="also copy the JSON, markdown table and PNG here, e.g. "
                            f"results/experiments/{name} to refresh the committed ones")
   parser.add_argument("--runs", default=os.path.join("runs", "experiments", name),
@@ -103,7 +109,7 @@ def out_dir(args) -> str:
 def finish(args, name: str, result: dict, table_md: str, plot: Callable[[Any], None],
            **fields) -> dict:
   """Writes a script's outputs (:func:`write_outputs`) to :func:`out_dir`, copies them to
-  ``--copy-to`` when given, and prints its table.
+  ``--copy_to`` when given, and prints its table.
 
   Returns:
     The JSON payload: ``experiment``, ``quick``, ``config_overrides`` (when any), ``fields``
@@ -150,7 +156,7 @@ def make_config(args, task: str, attention: str, steps: int | None = None,
     args: the parsed options (``quick``, ``steps``, ``eval_every``, ``config_overrides``).
     task, attention: as in ``configs/``.
     steps, eval_every: the mode's defaults (None: the config's own), replaced by
-      ``--steps`` / ``--eval-every``.
+      ``--steps`` / ``--eval_every``.
     **fields: further settings, dotted names written with ``__`` (``model__num_layers=2``).
 
   Returns:
