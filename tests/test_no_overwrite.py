@@ -35,10 +35,18 @@ def _load(path: str, name: str):
   spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
   module = importlib.util.module_from_spec(spec)
   sys.path.insert(0, os.path.dirname(os.path.join(ROOT, path)))
+  # Registered while it runs: dataclasses look their module up in sys.modules (without it the
+  # test passed only when another test had imported a module of the same name first).
+  saved = sys.modules.get(name)
+  sys.modules[name] = module
   try:
     spec.loader.exec_module(module)
   finally:
     sys.path.pop(0)
+    if saved is None:
+      del sys.modules[name]
+    else:
+      sys.modules[name] = saved
   return module
 
 
