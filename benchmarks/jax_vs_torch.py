@@ -147,7 +147,8 @@ def measure_pair(label: str, length: int, batch: int, dtype: str, steps: int, ro
       jax_s.append(t_jax)
       torch_s.append(t_torch)
     jax_median, torch_median = statistics.median(jax_s), statistics.median(torch_s)
-    losses = {"jax_final_loss": float(np.asarray(sums["loss"])[0] / np.asarray(sums["count"])[0]),
+    losses = {"jax_final_loss": float(np.asarray(sums["metrics"].loss.total)[0]
+                                      / np.asarray(sums["metrics"].loss.count)[0]),
               "torch_final_loss": float(loss)}
     record.update(jax_s=jax_s, torch_s=torch_s, jax_median_s=jax_median,
                   torch_median_s=torch_median, jax_speed_vs_torch=torch_median / jax_median,

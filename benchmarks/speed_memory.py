@@ -586,7 +586,8 @@ def run_cell(cell: PreparedCell, steps: int, rounds: int = 3,
                   memory_bytes=cell.memory_bytes,
                   memory_source="memory_analysis" if cell.memory_bytes else "unavailable",
                   peak_bytes_in_use=max((p for p in peaks if p is not None), default=None),
-                  final_loss=float(np.asarray(sums["loss"])[0] / np.asarray(sums["count"])[0]))
+                  final_loss=float(np.asarray(sums["metrics"].loss.total)[0]
+                                   / np.asarray(sums["metrics"].loss.count)[0]))
   except Exception as error:  # noqa: BLE001  (any failure is this config's result)
     record.update(status="OOM" if _is_oom(error) else "error", reason=_first_line(error))
   finally:

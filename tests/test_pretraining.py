@@ -68,6 +68,12 @@ def _lm(config, vocab=16):
   return model, params
 
 
+def _sums(metrics):
+  """The weighted sums a step's ``steps.Metrics`` hold: ``{"loss", "accuracy", "count"}``."""
+  return {"loss": metrics.loss.total, "accuracy": metrics.accuracy.total,
+          "count": metrics.loss.count}
+
+
 def test_loss_counts_only_masked_real_tokens_numpy_reference():
   config = _spt_config()
   model, params = _lm(config)
@@ -75,7 +81,8 @@ def test_loss_counts_only_masked_real_tokens_numpy_reference():
   batch = {"inputs": tokens, "mask": mask, "targets": np.zeros(4, np.int32),
            "weights": np.array([1, 1, 1, 0], np.float32)}   # the last row is a filler
   rng = jax.random.PRNGKey(5)
-  loss, sums = steps.loss_fn(params, model.apply, batch, rng, False)
+  loss, metrics = steps.loss_fn(params, model.apply, batch, rng, False)
+  sums = _sums(metrics)
   out = model.apply({"params": params}, tokens, mask, deterministic=False,
                     rngs={"dropout": rng, "random_features": jax.random.fold_in(rng, 0x5EED)})
   logits = np.asarray(out["logits"], np.float64)
@@ -91,8 +98,8 @@ def test_loss_counts_only_masked_real_tokens_numpy_reference():
   np.testing.assert_allclose(float(sums["accuracy"]), (logits.argmax(-1) == tokens)[sel].sum())
   # the mask is a pure function of the step's key: the same key masks the same tokens
   _, again = steps.loss_fn(params, model.apply, batch, rng, False)
-  chex.assert_trees_all_equal(sums, again)
-  _, other = steps.loss_fn(params, model.apply, batch, jax.random.PRNGKey(6), False)
+  chex.assert_trees_all_equal(metrics, again)
+  other = _sums(steps.loss_fn(params, model.apply, batch, jax.random.PRNGKey(6), False)[1])
   assert float(other["count"]) != float(sums["count"]) or float(other["loss"]) != float(
       sums["loss"])
 
@@ -128,8 +135,8 @@ def test_pretraining_lowers_the_masked_token_loss():
     return optax.apply_updates(params, updates), opt, loss
 
   def eval_loss(params):
-    _, sums = steps.loss_fn(params, model.apply, batch, jax.random.PRNGKey(0), True)
-    return float(sums["loss"] / sums["count"])
+    _, metrics = steps.loss_fn(params, model.apply, batch, jax.random.PRNGKey(0), True)
+    return steps.means(metrics)["loss"]
 
   before = eval_loss(params)
   for i in range(60):

@@ -62,8 +62,8 @@ def test_torch_logits_and_gradients_equal_jax_with_padding(kind):
   def loss_of(p):
     logits = model.apply({"params": p}, jnp.asarray(tokens), jnp.asarray(mask),
                          deterministic=True)
-    sums = steps.metric_sums(logits, jnp.asarray(targets), jnp.ones(3))
-    return sums["loss"] / sums["count"], logits
+    metrics = steps.metrics_of(logits, jnp.asarray(targets), jnp.ones(3))
+    return metrics.loss.total / metrics.loss.count, logits
 
   (loss, logits), grads = jax.jit(jax.value_and_grad(loss_of, has_aux=True))(params)
 

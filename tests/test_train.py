@@ -53,14 +53,14 @@ def test_pmap_on_two_devices_equals_one_device(presence_task):
   results = []
   for n in (1, 2):
     p_train, _ = steps.pmap_steps(model.apply, devices=jax.local_devices()[:n])
-    new_state, sums = p_train(steps.replicate(state, jax.local_devices()[:n]),
-                              steps.shard(batch, n), rng)
+    new_state, out = p_train(steps.replicate(state, jax.local_devices()[:n]),
+                             steps.shard(batch, n), rng)
     results.append((steps.unreplicate(new_state).params,
-                    jax.device_get(steps.unreplicate(sums))))
+                    steps.means(jax.device_get(steps.unreplicate(out["metrics"])))))
   (params_1, sums_1), (params_2, sums_2) = results
   chex.assert_trees_all_close(params_1, params_2, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(sums_1, sums_2, rtol=1e-5)
-  assert sums_2["count"] == 16
+  assert sums_2["count"] == 16   # psummed over both devices
 
 
 @pytest.mark.parametrize("attention", ["softmax", "simple", "simple_resl"])
@@ -310,9 +310,10 @@ class _RecordingParallel(steps.PmapParallel):
 def test_the_finiteness_check_reads_no_parameters_back_and_still_stops_on_nan(presence_task):
   _, state = _state(tiny_config(), presence_task)
   parallel = _RecordingParallel()
-  metrics = {"loss": jnp.ones(()), "grad_norm": jnp.ones(())}
+  metrics = {"metrics": steps.metrics_of(jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32),
+                                          jnp.ones(2)), "grad_norm": jnp.ones(())}
   loop.check_finite([(3, metrics)], parallel.put_state(state), "checkpoints/2", parallel)
-  assert parallel.read == [2]   # the step's two metrics, not the parameters
+  assert parallel.read == [2]   # the step's loss sum and gradient norm, not the parameters
   bad = state.replace(params=jax.tree_util.tree_map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan),
                                                     state.params))
   with pytest.raises(errors.NonFiniteError, match=r"step 3: .*params nan.*checkpoints/2"):

@@ -1,7 +1,8 @@
 """Evaluating parameters on a split: accuracy, mean loss and the majority-class rate.
 
-The metrics are LRA's (``utils/train_utils.py``), summed over the real examples of each batch
-on the devices and read once at the end, so filler rows never count and a limited evaluation
+The metrics are LRA's (``utils/train_utils.py``): the eval step's clu ``Collection``
+(:data:`simpletron_jax.train.steps.Metrics`) of each batch, merged on the devices and read once
+at the end, so filler rows never count and a limited evaluation
 (``num_eval_steps``, ``num_test_steps``) reads a fixed seeded subset
 (:func:`simpletron_jax.data.batches.eval_batches`).
 """
@@ -11,20 +12,14 @@ from __future__ import annotations
 import collections
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from simpletron_jax.data.batches import eval_batch_size, eval_batches
 from simpletron_jax.data.common import Split
 from simpletron_jax.runtime import distributed
-from simpletron_jax.train.steps import (METRICS, InFlightLimit, JitParallel, PmapParallel,
-                                        metric_means)
+from simpletron_jax.train.steps import InFlightLimit, JitParallel, Metrics, PmapParallel, means
 
-
-@jax.jit
-def _add_trees(a, b):
-  """Leafwise ``a + b`` of two pytrees of the same structure, as one computation."""
-  return jax.tree_util.tree_map(jnp.add, a, b)
+_merge = jax.jit(lambda a, b: a.merge(b))   # clu's merge of two Collections, one computation
 
 
 def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.ConfigDict,
@@ -45,25 +40,22 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
 
   Returns:
     ``{"accuracy", "loss", "count", "majority_rate"}`` (the
-    :data:`simpletron_jax.train.steps.METRICS` means,
-    :func:`simpletron_jax.train.steps.metric_means`): count in examples, and majority_rate the
+    :data:`simpletron_jax.train.steps.Metrics` means,
+    :func:`simpletron_jax.train.steps.means`): count in examples, and majority_rate the
     share of the most frequent label among the examples read (by all hosts), the accuracy of always
     answering that label. Equal on every host.
   """
   parallel = parallel or PmapParallel()
   batch_size = eval_batch_size(config)
-  device_sums = None   # summed on the device; read once, after the last batch
+  merged = None   # merged on the device; read once, after the last batch
   in_flight = InFlightLimit()
   label_counts: collections.Counter = collections.Counter()
   for batch in eval_batches(examples, config, batch_size, num_batches):
-    sums = p_eval_step(params_repl, parallel.put_batch(batch))
-    device_sums = sums if device_sums is None else _add_trees(device_sums, sums)
-    in_flight.add(device_sums)
+    metrics = p_eval_step(params_repl, parallel.put_batch(batch))
+    merged = metrics if merged is None else _merge(merged, metrics)
+    in_flight.add(merged)
     label_counts.update(batch["targets"][batch["weights"] > 0].tolist())
-  totals = dict.fromkeys((*METRICS, "count"), 0.0)
-  if device_sums is not None:
-    totals.update({k: float(v) for k, v in parallel.host(device_sums).items()})
   label_counts = distributed.sum_label_counts(label_counts)
   read = sum(label_counts.values())
-  return {**metric_means(totals),
+  return {**means(Metrics.empty() if merged is None else parallel.host(merged)),
           "majority_rate": max(label_counts.values()) / read if read else 0.0}

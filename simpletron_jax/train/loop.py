@@ -23,12 +23,14 @@ seconds.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, Callable, Iterator
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
 from simpletron_jax.runtime import distributed, errors
@@ -44,7 +46,7 @@ def check_finite(unchecked: list, state_repl: TrainState, last_good: str,
 
   Args:
     unchecked: ``(optimizer step, metrics)`` of the micro-steps since the last check, as
-      returned by the train step (``loss`` sums and ``grad_norm``).
+      returned by the train step (its ``Metrics``' loss sum and ``grad_norm`` are checked).
     state_repl: the state after the last of them, as the steps return it.
     last_good: the newest checkpoint saved, for the message.
     parallel: the run's :func:`steps.make_parallel` (default: pmap's).
@@ -55,7 +57,8 @@ def check_finite(unchecked: list, state_repl: TrainState, last_good: str,
   """
   parallel = parallel or PmapParallel()
   bad = run_guard.first_nonfinite(
-      [(step, parallel.host(metrics)) for step, metrics in unchecked])
+      [(step, parallel.host({"loss": metrics["metrics"].loss.total,
+                             "grad_norm": metrics["grad_norm"]})) for step, metrics in unchecked])
   # On one host the parameters are checked where they are (one flag read back), instead of
   # being copied to the host and back every record (78 MB each way for paper ListOps).
   params = (state_repl.params if jax.process_count() == 1
@@ -99,11 +102,12 @@ class Periodic:
 class TrainWindow:
   """The train record of the steps since the last record: metric means and throughput.
 
-  :class:`MicroSteps` adds each micro-step's metric sums (``sums``, device arrays) and the
-  seconds of each call that compiled a new batch shape; :meth:`record` reduces them.
+  :class:`MicroSteps` adds each micro-step's :data:`steps.Metrics` (``metrics``, device
+  arrays) and the seconds of each call that compiled a new batch shape; :meth:`record` merges
+  them.
 
   Args:
-    parallel: the run's :func:`steps.make_parallel` (reads the sums to the host).
+    parallel: the run's :func:`steps.make_parallel` (reads the metrics to the host).
     schedule: the learning-rate schedule, a function of the optimizer update count.
     train_seconds: the train seconds of the run's earlier starts (a checkpoint's).
 
@@ -123,7 +127,7 @@ class TrainWindow:
 
   def restart(self) -> None:
     """Starts a new window (its clock too)."""
-    self.sums, self.steps, self.compile_seconds, self.new_shapes = [], 0, 0.0, 0
+    self.metrics, self.steps, self.compile_seconds, self.new_shapes = [], 0, 0.0, 0
     self.start, self.excluded = time.time(), 0.0
 
   def compiled(self, seconds: float) -> None:
@@ -138,19 +142,17 @@ class TrainWindow:
 
   def record(self, step: int) -> dict[str, float]:
     """The train record of the window ending at optimizer ``step``: every
-    :data:`steps.METRICS` mean over the window's real examples (sums added in float64 on the
-    host), ``learning_rate`` of the step, ``steps_per_sec`` with and without compile time,
-    ``compile_seconds`` and ``new_shapes``. Adds the window to the totals; call
-    :meth:`restart` once the record is written."""
-    totals = dict.fromkeys((*steps.METRICS, "count"), 0.0)
-    for sums in self.parallel.host(self.sums):
-      for k in totals:
-        totals[k] += float(sums[k])
+    :data:`steps.Metrics` mean over the window's real examples (clu's merge in float64 on the
+    host, in micro-step order), ``learning_rate`` of the step, ``steps_per_sec`` with and
+    without compile time, ``compile_seconds`` and ``new_shapes``. Adds the window to the
+    totals; call :meth:`restart` once the record is written."""
+    host = jax.tree_util.tree_map(np.float64, (steps.Metrics.empty(),
+                                               *self.parallel.host(self.metrics)))
+    merged = functools.reduce(lambda a, b: a.merge(b), host)
     elapsed = max(time.time() - self.start - self.excluded, 1e-9)
     self.train_seconds += elapsed
     self.compile_seconds_this_run += self.compile_seconds
-    means = steps.metric_means(totals)
-    return {**{k: means[k] for k in steps.METRICS},
+    return {**merged.compute(),
             "learning_rate": float(self.schedule(step - 1)),
             "steps_per_sec": self.steps / elapsed,
             "steps_per_sec_excluding_compile":
@@ -197,16 +199,16 @@ class MicroSteps:
       shapes = steps.batch_shape_key(batch)
       step_fn = self.programs.get(shapes, self.p_train)
       if shapes in self.seen:
-        state_repl, sums = step_fn(state_repl, batch, rng)
+        state_repl, out = step_fn(state_repl, batch, rng)
       else:   # drain the queue first, so the call's time is the compile's alone
         jax.block_until_ready(state_repl)
         call_start = time.time()
-        state_repl, sums = step_fn(state_repl, batch, rng)
+        state_repl, out = step_fn(state_repl, batch, rng)
         self.seen.add(shapes)
         window.compiled(time.time() - call_start)
-      window.sums.append(sums)
-      self.unchecked.append((step, sums))
-      self.in_flight.add(sums)
+      window.metrics.append(out["metrics"])
+      self.unchecked.append((step, out))
+      self.in_flight.add(out)
     window.steps += 1
     return state_repl
 

@@ -1,9 +1,10 @@
 """The device steps: loss, data-parallel train and eval steps, placement, and calls in flight.
 
 The loss and metrics follow LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al.,
-2020), with metrics as sums over the real examples of a batch (filler rows weigh 0). Each
+2020), with metrics as a clu ``Collection`` of sums over the real examples of a batch
+(:data:`Metrics`; filler rows weigh 0). Each
 device runs :func:`train_step` on its rows (axis :data:`AXIS`): gradients are ``pmean``ed
-and metric sums ``psum``med, so every device holds the same state. ``config.parallelism``
+and metrics ``psum``med, so every device holds the same state. ``config.parallelism``
 picks how (:func:`make_parallel`): under ``jax.pmap`` over the local devices
 (:class:`PmapParallel`, LRA's; :func:`replicate`, :func:`unreplicate` and :func:`shard` move
 a state and a batch to and from its layout), or under ``jax.jit`` of ``jax.shard_map`` over a
@@ -25,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from clu import metrics as clu_metrics
+from flax import struct
 from flax.training import train_state
 
 from simpletron_jax.data.common import Batch
@@ -36,40 +39,54 @@ class TrainState(train_state.TrainState):
   """flax TrainState; ``step`` counts micro-steps (see the module docstring)."""
 
 
-# The metrics of every train window, validation and test, declared once: name -> per-example
-# value (float32 ``[B]``) of the float32 logits ``[B, C]`` and int labels ``[B]``. Each is
-# reported as its mean over the real examples (:func:`metric_sums`, :func:`metric_means`);
-# a new metric is one line here.
-METRICS: dict[str, Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]] = {
-    "loss": optax.softmax_cross_entropy_with_integer_labels,
-    "accuracy": lambda logits, targets: (jnp.argmax(logits, -1) == targets).astype(jnp.float32),
-}
+def _cross_entropy(logits, targets, weights, **_):
+  """Per-example cross-entropy ``[B]`` of float32 ``logits [B, C]`` and int ``targets [B]``."""
+  return {"values": optax.softmax_cross_entropy_with_integer_labels(logits, targets),
+          "weights": weights}
 
 
-def metric_sums(logits_BxC, targets_B, weights_B) -> dict[str, jnp.ndarray]:
-  """Weighted sums of every :data:`METRICS` value, and of the weights.
-
-  Args:
-    logits_BxC: float logits (cast to float32 first).
-    targets_B: int labels.
-    weights_B: float, 1 for a real example and 0 for a filler row.
-
-  Returns:
-    ``{name: sum w*value for each METRICS name, "count": sum w}`` as float32 scalars
-    (``loss`` sums the cross-entropy, ``accuracy`` the correct predictions).
-  """
-  logits_BxC = logits_BxC.astype(jnp.float32)
-  sums = {name: jnp.sum(value(logits_BxC, targets_B) * weights_B)
-          for name, value in METRICS.items()}
-  return {**sums, "count": jnp.sum(weights_B)}
+def _correct(logits, targets, weights, **_):
+  """1.0 where the arg-max of ``logits [B, C]`` is the ``targets [B]`` label, else 0.0."""
+  return {"values": (jnp.argmax(logits, -1) == targets).astype(jnp.float32), "weights": weights}
 
 
-def metric_means(sums: dict[str, float]) -> dict[str, float]:
-  """``{name: sum / count}`` for every :data:`METRICS` name of host ``sums`` (Python floats,
-  as :func:`metric_sums` returns them summed over batches), and ``count``; a count of 0
-  divides by 1 (every mean is then 0)."""
-  count = max(sums["count"], 1.0)
-  return {**{name: sums[name] / count for name in METRICS}, "count": sums["count"]}
+@struct.dataclass
+class Mean(clu_metrics.Average):
+  """clu's ``Average`` of per-example values under float weights (1: a real example, 0: a
+  filler row): ``total`` = sum of weight * value and ``count`` = sum of weights, float32 on
+  the device; ``merge`` adds both (clu's). Weights multiply, as in LRA's
+  ``compute_weighted_cross_entropy`` (``utils/train_utils.py``), rather than clu's boolean
+  mask selecting, so a non-finite value of a filler row still shows in the sum."""
+
+  @classmethod
+  def from_model_output(cls, values, weights, **_) -> Mean:
+    """``values`` and ``weights`` float32 ``[B]`` (or ``[B, L]``): their weighted sum and the
+    weights' sum."""
+    return cls(total=jnp.sum(values * weights), count=jnp.sum(weights))
+
+  def compute(self) -> float:
+    """``total / count`` on the host in float64 (a Python float); a count of 0 gives 0."""
+    return float(self.total) / max(float(self.count), 1.0)
+
+
+# The metrics of every train window, validation and test: a clu Collection built from the
+# float32 logits ``[B, C]``, int labels ``[B]`` and float32 weights ``[B]`` (``from_model_output``
+# of each), merged over batches and devices; a new metric is one line here.
+Metrics = clu_metrics.Collection.create(loss=Mean.from_fun(_cross_entropy),
+                                        accuracy=Mean.from_fun(_correct))
+
+
+def metrics_of(logits_BxC, targets_B, weights_B):
+  """:data:`Metrics` of one batch: ``logits_BxC`` float (cast to float32 first), ``targets_B``
+  int labels, ``weights_B`` float32 (1 real, 0 filler)."""
+  return Metrics.single_from_model_output(logits=logits_BxC.astype(jnp.float32),
+                                          targets=targets_B, weights=weights_B)
+
+
+def means(metrics) -> dict[str, float]:
+  """``{name: mean}`` of a host :data:`Metrics` (``Collection.compute``) and ``count``, the
+  weight sum (examples read), as Python floats."""
+  return {**metrics.compute(), "count": float(metrics.loss.count)}
 
 
 def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
@@ -86,10 +103,10 @@ def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
     deterministic: disables dropout.
 
   Returns:
-    ``(loss scalar, metric_sums dict)``. A self-pretraining model
+    ``(loss scalar, Metrics of the batch)`` (:func:`metrics_of`). A self-pretraining model
     (:class:`simpletron_jax.train.pretraining.MaskedLMEncoder`) returns a dict of per-token
     ``logits`` ``[B, L, V]``, ``targets`` and ``weights`` ``[B, L]`` instead of ``[B, C]``
-    logits; the sums are then over its target tokens (masked or next tokens) of the real
+    logits; the metrics are then over its target tokens (masked or next tokens) of the real
     rows, so ``count`` is the number of target tokens and the accuracy a per-token one.
   """
   second = (batch["inputs2"], batch["mask2"]) if "inputs2" in batch else ()
@@ -98,34 +115,35 @@ def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
                     rngs={"dropout": dropout_rng,
                           "random_features": jax.random.fold_in(dropout_rng, 0x5EED)})
   if isinstance(logits, dict):   # a pretraining objective: token-level targets
-    sums = metric_sums(logits["logits"], logits["targets"],
-                       logits["weights"] * batch["weights"][:, None])
-    return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
-  sums = metric_sums(logits, batch["targets"], batch["weights"])
-  return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
+    metrics = metrics_of(logits["logits"], logits["targets"],
+                         logits["weights"] * batch["weights"][:, None])
+  else:
+    metrics = metrics_of(logits, batch["targets"], batch["weights"])
+  return metrics.loss.total / jnp.maximum(metrics.loss.count, 1.0), metrics
 
 
 def train_step(state: TrainState, batch: Batch, dropout_rng):
   """One micro-step on this device's shard; call it under ``pmap(axis_name="batch")``.
 
-  Gradients are ``pmean``ed and metric sums ``psum``med over the devices.
+  Gradients are ``pmean``ed and the :data:`Metrics` ``psum``med over the devices (clu's
+  merge of every device's, in one all-reduce).
 
   Returns:
-    ``(new_state, metrics)``: the metric sums over the global micro-batch, and
-    ``grad_norm``, the global L2 norm of the averaged gradient (the non-finite guard reads it).
+    ``(new_state, {"metrics", "grad_norm"})``: the :data:`Metrics` of the global micro-batch,
+    and the global L2 norm of the averaged gradient (the non-finite guard reads it).
   """
   dropout_rng = jax.random.fold_in(dropout_rng, jax.lax.axis_index(AXIS))
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  (_, sums), grads = grad_fn(state.params, state.apply_fn, batch, dropout_rng, False)
+  (_, metrics), grads = grad_fn(state.params, state.apply_fn, batch, dropout_rng, False)
   grads = jax.lax.pmean(grads, AXIS)
-  metrics = {**jax.lax.psum(sums, AXIS), "grad_norm": optax.tree.norm(grads)}
-  return state.apply_gradients(grads=grads), metrics
+  return state.apply_gradients(grads=grads), {"metrics": jax.lax.psum(metrics, AXIS),
+                                              "grad_norm": optax.tree.norm(grads)}
 
 
 def eval_step(params, apply_fn, batch: Batch):
-  """Metric sums of one deterministic forward pass, ``psum``med over devices."""
-  _, sums = loss_fn(params, apply_fn, batch, jax.random.PRNGKey(0), True)
-  return jax.lax.psum(sums, AXIS)
+  """:data:`Metrics` of one deterministic forward pass, ``psum``med over devices."""
+  _, metrics = loss_fn(params, apply_fn, batch, jax.random.PRNGKey(0), True)
+  return jax.lax.psum(metrics, AXIS)
 
 
 def pmap_steps(apply_fn, devices=None):
@@ -159,8 +177,8 @@ def jit_steps(apply_fn, mesh: jax.sharding.Mesh):
     mesh: a one-axis mesh named :data:`AXIS` (:class:`JitParallel` builds it).
 
   Returns:
-    ``(train(state, batch, rng) -> (state, metrics), eval(params, batch) -> sums)``; the
-    state argument of ``train`` is donated; ``metrics`` and ``sums`` are replicated scalars.
+    ``(train(state, batch, rng) -> (state, metrics), eval(params, batch) -> metrics)``; the
+    state argument of ``train`` is donated; the metrics are replicated scalars.
   """
   rep, rows = jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec(AXIS)
   # check_vma=False: with JAX's varying-axes checks on, differentiating the replicated
