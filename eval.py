@@ -55,8 +55,8 @@ def _evaluate(flag_values):
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   xla_cache.enable(flags.FLAGS.xla_cache_dir)
   from simpletron_jax.runtime import atomic_io  # pylint: disable=import-outside-toplevel
-  from simpletron_jax.train import trainer  # pylint: disable=import-outside-toplevel
-  result = trainer.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
+  from simpletron_jax.train import final_test  # pylint: disable=import-outside-toplevel
+  result = final_test.evaluate_checkpoint(flag_values.workdir, split=flag_values.split,
                                        which=flag_values.which, step=flag_values.step,
                                        config=flag_values.config,
                                        precompile_workers=flag_values.precompile_workers)

@@ -4,8 +4,8 @@
 
 Builds the train state of ``--config`` (default: ListOps's paper config,
 ``configs/listops/simple.py``, no variant) the way ``trainer.train_and_evaluate`` does
-(``trainer.build_model`` sized to the task's vocabulary and class count, from the task's
-token module, without loading data; ``trainer.create_train_state``: parameters and AdamW
+(``train_state.build_model`` sized to the task's vocabulary and class count, from the task's
+token module, without loading data; ``train_state.create_train_state``: parameters and AdamW
 moments, the moments filled with random values as after training, see
 :func:`trained_moments`), then saves it ``--saves`` times each way with
 :func:`checkpoints.save_checkpoint`, into one manager per way in a temporary folder, with the
@@ -48,7 +48,7 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from simpletron_jax.train import checkpoints, run_guard, trainer  # noqa: E402
+from simpletron_jax.train import checkpoints, run_guard, train_state  # noqa: E402
 from step_time import load_config  # noqa: E402  (benchmarks/step_time.py)
 
 # The vocabulary size and class count of each task, as tasks.load_task reports them.
@@ -150,9 +150,9 @@ def main():
 
   config = load_config(args.config)
   vocab_size, num_classes = task_sizes(config.task)
-  model = trainer.build_model(config, types.SimpleNamespace(
+  model = train_state.build_model(config, types.SimpleNamespace(
       vocab_size=vocab_size, num_classes=num_classes, train=None))
-  state = trained_moments(trainer.create_train_state(config, model, jax.random.PRNGKey(0)))
+  state = trained_moments(train_state.create_train_state(config, model, jax.random.PRNGKey(0)))
   params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
   state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((state.params, state.opt_state)))
   meta = {"run_id": "benchmark", "best_val_accuracy": 0.5, "best_step": 1,

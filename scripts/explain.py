@@ -110,7 +110,7 @@ def example_indices(index: int | None, count: int | None, size: int) -> list[int
 def load_run(workdir: str, which: str = "best", step: int | None = None):
   """The run's config, data, float32 model, apply function, parameters and restored step.
 
-  Follows ``trainer.evaluate_checkpoint``: the saved config, the task's data, the
+  Follows ``final_test.evaluate_checkpoint``: the saved config, the task's data, the
   best-validation (or newest, or ``step``) checkpoint checked against the config.
 
   Returns:
@@ -126,7 +126,7 @@ def load_run(workdir: str, which: str = "best", step: int | None = None):
   from simpletron_jax.data import tasks
   from simpletron_jax.data.common import PairedExamples
   from simpletron_jax.model import encoders, lora
-  from simpletron_jax.train import run_record, trainer
+  from simpletron_jax.train import run_record, train_state
   from simpletron_jax.train.checkpoints import checkpoint_manager, restore_checkpoint
 
   if not os.path.isdir(workdir):
@@ -138,8 +138,8 @@ def load_run(workdir: str, which: str = "best", step: int | None = None):
     raise FileNotFoundError(f"{folder} not found: the run saved no "
                             f"{'best-validation ' if sub == 'best' else ''}checkpoint")
   data = tasks.load_task(config)
-  model = trainer.build_model(config, data)
-  state = trainer.create_train_state(config, model, jax.random.PRNGKey(0))
+  model = train_state.build_model(config, data)
+  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
   state, _, restored = restore_checkpoint(checkpoint_manager(folder, config.max_to_keep),
                                           state, step, model_config=config.model)
   model32 = encoders.build_classifier(explain.float32_model_config(config.model),

@@ -24,7 +24,7 @@ from ml_collections import config_flags
 from configs import lra
 from simpletron_jax.data import common, listops, retrieval, tasks, text
 from simpletron_jax.runtime import cli, errors
-from simpletron_jax.train import checkpoints, config_checks, run_record, trainer
+from simpletron_jax.train import checkpoints, config_checks, final_test, run_record, trainer
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
 
@@ -431,7 +431,7 @@ def test_user_errors_and_bugs_are_told_apart(tmp_path):
 
 def test_eval_of_a_missing_workdir_creates_nothing(tmp_path):
   with pytest.raises(FileNotFoundError, match="is not a folder: pass the workdir"):
-    trainer.evaluate_checkpoint(str(tmp_path / "nowhere"))
+    final_test.evaluate_checkpoint(str(tmp_path / "nowhere"))
   assert not (tmp_path / "nowhere").exists()
 
 

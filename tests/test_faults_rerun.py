@@ -34,8 +34,8 @@ from configs import lra
 from simpletron_jax.data import text
 from simpletron_jax.runtime import errors, progress
 from simpletron_jax.tools import reporting
-from simpletron_jax.train import (checkpoints, params_checkpoints, precompile, preemption,
-                                  run_guard, run_record, trainer)
+from simpletron_jax.train import (checkpoints, final_test, params_checkpoints, precompile,
+                                  preemption, run_guard, run_record, train_state, trainer)
 from simpletron_jax.train.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _kill_at, _params, fault_config
@@ -227,7 +227,7 @@ def test_the_lock_is_released_on_every_exit_path(finished, presence_task, tmp_pa
 
   unbuildable = str(tmp_path / "model_error")
   with monkeypatch.context() as m:
-    m.setattr(trainer, "build_model", broken_model)
+    m.setattr(train_state, "build_model", broken_model)
     with pytest.raises(ValueError, match="injected"):
       trainer.train_and_evaluate(rerun_config(), unbuildable, data=presence_task)
   assert not os.path.exists(os.path.join(unbuildable, lock))
@@ -282,7 +282,7 @@ def test_eval_with_another_tasks_config_names_the_task(tmp_path):
   with pytest.raises(errors.ConfigMismatchError,
                      match=r"^--config is a config of task 'text', but .* trained task "
                            r"'listops' \(.*config.json\): pass a configs/listops/\.\.\. config"):
-    trainer.evaluate_checkpoint(str(tmp_path), config=lra.make_config("text", "simple",
+    final_test.evaluate_checkpoint(str(tmp_path), config=lra.make_config("text", "simple",
                                                                       "tiny"))
 
 

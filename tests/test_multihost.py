@@ -24,7 +24,7 @@ import pytest
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.runtime import distributed
-from simpletron_jax.train import checkpoints, config_checks, evaluation, trainer
+from simpletron_jax.train import checkpoints, config_checks, evaluation, train_state, trainer
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
 
@@ -97,7 +97,7 @@ def single(tmp_path_factory):
 
 def _final_params(workdir):
   config, data = worker.worker_config(), worker.presence_data()
-  state = trainer.create_train_state(config, trainer.build_model(config, data),
+  state = train_state.create_train_state(config, train_state.build_model(config, data),
                                      jax.random.PRNGKey(1))
   manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
   state, _, step = checkpoints.restore_checkpoint(manager, state)

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from simpletron_jax.data.common import make_batch
-from simpletron_jax.train import checkpoints, config_checks, steps, trainer
+from simpletron_jax.train import checkpoints, config_checks, steps, train_state, trainer
 from tests.test_train import tiny_config
 
 
 def _run_steps(name, config, task, num_steps=3):
   """Params, last train metrics and an eval of ``num_steps`` train steps under ``name``."""
   parallel = steps.make_parallel(name)
-  model = trainer.build_model(config, task)
-  state = trainer.create_train_state(config, model, jax.random.PRNGKey(0))
+  model = train_state.build_model(config, task)
+  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
   train, evaluate = parallel.steps(model.apply)
   state = parallel.put_state(state)
   for i in range(num_steps):
@@ -61,7 +61,7 @@ def test_unknown_parallelism_is_named():
 
 
 def _final_params(workdir, config, task):
-  state = trainer.create_train_state(config, trainer.build_model(config, task),
+  state = train_state.create_train_state(config, train_state.build_model(config, task),
                                      jax.random.PRNGKey(0))
   manager = checkpoints.checkpoint_manager(f"{workdir}/checkpoints", None)
   return checkpoints.restore_checkpoint(manager, state)[0].params

@@ -15,7 +15,7 @@ from simpletron_jax.data import batches
 from simpletron_jax.data.common import make_batch
 from simpletron_jax.runtime import errors
 from simpletron_jax.train import (checkpoints, config_checks, evaluation, loop, precompile, steps,
-                                  trainer)
+                                  train_state, trainer)
 
 
 def tiny_config(attention="simple", **overrides):
@@ -40,8 +40,8 @@ def tiny_config(attention="simple", **overrides):
 
 
 def _state(config, task):
-  model = trainer.build_model(config, task)
-  return model, trainer.create_train_state(config, model, jax.random.PRNGKey(0))
+  model = train_state.build_model(config, task)
+  return model, train_state.create_train_state(config, model, jax.random.PRNGKey(0))
 
 
 def test_pmap_on_two_devices_equals_one_device(presence_task):
@@ -101,7 +101,7 @@ def test_gradient_accumulation_equals_one_big_batch_and_compiles_once(presence_t
   params, compiles = [], []
   for accum, micro_batches in ((1, [batch]), (2, halves)):
     config.grad_accum_steps = accum
-    state = steps.replicate(trainer.create_train_state(config, model,
+    state = steps.replicate(train_state.create_train_state(config, model,
                                                        jax.random.PRNGKey(0)), devices)
     for b in micro_batches:
       (state, _), n = _backend_compiles(
@@ -184,7 +184,7 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
     assert (r["compile_seconds"] > 0) == (r["new_shapes"] > 0)
     assert r["steps_per_sec_excluding_compile"] >= r["steps_per_sec"]
   assert os.path.isdir(os.path.join(workdir, "tb"))
-  _, p_eval = steps.pmap_steps(trainer.build_model(config, presence_task).apply)
+  _, p_eval = steps.pmap_steps(train_state.build_model(config, presence_task).apply)
   model, state = _state(config, presence_task)
   best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), 1)
   state, meta, step = checkpoints.restore_checkpoint(best, state)

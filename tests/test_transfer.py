@@ -14,13 +14,13 @@ from simpletron_jax.model import encoders, lora, transfer
 from simpletron_jax.model.attention.linear import LinearAttention
 from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.model.attention.softmax import SoftmaxAttention
-from simpletron_jax.train import steps, trainer
+from simpletron_jax.train import steps, train_state
 from tests.test_train import tiny_config
 
 
 def _model_and_params(config, task, seed=0):
-  model = trainer.build_model(config, task)
-  state = trainer.create_train_state(config, model, jax.random.PRNGKey(seed))
+  model = train_state.build_model(config, task)
+  state = train_state.create_train_state(config, model, jax.random.PRNGKey(seed))
   return model, state.params
 
 
@@ -77,8 +77,8 @@ def test_surgery_errors_name_mismatching_paths(presence_task):
 @pytest.mark.parametrize("freeze,lora_rank", [(("attention/(query|key|value)/",), 0), ((), 4)])
 def test_frozen_parameters_stay_bit_identical(presence_task, freeze, lora_rank):
   config = tiny_config("softmax", freeze=freeze, **{"lora.rank": lora_rank})
-  model = trainer.build_model(config, presence_task)
-  state = trainer.create_train_state(config, model, jax.random.PRNGKey(0))
+  model = train_state.build_model(config, presence_task)
+  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
   before = transfer.flatten(jax.device_get(state.params))
   p_train, _ = steps.pmap_steps(state.apply_fn)
   state_repl = steps.replicate(state)
@@ -104,7 +104,7 @@ def test_frozen_parameters_stay_bit_identical(presence_task, freeze, lora_rank):
 def test_attention_per_layer_builds_those_modules(presence_task):
   config = tiny_config("softmax", **{"model.num_layers": 3,
                                      "model.attention_per_layer": ("simple", "linear", "softmax")})
-  model = trainer.build_model(config, presence_task)
+  model = train_state.build_model(config, presence_task)
   tokens, mask = _tokens(presence_task)
   paths = model.module_paths(jax.random.PRNGKey(0), tokens, mask)
   kinds = {i: type(paths[f"encoder/encoderblock_{i}/attention"]) for i in range(3)}
@@ -113,7 +113,7 @@ def test_attention_per_layer_builds_those_modules(presence_task):
   same = tiny_config("softmax", **{"model.attention_per_layer": ("linear", "linear")})
   plain = tiny_config("linear")
   m_same, params = _model_and_params(same, presence_task)
-  m_plain = trainer.build_model(plain, presence_task)
+  m_plain = train_state.build_model(plain, presence_task)
   np.testing.assert_array_equal(m_same.apply({"params": params}, tokens, mask),
                                 m_plain.apply({"params": params}, tokens, mask))
 

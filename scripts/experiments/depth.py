@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import exp_common  # noqa: E402  pylint: disable=wrong-import-position
 
 from simpletron_jax.model import transfer  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax.train import trainer  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.train import train_state  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.data import batches  # noqa: E402
 
 NAME = "depth"
@@ -56,7 +56,7 @@ def kv_matrices(config, params, data) -> list[np.ndarray]:
 
   ``L`` is each example's number of real tokens (CLS included), as in Simple attention.
   """
-  model = trainer.build_model(config, data)
+  model = train_state.build_model(config, data)
   batch = next(batches.eval_batches(data.val, config, 32, 1))
   want = lambda mdl, _: mdl.name in ("key", "value")  # noqa: E731
   _, state = model.apply({"params": params}, batch["inputs"], batch["mask"],

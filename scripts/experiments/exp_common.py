@@ -40,7 +40,7 @@ import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.runtime import cli, overrides  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import evaluation, steps  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import evaluation, steps, train_state  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.data import tasks  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train import run_record, trainer  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
@@ -245,9 +245,9 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
   """Accuracy and loss of ``params`` in the model of ``config`` on ``split``.
 
   Reads ``num_test_steps`` batches for the test split and ``num_eval_steps`` for the
-  others, as ``trainer.evaluate_checkpoint`` does.
+  others, as ``final_test.evaluate_checkpoint`` does.
   """
-  model = trainer.build_model(config, data)
+  model = train_state.build_model(config, data)
   _, p_eval = steps.pmap_steps(model.apply)
   limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
   return evaluation.evaluate(p_eval, steps.replicate(params), getattr(data, split),
@@ -257,8 +257,8 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
 def init_params(config: ml_collections.ConfigDict, data: tasks.TaskData):
   """Freshly initialised parameters of the model of ``config`` (seed ``config.seed``)."""
   import jax  # pylint: disable=import-outside-toplevel
-  model = trainer.build_model(config, data)
-  return trainer.create_train_state(config, model, jax.random.PRNGKey(config.seed)).params
+  model = train_state.build_model(config, data)
+  return train_state.create_train_state(config, model, jax.random.PRNGKey(config.seed)).params
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

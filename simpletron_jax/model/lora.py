@@ -9,7 +9,7 @@ std ``1/sqrt(n_in)``) and ``B`` (``[r, n_out]``, zeros), and the model runs with
 so at initialisation (``B = 0``) the adapted model computes exactly the base model. The
 trainable tree is ``{"base": params, "lora": adapters}``; :func:`wrap_apply` merges the two
 before every ``model.apply`` and ``config.freeze``-style freezing of ``base/`` (done by
-``train.trainer.make_optimizer`` when ``config.lora.rank > 0``) trains the adapters only. This
+``train.train_state.make_optimizer`` when ``config.lora.rank > 0``) trains the adapters only. This
 is how Chan & Ong's linear-attention study re-aligns a swapped model (rank 32 on W_q, W_k,
 W_v and W_o).
 

@@ -29,7 +29,7 @@ import numpy as np
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import encoders
 from simpletron_jax.model.attention import base, softmax
-from simpletron_jax.train import config_checks, trainer
+from simpletron_jax.train import config_checks, train_state
 from simpletron_jax.train.steps import pmap_steps
 
 GIB = 1 << 30
@@ -282,7 +282,7 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
   vocab_size, num_classes, dual = task_sizes(config)
   model = encoders.build_classifier(config.model, vocab_size=vocab_size,
                                     num_classes=num_classes, dual=dual)
-  state = jax.eval_shape(lambda: trainer.create_train_state(config, model,
+  state = jax.eval_shape(lambda: train_state.create_train_state(config, model,
                                                             jax.random.PRNGKey(0)))
   p_train, p_eval = pmap_steps(state.apply_fn, devices=devices)
   widths = widths or {s: [int(config.model.max_length)] for s in ("train", "eval")}

@@ -1,4 +1,4 @@
-"""Training and evaluation: the optimizer and train state, the loop, and checkpoint evaluation.
+"""Training: ``train_and_evaluate``, a run from its checks and setup through the loop to its tests.
 
 The recipe follows LRA ``utils/train_utils.py`` and ``listops/train.py``
 (Tay et al., 2020), with these changes: optax AdamW instead of flax.optim,
@@ -11,228 +11,46 @@ Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
 ``config.grad_accum_steps = A`` it is made of A *micro-steps* of
 ``batch_size / A`` examples each (``optax.MultiSteps``).
 
-The parts the loop is made of have a module each: :mod:`simpletron_jax.train.loop` (one optimizer
-step, the train window and the periodic actions), :mod:`simpletron_jax.train.steps` (loss, metrics,
-pmapped steps, replication), :mod:`simpletron_jax.data.batches` (data order),
-:mod:`simpletron_jax.train.evaluation`, :mod:`simpletron_jax.train.checkpoints`,
-:mod:`simpletron_jax.train.config_checks` (:func:`config_checks.validate_config`) and
-:mod:`simpletron_jax.train.run_record` (``config.json``, :func:`run_record.load_run_config`); import
-their names from them.
+The parts a run is made of have a module each: :mod:`simpletron_jax.train.train_state`
+(schedule, optimizer, model and train state), :mod:`simpletron_jax.train.loop` (one optimizer
+step, the train window and the periodic actions), :mod:`simpletron_jax.train.final_test` (the
+final and best-validation tests, ``results.json``, and ``evaluate_checkpoint`` for eval.py),
+:mod:`simpletron_jax.train.steps` (loss, metrics, pmapped steps, replication),
+:mod:`simpletron_jax.data.batches` (data order), :mod:`simpletron_jax.train.evaluation`,
+:mod:`simpletron_jax.train.checkpoints`, :mod:`simpletron_jax.train.config_checks`
+(:func:`config_checks.validate_config`) and :mod:`simpletron_jax.train.run_record`
+(``config.json``, :func:`run_record.load_run_config`); import their names from them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
 from typing import Any, Callable
 
-import flax
 import jax
-import jax.numpy as jnp
 import ml_collections
-import optax
 
 from simpletron_jax.data import batches, tasks
-from simpletron_jax.model import encoders, lora, transfer
 from simpletron_jax.runtime import atomic_io, cli, distributed, errors, progress
 from simpletron_jax.train import (
     checkpoints,
     config_checks,
-    evaluation,
+    final_test,
     loop,
     metric_logging,
-    params_checkpoints,
     precompile,
     preemption,
     profiling,
     run_guard,
     run_record,
-    schedules,
     software_record,
+    train_state,
 )
-from simpletron_jax.data.common import PairedExamples, report_split_truncation
+from simpletron_jax.data.common import report_split_truncation
 from simpletron_jax.train.steps import JitParallel, PmapParallel, TrainState, make_parallel
-
-
-# ----------------------------------------------------------------------------
-# Optimizer and state.
-
-
-def make_schedule(config: ml_collections.ConfigDict) -> Callable:
-  """The learning-rate schedule of ``config`` (steps are optimizer updates)."""
-  return schedules.create_learning_rate_schedule(
-      factors=config.factors, base_learning_rate=config.learning_rate,
-      warmup_steps=config.warmup, steps_per_cycle=config.num_train_steps)
-
-
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """AdamW with LRA's decoupled decay ``p -= lr * wd * p`` on every parameter.
-
-  Preceded by global-norm gradient clipping when ``config.grad_clip_norm > 0`` (LRA's
-  Path-X recipe). Parameters matching a ``config.freeze`` regex, and the base parameters
-  of a LoRA run (``config.lora.rank > 0``), get zero updates (:func:`transfer.freeze`).
-  Wrapped in ``optax.MultiSteps`` when ``config.grad_accum_steps > 1``, so the schedule
-  advances once per optimizer update.
-  """
-  tx = optax.adamw(make_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
-                   eps=config.adam_eps, weight_decay=config.weight_decay)
-  clip = float(config.get("grad_clip_norm", 0.0) or 0.0)
-  if clip > 0:
-    tx = optax.chain(optax.clip_by_global_norm(clip), tx)
-  frozen = tuple(config.get("freeze", ()) or ())
-  if config.get("lora", {}).get("rank", 0) > 0:
-    frozen += (f"^{lora.BASE}/",)
-  if frozen:
-    tx = transfer.freeze(tx, frozen)
-  if config.grad_accum_steps > 1:
-    tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps)
-  return tx
-
-
-def create_train_state(config: ml_collections.ConfigDict, model: flax.linen.Module,
-                       rng: jax.Array) -> TrainState:
-  """Initialises parameters and optimizer state (unreplicated).
-
-  Args:
-    config: the run config.
-    model: a :class:`simpletron_jax.model.encoders.ClassificationEncoder`.
-    rng: the parameter-init key.
-
-  Returns:
-    A TrainState at step 0. With ``config.lora.rank > 0`` its params are the LoRA tree
-    ``{"base", "lora"}`` and its ``apply_fn`` merges them (:mod:`simpletron_jax.model.lora`).
-  """
-  length = min(config.model.max_length, 16)
-  tokens = jnp.ones((1, length), jnp.int32)
-  second = (tokens, None) if isinstance(model, encoders.DualEncoderClassifier) else ()
-  params = jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
-                                        deterministic=True))(rng)["params"]
-  apply_fn, rank = model.apply, config.get("lora", {}).get("rank", 0)
-  if rank > 0:
-    params = lora.wrap(params, config.lora.targets, rank, jax.random.fold_in(rng, 0x10A))
-    apply_fn = lora.wrap_apply(model.apply, lora.scale_of(rank, config.lora.alpha))
-  return TrainState.create(apply_fn=apply_fn, params=params, tx=make_optimizer(config))
-
-
-# ----------------------------------------------------------------------------
-# The loop.
-
-
-def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
-  """The classifier for ``config.model`` sized to ``data``; with a ``config.pretrain``
-  section (the ``:spt`` / ``:spt_ft`` configs), the self-pretraining LM model or the
-  fine-tuning classifier with the [MASK] row reserved (:func:`pretraining.build_model`)."""
-  if config.get("pretrain") is not None:
-    from simpletron_jax.train import pretraining  # pylint: disable=import-outside-toplevel
-    return pretraining.build_model(config, vocab_size=data.vocab_size,
-                                   num_classes=data.num_classes,
-                                   dual=isinstance(data.train, PairedExamples))
-  return encoders.build_classifier(config.model, vocab_size=data.vocab_size,
-                                   num_classes=data.num_classes,
-                                   dual=isinstance(data.train, PairedExamples))
-
-
-def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
-                    workdir: str) -> TrainState:
-  """Starts ``state`` from ``config.init_from``'s best checkpoint (weight surgery).
-
-  Copies every parameter whose path and shape the source run shares with this model (only
-  those matching ``config.init_include`` when set; :func:`transfer.transfer_params`) and
-  writes what was copied, newly initialised and dropped to ``workdir/transfer.json``.
-
-  Returns:
-    ``state`` unchanged when ``config.init_from`` is empty, else with the new params.
-
-  Before any parameter is copied, the source checkpoint is checked as a resumed or evaluated
-  one is: its arrays load, match their CRC-32 and are finite
-  (:func:`params_checkpoints.verify_params_checkpoint`).
-
-  Raises:
-    FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
-    errors.CheckpointError: the source checkpoint is damaged (named).
-    errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
-    errors.WriteError: ``transfer.json`` could not be written (named).
-  """
-  best = os.path.join(str(config.get("init_from") or ""), "best")
-  if config.get("init_from") and os.path.isdir(best):   # else transfer names what is missing
-    params_checkpoints.verify_params_checkpoint(best, f"init_from={config.init_from!r}")
-  params, report = transfer.init_from_config(config, state.params)
-  if report is None:
-    return state
-  print(f"init_from {config.init_from}: {report.summary()}", file=sys.stderr)
-  if jax.process_index() == 0:
-    atomic_io.write_json_atomic(os.path.join(workdir, "transfer.json"),
-                                {"init_from": config.init_from, **report.to_dict()})
-  return state.replace(params=params)
-
-
-def _earlier_records(path: str, start_step: int) -> dict[tuple[int, str], dict[str, Any]]:
-  """``{(step, split): record}`` of the ``val``, ``test`` and ``test_final`` records of
-  ``metrics.jsonl`` at or before ``start_step`` (the last of each), which a start resumed at
-  ``start_step`` keeps; empty for a fresh start or a missing file.
-
-  Raises:
-    ValueError: ``path:line:`` for a damaged line (:func:`metric_logging.read_records`).
-  """
-  if start_step <= 0 or not os.path.exists(path):
-    return {}
-  return {(r["step"], r["split"]): r for r in metric_logging.read_records(path)
-          if r["step"] <= start_step and r.get("split") in ("val", "test", "test_final")}
-
-
-def _test_metrics(earlier: dict, logger: metric_logging.MetricLogger, step: int, split: str,
-                  compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-  """The ``split`` (``test`` or ``test_final``) metrics of ``step``: the record an earlier
-  start wrote (:func:`_earlier_records`), or ``compute()`` written as a new record.
-
-  The parameters of a step are the same at every start (a resumed run is bit-identical), so
-  a recorded test is the one ``compute`` would give; reusing it keeps ``metrics.jsonl`` free
-  of a second record of the same ``(step, split)``. On several hosts the evaluation is a
-  collective that every host must join, so it always runs there, and only an unrecorded
-  result is written.
-  """
-  recorded = earlier.get((step, split))
-  if recorded is not None and jax.process_count() == 1:
-    return {k: v for k, v in recorded.items() if k not in ("step", "split", "time")}
-  metrics = compute()
-  if recorded is None:
-    logger.write(step, metrics, split)
-  return metrics
-
-
-def _last_val_majority(earlier: dict, step: int, val: Any) -> float:
-  """The majority-class rate of the last validation at or before ``step`` as recorded in
-  ``metrics.jsonl``, else of the whole validation split (for a start that trains no step from
-  a checkpoint saved before the run's first validation)."""
-  recorded = [r for (s, split), r in sorted(earlier.items()) if split == "val" and s <= step]
-  if recorded and recorded[-1].get("majority_rate") is not None:
-    return float(recorded[-1]["majority_rate"])
-  return val.majority_rate()
-
-
-def _finished_results(workdir: str, config: ml_collections.ConfigDict,
-                      start_step: int) -> dict[str, Any] | None:
-  """``workdir/results.json`` when it is the finished result of ``config``
-  (:func:`run_record.workdir_results_problem`; a run resumed with forced changes counts here,
-  as this start repeats it), said on stderr, else None. Process 0 decides for every host.
-
-  Raises:
-    OSError, ValueError: another host cannot read the file process 0 found (the workdir
-      must be shared, as the checkpoints are).
-  """
-  problem = (run_record.workdir_results_problem(workdir, config, count_forced=True)
-             if jax.process_index() == 0 else None)
-  if not distributed.agree_on_flag(problem is None):
-    return None
-  results_path = os.path.join(workdir, "results.json")
-  with open(results_path, encoding="utf-8") as f:
-    results = json.load(f)
-  print(f"{workdir} finished training at step {start_step} and {results_path} is its "
-        "result: nothing to do, nothing rewritten", file=sys.stderr)
-  return results
 
 
 def make_workdir(workdir: str) -> None:
@@ -324,8 +142,8 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
             allow_resume_changes: bool) -> _Start:
   """Builds the model and its state, then restores the newest intact checkpoint of
   ``workdir/checkpoints`` (a damaged one is moved to ``workdir/damaged``), or for a new run
-  applies ``config.init_from`` (:func:`apply_init_from`), and matches ``best/`` to the run's
-  lineage (:func:`checkpoints.reconcile_best`).
+  applies ``config.init_from`` (:func:`train_state.apply_init_from`), and matches ``best/`` to
+  the run's lineage (:func:`checkpoints.reconcile_best`).
 
   A checkpoint is resumed only if it was computed with this config's settings, data and
   device and host counts (:func:`run_record.check_resume`, with ``allow_resume_changes``);
@@ -336,9 +154,9 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
       checkpoint saved by an earlier release (:data:`checkpoints.FORMAT`).
     errors.CheckpointError: no checkpoint is intact, or ``best/`` holds another run's.
   """
-  model = build_model(config, data)
+  model = train_state.build_model(config, data)
   init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
-  state = create_train_state(config, model, init_rng)
+  state = train_state.create_train_state(config, model, init_rng)
   async_save = config.get("async_checkpoints", False)
   ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
                                          async_save=async_save)
@@ -369,7 +187,7 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
       print(f"Settings changed since the checkpoint (recorded in {config_path}): "
             + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
   else:
-    state = apply_init_from(config, state, workdir)
+    state = train_state.apply_init_from(config, state, workdir)
   meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
               model_config=checkpoints.model_config_dict(config.model),
               **{run_record.RECORD_KEY: record})
@@ -456,76 +274,6 @@ def _compile(config: ml_collections.ConfigDict, data: tasks.TaskData, state_repl
         f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
         f"{precompiled['precompile_seconds']:.1f} s ({workers} threads)", file=sys.stderr)
   return p_train, eval_fn, train_steps.compiled, precompiled
-
-
-def _evaluator(eval_fn: Callable, examples: Any, config: ml_collections.ConfigDict,
-               limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
-  """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all):
-  :func:`evaluation.evaluate` with the run's eval step ``eval_fn``."""
-  return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, config, limit,
-                                                 parallel)
-
-
-def _test(config: ml_collections.ConfigDict, start: _Start, earlier: dict,
-          logger: metric_logging.MetricLogger, evaluate_test: Callable, params_repl: Any,
-          parallel: PmapParallel | JitParallel, last_step: int
-          ) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The test metrics of the final parameters (LRA's ``--test_only`` protocol) and of the
-  best-validation checkpoint (SimpleTRON's), ``(final, best)``; one evaluation when the last
-  validation was the best. A test an earlier start recorded is reused, not repeated
-  (:func:`_test_metrics`).
-
-  Args:
-    evaluate_test: ``evaluate_test(params_repl) -> metrics`` of the test split.
-    params_repl: the parameters after ``last_step``, placed as the eval step takes them.
-
-  Raises:
-    errors.CheckpointError: the best checkpoint cannot be restored intact.
-  """
-  final_test = _test_metrics(earlier, logger, last_step, "test_final",
-                             lambda: evaluate_test(params_repl))
-  best_step = start.meta["best_step"]
-
-  def best_test():
-    best_state, _, _ = checkpoints.restore_checkpoint(start.best_ckpts, start.state,
-                                                      step=best_step, model_config=config.model)
-    return evaluate_test(parallel.put_state(best_state.params))
-
-  test = _test_metrics(earlier, logger, best_step, "test",
-                       (lambda: final_test) if best_step == last_step else best_test)
-  return final_test, test
-
-
-def _results(config: ml_collections.ConfigDict, data: tasks.TaskData, start: _Start,
-             tests: tuple[dict[str, Any], dict[str, Any]], val_majority: float,
-             last_step: int, window: loop.TrainWindow, precompiled: dict[str, Any],
-             wall_start: float, software: dict[str, Any]) -> dict[str, Any]:
-  """The contents of ``results.json`` (see :func:`train_and_evaluate`'s Returns)."""
-  final_test, test = tests
-  complete = last_step >= config.num_train_steps
-  return {
-      "task": config.task, "attention": config.model.attention,
-      "test_accuracy": test["accuracy"], "test_loss": test["loss"],
-      "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
-      "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
-      "final_step": last_step,
-      "test_majority_rate": test["majority_rate"],
-      "val_majority_rate": val_majority,
-      "best_step": start.meta["best_step"], "best_val_accuracy": start.meta["best_val_accuracy"],
-      "num_train_steps": config.num_train_steps, "last_step": last_step,
-      "complete": complete, "stopped_by": None if complete else "max_train_minutes",
-      "config_fingerprint": run_record.config_fingerprint(config),
-      run_record.FORCED_KEY: run_record.forced_changes(
-          start.config_tree.get(run_record.CONFIG_HISTORY_KEY)),
-      "steps_per_sec": last_step / max(window.train_seconds, 1e-9),
-      "train_seconds": window.train_seconds,
-      "train_compile_seconds_this_run": window.compile_seconds_this_run,
-      "train_shapes_compiled_in_loop": window.shapes_compiled,
-      **precompiled,
-      "wall_seconds_this_run": time.time() - wall_start,
-      "num_devices": jax.device_count(), "data_source": data.source,
-      **software,
-  }
 
 
 def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler | None,
@@ -654,13 +402,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     guard.install()   # a signal from here on stops the run where it can stop cleanly
     start = _resume(config, workdir, data, allow_resume_changes)
     if start.step >= config.num_train_steps and not start.new_forced:
-      finished = _finished_results(workdir, config, start.step)   # a finished run's rerun
+      finished = final_test.finished_results(workdir, config, start.step)   # a finished rerun
       if finished is not None:
         return finished
     software = _write_config(start)
     # The test records an earlier start wrote at or before this start's step (a run killed
     # while testing, a finished run resumed with forced changes): reused, never written twice.
-    earlier = _earlier_records(os.path.join(workdir, "metrics.jsonl"), start.step)
+    earlier = final_test.earlier_records(os.path.join(workdir, "metrics.jsonl"), start.step)
     if guard.requested_locally():   # a signal while building or restoring: nothing to save
       raise preemption.PreemptedError(start.step, guard.cause)
     logger = _open_logs(config, workdir, start)
@@ -674,7 +422,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         config, data, state_repl, parallel, start.step, precompile_workers, guard)
     if precompiled:
       logger.write(start.step, precompiled, "info")
-    window = loop.TrainWindow(parallel, make_schedule(config), start.meta["train_seconds"])
+    window = loop.TrainWindow(parallel, train_state.make_schedule(config),
+                              start.meta["train_seconds"])
     micro_steps = loop.MicroSteps(
         p_train, programs, parallel,
         batches.train_batches(data.train, config, start.step * config.grad_accum_steps),
@@ -683,7 +432,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
     actions = loop.Actions(
         config, micro_steps, window, logger, bar,
-        _evaluator(eval_fn, data.val, config, config.get("num_eval_steps", -1), parallel),
+        final_test.evaluator(eval_fn, data.val, config, config.get("num_eval_steps", -1),
+                             parallel),
         start.ckpts, start.best_ckpts, start.meta, start.last_good(), step_hook)
     budget = loop.TimeBudget(config.get("max_train_minutes", 0), wall_start)
     step, preempted, out_of_time = config.num_train_steps, False, False   # if none is trained
@@ -708,86 +458,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if out_of_time:
       bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
                 "rerun with the same workdir to continue")
-    tests = _test(config, start, earlier, logger,
-                  _evaluator(eval_fn, data.test, config, config.get("num_test_steps", -1),
+    tests = final_test.final_and_best_tests(
+        config, start, earlier, logger,
+        final_test.evaluator(eval_fn, data.test, config, config.get("num_test_steps", -1),
                              parallel),
-                  state_repl.params, parallel, step)
+        state_repl.params, parallel, step)
     val_majority = start.meta.get("val_majority_rate")
     if val_majority is None:   # this lineage has not validated yet
-      val_majority = _last_val_majority(earlier, step, data.val)
-    results = _results(config, data, start, tests, val_majority, step, window, precompiled,
-                       wall_start, software)
+      val_majority = final_test.last_val_majority(earlier, step, data.val)
+    results = final_test.run_results(config, data, start, tests, val_majority, step, window,
+                                     precompiled, wall_start, software)
     if jax.process_index() == 0:   # never a half-written file
       atomic_io.write_json_atomic(os.path.join(workdir, "results.json"), results)
     logger.close()
     return results
   finally:   # also on errors and preemption: no handler, open file or lock is left behind
     _release(guard, profiler, logger, lock)
-
-
-def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
-                        step: int | None = None,
-                        config: ml_collections.ConfigDict | None = None,
-                        precompile_workers: int = 0) -> dict[str, Any]:
-  """Restores a checkpoint of ``workdir`` and evaluates it on ``split``.
-
-  Args:
-    workdir: a train.py run directory.
-    split: ``"train"``, ``"val"`` or ``"test"``.
-    which: ``"best"`` (the best-validation checkpoint) or ``"latest"``.
-    step: restore this optimizer step from ``workdir/checkpoints`` instead.
-    config: overrides the run's saved config.
-    precompile_workers: if > 0, the eval step of every batch shape the split meets is
-      compiled first, in this many threads side by side (:mod:`simpletron_jax.train.precompile`).
-
-  Returns:
-    ``{"accuracy", "loss", "count", "step", "split", "checkpoint"}``.
-
-  Raises:
-    FileNotFoundError: when the workdir (which is never created), its checkpoint folder,
-      the checkpoint or its config is missing.
-    ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
-    errors.ConfigMismatchError: ``config`` is of another task than the run's ``config.json``
-      (named before the model configs are compared), or its model config differs from the
-      checkpoint's.
-  """
-  if split not in ("train", "val", "test") or which not in ("best", "latest"):
-    raise ValueError(f"split={split!r} / which={which!r} not understood")
-  if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass the workdir of a "
-                            "train.py run")
-  if config is not None:
-    saved = run_record.read_config_json(os.path.join(workdir, "config.json")) or {}
-    if saved.get("task") not in (None, config.task):
-      raise errors.ConfigMismatchError(
-          f"--config is a config of task {config.task!r}, but {workdir} trained task "
-          f"{saved['task']!r} ({os.path.join(workdir, 'config.json')}): pass a "
-          f"configs/{saved['task']}/... config, or leave --config out to use the run's own")
-  config = config or run_record.load_run_config(workdir)
-  sub = "best" if which == "best" and step is None else "checkpoints"
-  if not os.path.isdir(os.path.join(workdir, sub)):
-    raise FileNotFoundError(f"{os.path.join(workdir, sub)} not found: the run saved no "
-                            f"{'best-validation ' if sub == 'best' else ''}checkpoint yet")
-  data = tasks.load_task(config)
-  report_split_truncation(split, getattr(data, split), int(config.model.max_length))
-  model = build_model(config, data)
-  state = create_train_state(config, model, jax.random.PRNGKey(0))
-  manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
-  state, _, restored_step = checkpoints.restore_checkpoint(manager, state, step,
-                                                           model_config=config.model)
-  if precompile_workers < 0:
-    raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
-  parallel = make_parallel(config.get("parallelism", "pmap"))
-  _, p_eval = parallel.steps(state.apply_fn)
-  limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
-  params_repl = parallel.put_state(state.params)
-  if precompile_workers:
-    start = time.time()
-    p_eval = precompile.precompile_eval_step(p_eval, params_repl,
-                                             [(getattr(data, split), limit)], config,
-                                             precompile_workers, parallel)
-    print(f"precompiled {len(p_eval.compiled)} eval step shapes in "
-          f"{time.time() - start:.1f} s ({precompile_workers} threads)", file=sys.stderr)
-  metrics = evaluation.evaluate(p_eval, params_repl, getattr(data, split), config, limit, parallel)
-  return {**metrics, "step": restored_step, "split": split,
-          "checkpoint": os.path.join(workdir, sub)}

@@ -1,0 +1,241 @@
+"""The tests of trained parameters and what a run leaves as its result.
+
+At the end of :func:`simpletron_jax.train.trainer.train_and_evaluate`: the test metrics of the
+final parameters (LRA's ``--test_only`` protocol, ``listops/train.py``; Tay et al., 2020) and of
+the best-validation checkpoint (SimpleTRON's), a test an earlier start recorded in
+``metrics.jsonl`` reused rather than repeated, and the contents of ``results.json``. Also
+:func:`evaluate_checkpoint` (eval.py): one saved checkpoint evaluated on one split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+
+from simpletron_jax.data import tasks
+from simpletron_jax.runtime import distributed, errors
+from simpletron_jax.train import (
+    checkpoints,
+    evaluation,
+    loop,
+    metric_logging,
+    precompile,
+    run_record,
+    train_state,
+)
+from simpletron_jax.data.common import report_split_truncation
+from simpletron_jax.train.steps import JitParallel, PmapParallel, make_parallel
+
+
+def earlier_records(path: str, start_step: int) -> dict[tuple[int, str], dict[str, Any]]:
+  """``{(step, split): record}`` of the ``val``, ``test`` and ``test_final`` records of
+  ``metrics.jsonl`` at or before ``start_step`` (the last of each), which a start resumed at
+  ``start_step`` keeps; empty for a fresh start or a missing file.
+
+  Raises:
+    ValueError: ``path:line:`` for a damaged line (:func:`metric_logging.read_records`).
+  """
+  if start_step <= 0 or not os.path.exists(path):
+    return {}
+  return {(r["step"], r["split"]): r for r in metric_logging.read_records(path)
+          if r["step"] <= start_step and r.get("split") in ("val", "test", "test_final")}
+
+
+def recorded_test(earlier: dict, logger: metric_logging.MetricLogger, step: int, split: str,
+                  compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+  """The ``split`` (``test`` or ``test_final``) metrics of ``step``: the record an earlier
+  start wrote (:func:`earlier_records`), or ``compute()`` written as a new record.
+
+  The parameters of a step are the same at every start (a resumed run is bit-identical), so
+  a recorded test is the one ``compute`` would give; reusing it keeps ``metrics.jsonl`` free
+  of a second record of the same ``(step, split)``. On several hosts the evaluation is a
+  collective that every host must join, so it always runs there, and only an unrecorded
+  result is written.
+  """
+  recorded = earlier.get((step, split))
+  if recorded is not None and jax.process_count() == 1:
+    return {k: v for k, v in recorded.items() if k not in ("step", "split", "time")}
+  metrics = compute()
+  if recorded is None:
+    logger.write(step, metrics, split)
+  return metrics
+
+
+def last_val_majority(earlier: dict, step: int, val: Any) -> float:
+  """The majority-class rate of the last validation at or before ``step`` as recorded in
+  ``metrics.jsonl``, else of the whole validation split (for a start that trains no step from
+  a checkpoint saved before the run's first validation)."""
+  recorded = [r for (s, split), r in sorted(earlier.items()) if split == "val" and s <= step]
+  if recorded and recorded[-1].get("majority_rate") is not None:
+    return float(recorded[-1]["majority_rate"])
+  return val.majority_rate()
+
+
+def finished_results(workdir: str, config: ml_collections.ConfigDict,
+                      start_step: int) -> dict[str, Any] | None:
+  """``workdir/results.json`` when it is the finished result of ``config``
+  (:func:`run_record.workdir_results_problem`; a run resumed with forced changes counts here,
+  as this start repeats it), said on stderr, else None. Process 0 decides for every host.
+
+  Raises:
+    OSError, ValueError: another host cannot read the file process 0 found (the workdir
+      must be shared, as the checkpoints are).
+  """
+  problem = (run_record.workdir_results_problem(workdir, config, count_forced=True)
+             if jax.process_index() == 0 else None)
+  if not distributed.agree_on_flag(problem is None):
+    return None
+  results_path = os.path.join(workdir, "results.json")
+  with open(results_path, encoding="utf-8") as f:
+    results = json.load(f)
+  print(f"{workdir} finished training at step {start_step} and {results_path} is its "
+        "result: nothing to do, nothing rewritten", file=sys.stderr)
+  return results
+
+def evaluator(eval_fn: Callable, examples: Any, config: ml_collections.ConfigDict,
+               limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
+  """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all):
+  :func:`evaluation.evaluate` with the run's eval step ``eval_fn``."""
+  return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, config, limit,
+                                                 parallel)
+
+
+def final_and_best_tests(config: ml_collections.ConfigDict, start: Any, earlier: dict,
+                         logger: metric_logging.MetricLogger, evaluate_test: Callable,
+                         params_repl: Any, parallel: PmapParallel | JitParallel, last_step: int
+                         ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The test metrics of the final parameters (LRA's ``--test_only`` protocol) and of the
+  best-validation checkpoint (SimpleTRON's), ``(final, best)``; one evaluation when the last
+  validation was the best. A test an earlier start recorded is reused, not repeated
+  (:func:`recorded_test`).
+
+  Args:
+    start: the start of the run (``trainer._Start``): its ``meta["best_step"]``, its
+      ``best_ckpts`` and ``state`` (the tree the best checkpoint restores into).
+    evaluate_test: ``evaluate_test(params_repl) -> metrics`` of the test split.
+    params_repl: the parameters after ``last_step``, placed as the eval step takes them.
+
+  Raises:
+    errors.CheckpointError: the best checkpoint cannot be restored intact.
+  """
+  final_test = recorded_test(earlier, logger, last_step, "test_final",
+                             lambda: evaluate_test(params_repl))
+  best_step = start.meta["best_step"]
+
+  def best_test():
+    best_state, _, _ = checkpoints.restore_checkpoint(start.best_ckpts, start.state,
+                                                      step=best_step, model_config=config.model)
+    return evaluate_test(parallel.put_state(best_state.params))
+
+  test = recorded_test(earlier, logger, best_step, "test",
+                       (lambda: final_test) if best_step == last_step else best_test)
+  return final_test, test
+
+
+def run_results(config: ml_collections.ConfigDict, data: tasks.TaskData, start: Any,
+                tests: tuple[dict[str, Any], dict[str, Any]], val_majority: float,
+                last_step: int, window: loop.TrainWindow, precompiled: dict[str, Any],
+                wall_start: float, software: dict[str, Any]) -> dict[str, Any]:
+  """The contents of ``results.json`` (see
+  :func:`simpletron_jax.train.trainer.train_and_evaluate`'s Returns); ``start`` is the run's
+  start (``trainer._Start``: its ``meta`` and ``config_tree``), ``tests`` is
+  :func:`final_and_best_tests`' ``(final, best)``."""
+  final_test, test = tests
+  complete = last_step >= config.num_train_steps
+  return {
+      "task": config.task, "attention": config.model.attention,
+      "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+      "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
+      "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
+      "final_step": last_step,
+      "test_majority_rate": test["majority_rate"],
+      "val_majority_rate": val_majority,
+      "best_step": start.meta["best_step"], "best_val_accuracy": start.meta["best_val_accuracy"],
+      "num_train_steps": config.num_train_steps, "last_step": last_step,
+      "complete": complete, "stopped_by": None if complete else "max_train_minutes",
+      "config_fingerprint": run_record.config_fingerprint(config),
+      run_record.FORCED_KEY: run_record.forced_changes(
+          start.config_tree.get(run_record.CONFIG_HISTORY_KEY)),
+      "steps_per_sec": last_step / max(window.train_seconds, 1e-9),
+      "train_seconds": window.train_seconds,
+      "train_compile_seconds_this_run": window.compile_seconds_this_run,
+      "train_shapes_compiled_in_loop": window.shapes_compiled,
+      **precompiled,
+      "wall_seconds_this_run": time.time() - wall_start,
+      "num_devices": jax.device_count(), "data_source": data.source,
+      **software,
+  }
+
+
+def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
+                        step: int | None = None,
+                        config: ml_collections.ConfigDict | None = None,
+                        precompile_workers: int = 0) -> dict[str, Any]:
+  """Restores a checkpoint of ``workdir`` and evaluates it on ``split``.
+
+  Args:
+    workdir: a train.py run directory.
+    split: ``"train"``, ``"val"`` or ``"test"``.
+    which: ``"best"`` (the best-validation checkpoint) or ``"latest"``.
+    step: restore this optimizer step from ``workdir/checkpoints`` instead.
+    config: overrides the run's saved config.
+    precompile_workers: if > 0, the eval step of every batch shape the split meets is
+      compiled first, in this many threads side by side (:mod:`simpletron_jax.train.precompile`).
+
+  Returns:
+    ``{"accuracy", "loss", "count", "step", "split", "checkpoint"}``.
+
+  Raises:
+    FileNotFoundError: when the workdir (which is never created), its checkpoint folder,
+      the checkpoint or its config is missing.
+    ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
+    errors.ConfigMismatchError: ``config`` is of another task than the run's ``config.json``
+      (named before the model configs are compared), or its model config differs from the
+      checkpoint's.
+  """
+  if split not in ("train", "val", "test") or which not in ("best", "latest"):
+    raise ValueError(f"split={split!r} / which={which!r} not understood")
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass the workdir of a "
+                            "train.py run")
+  if config is not None:
+    saved = run_record.read_config_json(os.path.join(workdir, "config.json")) or {}
+    if saved.get("task") not in (None, config.task):
+      raise errors.ConfigMismatchError(
+          f"--config is a config of task {config.task!r}, but {workdir} trained task "
+          f"{saved['task']!r} ({os.path.join(workdir, 'config.json')}): pass a "
+          f"configs/{saved['task']}/... config, or leave --config out to use the run's own")
+  config = config or run_record.load_run_config(workdir)
+  sub = "best" if which == "best" and step is None else "checkpoints"
+  if not os.path.isdir(os.path.join(workdir, sub)):
+    raise FileNotFoundError(f"{os.path.join(workdir, sub)} not found: the run saved no "
+                            f"{'best-validation ' if sub == 'best' else ''}checkpoint yet")
+  data = tasks.load_task(config)
+  report_split_truncation(split, getattr(data, split), int(config.model.max_length))
+  model = train_state.build_model(config, data)
+  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
+  state, _, restored_step = checkpoints.restore_checkpoint(manager, state, step,
+                                                           model_config=config.model)
+  if precompile_workers < 0:
+    raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
+  parallel = make_parallel(config.get("parallelism", "pmap"))
+  _, p_eval = parallel.steps(state.apply_fn)
+  limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
+  params_repl = parallel.put_state(state.params)
+  if precompile_workers:
+    start = time.time()
+    p_eval = precompile.precompile_eval_step(p_eval, params_repl,
+                                             [(getattr(data, split), limit)], config,
+                                             precompile_workers, parallel)
+    print(f"precompiled {len(p_eval.compiled)} eval step shapes in "
+          f"{time.time() - start:.1f} s ({precompile_workers} threads)", file=sys.stderr)
+  metrics = evaluation.evaluate(p_eval, params_repl, getattr(data, split), config, limit, parallel)
+  return {**metrics, "step": restored_step, "split": split,
+          "checkpoint": os.path.join(workdir, sub)}

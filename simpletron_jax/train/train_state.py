@@ -1,0 +1,131 @@
+"""What a run starts from: the learning-rate schedule, the optimizer, the model and its train state.
+
+The recipe follows LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al., 2020),
+with optax AdamW instead of flax.optim. Units: a *step* is one optimizer update on
+``config.batch_size`` examples; with ``config.grad_accum_steps = A`` it is made of A
+*micro-steps* of ``batch_size / A`` examples each (``optax.MultiSteps``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from simpletron_jax.data import tasks
+from simpletron_jax.model import encoders, lora, transfer
+from simpletron_jax.runtime import atomic_io
+from simpletron_jax.train import params_checkpoints, schedules
+from simpletron_jax.data.common import PairedExamples
+from simpletron_jax.train.steps import TrainState
+
+
+def make_schedule(config: ml_collections.ConfigDict) -> Callable:
+  """The learning-rate schedule of ``config`` (steps are optimizer updates)."""
+  return schedules.create_learning_rate_schedule(
+      factors=config.factors, base_learning_rate=config.learning_rate,
+      warmup_steps=config.warmup, steps_per_cycle=config.num_train_steps)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW with LRA's decoupled decay ``p -= lr * wd * p`` on every parameter.
+
+  Preceded by global-norm gradient clipping when ``config.grad_clip_norm > 0`` (LRA's
+  Path-X recipe). Parameters matching a ``config.freeze`` regex, and the base parameters
+  of a LoRA run (``config.lora.rank > 0``), get zero updates (:func:`transfer.freeze`).
+  Wrapped in ``optax.MultiSteps`` when ``config.grad_accum_steps > 1``, so the schedule
+  advances once per optimizer update.
+  """
+  tx = optax.adamw(make_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
+                   eps=config.adam_eps, weight_decay=config.weight_decay)
+  clip = float(config.get("grad_clip_norm", 0.0) or 0.0)
+  if clip > 0:
+    tx = optax.chain(optax.clip_by_global_norm(clip), tx)
+  frozen = tuple(config.get("freeze", ()) or ())
+  if config.get("lora", {}).get("rank", 0) > 0:
+    frozen += (f"^{lora.BASE}/",)
+  if frozen:
+    tx = transfer.freeze(tx, frozen)
+  if config.grad_accum_steps > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps)
+  return tx
+
+
+def create_train_state(config: ml_collections.ConfigDict, model: flax.linen.Module,
+                       rng: jax.Array) -> TrainState:
+  """Initialises parameters and optimizer state (unreplicated).
+
+  Args:
+    config: the run config.
+    model: a :class:`simpletron_jax.model.encoders.ClassificationEncoder`.
+    rng: the parameter-init key.
+
+  Returns:
+    A TrainState at step 0. With ``config.lora.rank > 0`` its params are the LoRA tree
+    ``{"base", "lora"}`` and its ``apply_fn`` merges them (:mod:`simpletron_jax.model.lora`).
+  """
+  length = min(config.model.max_length, 16)
+  tokens = jnp.ones((1, length), jnp.int32)
+  second = (tokens, None) if isinstance(model, encoders.DualEncoderClassifier) else ()
+  params = jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
+                                        deterministic=True))(rng)["params"]
+  apply_fn, rank = model.apply, config.get("lora", {}).get("rank", 0)
+  if rank > 0:
+    params = lora.wrap(params, config.lora.targets, rank, jax.random.fold_in(rng, 0x10A))
+    apply_fn = lora.wrap_apply(model.apply, lora.scale_of(rank, config.lora.alpha))
+  return TrainState.create(apply_fn=apply_fn, params=params, tx=make_optimizer(config))
+
+
+def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
+  """The classifier for ``config.model`` sized to ``data``; with a ``config.pretrain``
+  section (the ``:spt`` / ``:spt_ft`` configs), the self-pretraining LM model or the
+  fine-tuning classifier with the [MASK] row reserved (:func:`pretraining.build_model`)."""
+  if config.get("pretrain") is not None:
+    from simpletron_jax.train import pretraining  # pylint: disable=import-outside-toplevel
+    return pretraining.build_model(config, vocab_size=data.vocab_size,
+                                   num_classes=data.num_classes,
+                                   dual=isinstance(data.train, PairedExamples))
+  return encoders.build_classifier(config.model, vocab_size=data.vocab_size,
+                                   num_classes=data.num_classes,
+                                   dual=isinstance(data.train, PairedExamples))
+
+
+def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
+                    workdir: str) -> TrainState:
+  """Starts ``state`` from ``config.init_from``'s best checkpoint (weight surgery).
+
+  Copies every parameter whose path and shape the source run shares with this model (only
+  those matching ``config.init_include`` when set; :func:`transfer.transfer_params`) and
+  writes what was copied, newly initialised and dropped to ``workdir/transfer.json``.
+
+  Returns:
+    ``state`` unchanged when ``config.init_from`` is empty, else with the new params.
+
+  Before any parameter is copied, the source checkpoint is checked as a resumed or evaluated
+  one is: its arrays load, match their CRC-32 and are finite
+  (:func:`params_checkpoints.verify_params_checkpoint`).
+
+  Raises:
+    FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
+    errors.CheckpointError: the source checkpoint is damaged (named).
+    errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
+    errors.WriteError: ``transfer.json`` could not be written (named).
+  """
+  best = os.path.join(str(config.get("init_from") or ""), "best")
+  if config.get("init_from") and os.path.isdir(best):   # else transfer names what is missing
+    params_checkpoints.verify_params_checkpoint(best, f"init_from={config.init_from!r}")
+  params, report = transfer.init_from_config(config, state.params)
+  if report is None:
+    return state
+  print(f"init_from {config.init_from}: {report.summary()}", file=sys.stderr)
+  if jax.process_index() == 0:
+    atomic_io.write_json_atomic(os.path.join(workdir, "transfer.json"),
+                                {"init_from": config.init_from, **report.to_dict()})
+  return state.replace(params=params)
+
