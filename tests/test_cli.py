@@ -71,3 +71,32 @@ def test_missing_data_dir_is_reported(tmp_path):
               check=False)
   assert proc.returncode != 0
   assert "nowhere/basic_train.tsv" in proc.stderr
+
+
+def test_config_files_load_without_the_removed_load_module(tmp_path, monkeypatch):
+  """--config files load through exec_module: on Python 3.15, which removed
+  ``SourceFileLoader.load_module()`` (made to raise here), a file with a ``:variant`` and an
+  override still loads, with no DeprecationWarning, and a shipped config loads too."""
+  import warnings
+  import importlib.machinery
+  from absl import flags
+  from ml_collections import config_flags
+  from simpletron_jax.runtime import cli, overrides  # noqa: F401  (cli replaces the loader)
+
+  def removed(self, *args):
+    raise AttributeError("'SourceFileLoader' object has no attribute 'load_module'")
+
+  monkeypatch.setattr(importlib.machinery.SourceFileLoader, "load_module", removed)
+  path = tmp_path / "my_config.cfg"   # config_flags takes any suffix
+  path.write_text("import ml_collections\n\n\ndef get_config(variant=None):\n"
+                  "  config = ml_collections.ConfigDict()\n"
+                  "  config.variant, config.size = variant, 1\n  return config\n")
+  values = flags.FlagValues()
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", DeprecationWarning)
+    argv = ["prog", f"--config={path}:tiny", "--config.size=3"]
+    config_flags.DEFINE_config_file("config", None, flag_values=values, sys_argv=argv)
+    values(argv)
+    shipped = overrides.load_config("configs/listops/simple.py:tiny", ["--config.seed=5"])
+  assert (values.config.variant, values.config.size) == ("tiny", 3)
+  assert shipped.seed == 5 and shipped.model.attention == "simple"

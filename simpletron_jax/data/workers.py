@@ -27,6 +27,8 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
+from simpletron_jax.runtime import cli
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -34,6 +36,8 @@ _BROKEN = ("a {what} worker process died ({error}). Workers are spawned and impo
            "main module again: a script read from stdin ('python -') cannot be, so run it "
            "from a file or with 'python -c', or pass num_workers=1 to generate in this process")
 
+
+_POLL_S = 0.5   # seconds between results' checks for a lost SIGTERM while it waits
 
 PARENT_POLL_S = 1.0
 """Seconds between a worker's checks that the process that started it is still there."""
@@ -94,16 +98,24 @@ def results(pool: concurrent.futures.Executor | None, fn: Callable[[T], R],
       run the generator instead.
   """
   if pool is None:
-    yield from map(fn, tasks)
+    for task in tasks:
+      cli.raise_if_terminated()
+      yield fn(task)
     return
-  # Each future leaves `pending` once its result is yielded, so the generators stream.
+  # Each future leaves `pending` once its result is yielded, so the generators stream. The
+  # waits are short, so that a SIGTERM whose exception Python dropped still stops the loop
+  # (cli.raise_if_terminated).
   pending = collections.deque(pool.submit(fn, task) for task in tasks)
   try:
-    if ordered:
-      while pending:
-        yield pending.popleft().result()
-    else:
-      for future in concurrent.futures.as_completed(list(pending)):
+    while pending:
+      cli.raise_if_terminated()
+      done, _ = concurrent.futures.wait([pending[0]] if ordered else pending, timeout=_POLL_S,
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+      if ordered:
+        ready = [pending[0]] if done else []
+      else:
+        ready = list(done)
+      for future in ready:
         pending.remove(future)
         yield future.result()
   except BrokenProcessPool as error:

@@ -30,25 +30,53 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import importlib.machinery
+import importlib.util
 import os
 import re
 import signal
 import sys
 import threading
 import traceback
+import types
 from typing import Iterable, Iterator, Sequence
 
 from absl import flags
 from ml_collections import config_flags
+from ml_collections.config_flags import config_flags as _config_flags_impl
 
 from simpletron_jax.runtime import errors
 
-# The simpletron_jax folder, and the folder above it: in a checkout, the one that holds
-# configs/ and .git/ (an installed copy has neither there).
+# The package's folder, and the one above it (in a checkout: configs/ and .git/ are there).
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)
 # The exception types a user error can have (besides errors.RunError).
 USER_ERROR_TYPES = (ValueError, OSError)
+
+
+def _load_config_source(module_name: str, module_path: str) -> types.ModuleType:
+  """Runs a config file as ml_collections' ``config_flags`` does (any suffix, registered in
+  ``sys.modules`` as ``module_name`` unless it fails) through ``exec_module``: ml_collections
+  1.1.0 calls ``SourceFileLoader.load_module()``, which Python 3.15 removed (gh-97850).
+
+  Raises:
+    FileNotFoundError: no file at ``module_path``; any exception the file raises.
+  """
+  loader = importlib.machinery.SourceFileLoader(module_name, module_path)
+  spec = importlib.util.spec_from_loader(module_name, loader)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[module_name] = module
+  try:
+    loader.exec_module(module)
+  except BaseException:
+    sys.modules.pop(module_name, None)
+    raise
+  return module
+
+
+# config_flags loads every --config file; its loader is replaced until ml_collections' is fixed.
+if hasattr(_config_flags_impl, "_load_source"):
+  _config_flags_impl._load_source = _load_config_source  # pylint: disable=protected-access
 
 
 def one_line(message: str) -> str:
@@ -302,25 +330,42 @@ def parse_flags(argv: list[str], program: str,
   return rest
 
 
+_SIGTERM_RECEIVED = threading.Event()   # set inside sigterm_raises, cleared when it ends
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-  """In the ``with`` block SIGTERM raises :class:`errors.Terminated` in the main thread,
-  instead of ending the process at once (Python's default), so that the program's clean-up
-  runs and it can say what was saved. Handlers installed inside the block (the run's
-  preemption guard) take over while they are installed. Outside the main thread, nothing is
-  installed."""
+  """In the ``with`` block SIGTERM raises :class:`errors.Terminated` in the main thread instead
+  of ending the process, so that clean-up runs and the program can say what was saved; handlers
+  installed inside (the run's preemption guard) take over meanwhile. Off the main thread: none."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
 
   def _raise(signum, frame):  # pylint: disable=unused-argument
+    _SIGTERM_RECEIVED.set()
     raise errors.Terminated("SIGTERM")
 
-  previous = signal.signal(signal.SIGTERM, _raise)
+  def _unraisable(lost):   # a lost Terminated is raised again by raise_if_terminated, silently
+    if not isinstance(lost.exc_value, errors.Terminated):
+      hook(lost)
+
+  previous, hook = signal.signal(signal.SIGTERM, _raise), sys.unraisablehook
+  sys.unraisablehook = _unraisable
   try:
     yield
   finally:
     signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    sys.unraisablehook = hook
+    _SIGTERM_RECEIVED.clear()
+
+
+def raise_if_terminated() -> None:
+  """Raises :class:`errors.Terminated` if SIGTERM arrived inside :func:`sigterm_raises` and its
+  exception was lost: Python drops an exception raised while a garbage-collector callback or a
+  finalizer runs (JAX's ``_xla_gc_callback``). The generators' waits for workers call this."""
+  if _SIGTERM_RECEIVED.is_set():
+    raise errors.Terminated("SIGTERM")
 
 
 def plain_text(text: str) -> str:
