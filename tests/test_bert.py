@@ -226,8 +226,10 @@ def test_read_checkpoint_errors(tmp_path):
 def test_post_norm_simple_res_block_is_ln_of_both_skips():
   """Post-LN with SimpleTRON's double skip: ``x1 = LN0(x0 + Attn(x0))``,
   ``out = LN1(x1 + MLP(x1) + x0)``, checked against the block's own submodules."""
-  block = layers.EncoderBlock(attention="simple_res", num_heads=2, qkv_dim=16, mlp_dim=32,
-                              block_norm="post", layer_norm_epsilon=1e-12, attention_bias=True)
+  config = encoders.ModelConfig(emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=1,
+                                max_length=5, attention="simple_res", block_norm="post",
+                                layer_norm_epsilon=1e-12, attention_bias=True)
+  block = layers.EncoderBlock(config, 0)
   x0 = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 16))
   mask = jnp.array([[True] * 5, [True] * 3 + [False] * 2])
   norm = nn.LayerNorm(epsilon=1e-12)
@@ -239,7 +241,7 @@ def test_post_norm_simple_res_block_is_ln_of_both_skips():
     attn = SimpleAttention(num_heads=2, qkv_dim=16, out_dim=16).apply(
         {"params": params["attention"]}, x0, mask)
     x1 = norm.apply({"params": params["LayerNorm_0"]}, x0 + attn)
-    mlp = layers.MlpBlock(32).apply({"params": params["MlpBlock_0"]}, x1, deterministic=True)
+    mlp = layers.MlpBlock(config).apply({"params": params["MlpBlock_0"]}, x1, deterministic=True)
     expected = norm.apply({"params": params["LayerNorm_1"]}, x1 + mlp + x0)
     without_skip = norm.apply({"params": params["LayerNorm_1"]}, x1 + mlp)
     return params, out, expected, without_skip
@@ -264,12 +266,14 @@ def test_bert_embeddings_have_no_cls_vector_and_lra_defaults_are_unchanged():
 
 
 def test_mlp_hidden_dropout_option():
-  """BERT's MLP (``hidden_dropout=False``) drops out its output only: every kept output
+  """BERT's MLP (``mlp_hidden_dropout=False``) drops out its output only: every kept output
   entry is twice the undropped one at rate 0.5. LRA's also thins the hidden layer, so the
   kept entries differ from it."""
   x = jax.random.normal(jax.random.PRNGKey(2), (2, 3, 8))
   for hidden_dropout in (False, True):
-    mlp = layers.MlpBlock(64, dropout_rate=0.5, hidden_dropout=hidden_dropout)
+    mlp = layers.MlpBlock(encoders.ModelConfig(
+        emb_dim=8, num_heads=1, qkv_dim=8, mlp_dim=64, num_layers=1, max_length=3,
+        dropout_rate=0.5, mlp_hidden_dropout=hidden_dropout))
 
     @jax.jit
     def run(x, mlp=mlp):

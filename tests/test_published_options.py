@@ -267,8 +267,7 @@ def test_embedding_dropout_off_and_no_final_layer_norm():
 
 @pytest.mark.parametrize("branch_dropout", [False, True])
 def test_attention_branch_dropout(branch_dropout):
-  block = layers.EncoderBlock(attention="simple", num_heads=H, qkv_dim=E, mlp_dim=16,
-                              dropout_rate=0.5, attention_branch_dropout=branch_dropout)
+  block = layers.EncoderBlock(_encoder(attention_branch_dropout=branch_dropout).config, 0)
   x, mask = _x(), _mask()
   params = block.init(jax.random.PRNGKey(0), x, mask, deterministic=True)
   out, state = block.apply(params, x, mask, deterministic=False,

@@ -21,7 +21,7 @@ import ml_collections
 
 from simpletron_jax.model import layers
 from simpletron_jax.model.attention import base
-from simpletron_jax.model.model_config import DTYPES, HEAD_ACTIVATIONS, ModelConfig
+from simpletron_jax.model.model_config import HEAD_ACTIVATIONS, ModelConfig
 
 # BERT's ``initializer_range``: the std of its embedding tables' normal init.
 BERT_INIT_STDDEV = 0.02
@@ -61,7 +61,7 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxL, mask_BxL=None, *, deterministic: bool = True):
-    c, dtype = self.config, DTYPES[self.config.dtype]
+    c = self.config
     if mask_BxL is None:
       mask_BxL = tokens_BxL > 0
     mask_BxL = mask_BxL.astype(bool)
@@ -91,28 +91,16 @@ class Encoder(nn.Module):
       if c.embedding_dropout:
         x_BxLxE = nn.Dropout(c.dropout_rate)(
             x_BxLxE, deterministic=deterministic)
-    x_BxLxE = x_BxLxE.astype(dtype)
+    x_BxLxE = x_BxLxE.astype(c.compute_dtype)
     pad = -x_BxLxE.shape[1] % c.length_multiple
     if pad:   # masked positions at the end, which every allowed attention ignores
       x_BxLxE = jnp.pad(x_BxLxE, ((0, 0), (0, pad), (0, 0)))
       mask_BxL = jnp.pad(mask_BxL, ((0, 0), (0, pad)))
-    names = c.layer_attentions()
     for i in range(c.num_layers):
-      x_BxLxE = layers.EncoderBlock(
-          attention=names[i],
-          attention_kwargs=c.attention_kwargs if names[i] == c.attention else None,
-          num_heads=c.num_heads, qkv_dim=c.qkv_dim, mlp_dim=c.mlp_dim,
-          dropout_rate=c.dropout_rate,
-          attention_dropout_rate=c.attention_dropout_rate, dtype=dtype,
-          attention_branch_dropout=c.attention_branch_dropout,
-          num_queries=self._block_queries(i),
-          attention_bias=c.attention_bias, mlp_activation=c.mlp_activation,
-          dense_init=c.dense_init, block_norm=c.block_norm,
-          layer_norm_epsilon=c.layer_norm_epsilon,
-          mlp_hidden_dropout=c.mlp_hidden_dropout, name=f"encoderblock_{i}")(
-              x_BxLxE, mask_BxL, deterministic=deterministic)
+      x_BxLxE = layers.EncoderBlock(c, i, name=f"encoderblock_{i}")(
+          x_BxLxE, mask_BxL, deterministic=deterministic)
     if c.final_layer_norm:
-      x_BxLxE = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=dtype,
+      x_BxLxE = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.compute_dtype,
                              name="encoder_norm")(x_BxLxE)
     x_BxLxE = x_BxLxE.astype(jnp.float32)
     if self.return_states:   # one state per input token: no CLS, no length padding
@@ -154,13 +142,6 @@ class Encoder(nn.Module):
       x_BxLxE = nn.Dropout(c.dropout_rate)(
           x_BxLxE, deterministic=deterministic)
     return x_BxLxE
-
-  def _block_queries(self, i: int) -> int:
-    """Positions block ``i`` updates: 1 (CLS) for the last block with
-    ``last_block_cls_only`` and CLS pooling, else 0 (all)."""
-    c = self.config
-    cls_only = c.last_block_cls_only and c.classifier_pool == "CLS"
-    return 1 if cls_only and i == c.num_layers - 1 else 0
 
 
 def _head_dense(width: int, name: str, init: str, x_BxF):

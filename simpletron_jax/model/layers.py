@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import functools
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -12,6 +13,9 @@ import numpy as np
 
 from simpletron_jax.model import attention
 from simpletron_jax.model.attention import base
+
+if TYPE_CHECKING:   # model_config imports this module's constants
+  from simpletron_jax.model.model_config import ModelConfig
 
 LN_EPSILON = 1e-6
 POS_EMB_INITS = {"normal": nn.initializers.normal(stddev=0.02), "zeros": nn.initializers.zeros}
@@ -126,68 +130,34 @@ MLP_ACTIVATIONS = {"gelu_tanh": gelu, "gelu_exact": gelu_exact}
 
 
 class MlpBlock(nn.Module):
-  """Dense(mlp_dim) -> GELU -> Dropout -> Dense(out_dim) -> Dropout.
+  """Dense(mlp_dim) -> GELU -> Dropout -> Dense(E) -> Dropout (LRA ``common_layers.MlpBlock``).
 
   Attributes:
-    mlp_dim, out_dim: widths (``out_dim`` defaults to E).
-    dropout_rate: both Dropouts' rate.
-    hidden_dropout: the Dropout after the GELU (LRA, default); False leaves it out, as BERT's
-      ``BertIntermediate`` (Devlin et al., 2019; Hugging Face ``modeling_bert.py``), whose only
-      MLP dropout follows the second Dense (``model.mlp_hidden_dropout``).
-    activation: a key of :data:`MLP_ACTIVATIONS`: ``"gelu_tanh"`` (LRA, default) or
-      ``"gelu_exact"`` (the SimpleTRON authors' ``nn.GELU()``; config ``model.mlp_activation``).
-    dense_init: the Dense layers' init, a name in ``base.INITS``: ``"lra"`` (Xavier-uniform,
-      normal(1e-6) biases, LRA's) or ``"torch"`` (``nn.Linear``'s; ``model.dense_init``).
-    dtype: computation dtype.
+    config: the validated :class:`ModelConfig`; read: ``mlp_dim``, ``dropout_rate`` (both
+      Dropouts), ``mlp_activation`` (a key of :data:`MLP_ACTIVATIONS`: LRA's
+      ``"gelu_tanh"`` or the SimpleTRON authors' ``"gelu_exact"``), ``dense_init`` (a name in
+      ``base.INITS``: LRA's Xavier-uniform with normal(1e-6) biases, or torch ``nn.Linear``'s),
+      ``mlp_hidden_dropout`` (False leaves out the Dropout after the GELU, as BERT's
+      ``BertIntermediate``, Devlin et al. 2019) and ``dtype``.
 
-  Call: ``x_BxLxE -> [B, L, out_dim]``.
-
-  Raises:
-    ValueError: naming ``model.mlp_activation`` or ``model.dense_init`` for an unknown value.
+  Call: ``x_BxLxE -> x_BxLxE``, computed in ``config.dtype``.
   """
 
-  mlp_dim: int
-  out_dim: int | None = None
-  dropout_rate: float = 0.1
-  activation: str = "gelu_tanh"
-  dense_init: str = "lra"
-  hidden_dropout: bool = True
-  dtype: Any = jnp.float32
+  config: ModelConfig
 
   @nn.compact
   def __call__(self, x_BxLxE, *, deterministic: bool):
-    if self.activation not in MLP_ACTIVATIONS:
-      raise ValueError(f"model.mlp_activation={self.activation!r}; expected one of "
-                       f"{sorted(MLP_ACTIVATIONS)}")
-    out_dim = self.out_dim or x_BxLxE.shape[-1]
-    kernel_init, bias_init = base.initializers(x_BxLxE.shape[-1], self.dense_init)
-    y_BxLxM = nn.Dense(self.mlp_dim, kernel_init=kernel_init, bias_init=bias_init,
-                       dtype=self.dtype)(x_BxLxE)
-    y_BxLxM = MLP_ACTIVATIONS[self.activation](y_BxLxM)
-    if self.hidden_dropout:
-      y_BxLxM = nn.Dropout(self.dropout_rate)(
-          y_BxLxM, deterministic=deterministic)
-    kernel_init, bias_init = base.initializers(self.mlp_dim, self.dense_init)
-    y_BxLxO = nn.Dense(out_dim, kernel_init=kernel_init, bias_init=bias_init,
-                       dtype=self.dtype)(y_BxLxM)
-    return nn.Dropout(self.dropout_rate)(
-        y_BxLxO, deterministic=deterministic)
+    c = self.config
 
+    def dense(width, fan_in):
+      kernel_init, bias_init = base.initializers(fan_in, c.dense_init)
+      return nn.Dense(width, kernel_init=kernel_init, bias_init=bias_init, dtype=c.compute_dtype)
 
-def _block_mlp(block: "EncoderBlock") -> MlpBlock:
-  """The MLP of ``block`` (a submodule of it, ``MlpBlock_0``, when made inside its compact
-  call). A function, not a method: flax records what every module method returns, and a
-  module is not an array."""
-  return MlpBlock(block.mlp_dim, dropout_rate=block.dropout_rate,
-                  activation=block.mlp_activation,
-                  dense_init=block.dense_init, hidden_dropout=block.mlp_hidden_dropout,
-                  dtype=block.dtype)
-
-
-def _block_layer_norm(block: "EncoderBlock") -> nn.LayerNorm:
-  """A new LayerNorm of ``block`` (``LayerNorm_<i>``, numbered in the order made inside its
-  compact call); a function for the reason :func:`_block_mlp` is."""
-  return nn.LayerNorm(epsilon=block.layer_norm_epsilon, dtype=block.dtype)
+    y_BxLxM = MLP_ACTIVATIONS[c.mlp_activation](dense(c.mlp_dim, x_BxLxE.shape[-1])(x_BxLxE))
+    if c.mlp_hidden_dropout:
+      y_BxLxM = nn.Dropout(c.dropout_rate)(y_BxLxM, deterministic=deterministic)
+    y_BxLxE = dense(x_BxLxE.shape[-1], c.mlp_dim)(y_BxLxM)
+    return nn.Dropout(c.dropout_rate)(y_BxLxE, deterministic=deterministic)
 
 
 # Where an encoder block puts its LayerNorms (config field model.block_norm): "pre" (LRA's, on
@@ -196,7 +166,7 @@ BLOCK_NORMS = ("pre", "post")
 
 
 class EncoderBlock(nn.Module):
-  """One encoder block, pre-LN (LRA, default)::
+  """One encoder block, pre-LN (LRA ``transformer.py``, default)::
 
       x1 = x0 + Dropout(Attn(LN(x0)))
       out = x1 + MLP(LN(x1))            (+ x0 for SimpleTRON's Simple-Res)
@@ -211,81 +181,54 @@ class EncoderBlock(nn.Module):
   (BERT's ``attention.output.LayerNorm``), ``LayerNorm_1`` the MLP's (``output.LayerNorm``).
 
   Attributes:
-    attention: registry name of the attention variant.
-    attention_kwargs: variant options (``config.model.attention_kwargs``).
-    num_heads, qkv_dim, mlp_dim: sizes.
-    dropout_rate: residual and MLP dropout.
-    attention_dropout_rate: dropout inside attention.
-    attention_branch_dropout: True (default, LRA) applies ``Dropout`` to the attention
-      branch as above; False leaves it out (the SimpleTRON authors' ``TBlock``).
-    attention_bias: biases on the attention's projections (``model.attention_bias``; LRA's
-      have none).
-    mlp_activation: the MLP's GELU, see :class:`MlpBlock` (``model.mlp_activation``).
-    dense_init: ``"lra"`` or ``"torch"`` (``model.dense_init``): the MLP's Dense layers, and
-      the attention's projections made through ``base.head_projection`` /
-      ``base.output_projection`` (passed to the variant, ``AttentionSpec.build``); other
-      variant-specific weights keep their own init.
-    block_norm: ``"pre"`` (default) or ``"post"``, see above (``model.block_norm``).
-    layer_norm_epsilon: the LayerNorms' epsilon (``model.layer_norm_epsilon``; LRA's 1e-6,
-      BERT's 1e-12).
-    mlp_hidden_dropout: see :class:`MlpBlock` ``hidden_dropout`` (``model.mlp_hidden_dropout``).
-    num_queries: 0 (default): every position. N > 0: only the first N positions are
-      updated and returned, ``[B, N, E]``: attention still reads every position as keys
-      and values, while the residuals, the second LayerNorm and the MLP run on N
-      positions (the last block under CLS pooling, which reads position 0 only). Variants
-      with a ``num_queries`` field compute only N query rows; the others compute every
+    config: the validated :class:`ModelConfig`. Read: the sizes; ``dropout_rate`` (residual
+      branch, MLP) and ``attention_dropout_rate`` (inside attention);
+      ``attention_branch_dropout`` (False leaves out the attention branch's Dropout, as the
+      SimpleTRON authors' ``TBlock``); ``attention_bias``; ``dense_init`` (the MLP's Dense
+      layers and the projections made through ``base.head_projection`` /
+      ``base.output_projection``); ``block_norm``; ``layer_norm_epsilon``; ``dtype``; the
+      MLP's fields (:class:`MlpBlock`).
+    index: the block's place (0-based). Its attention is ``config.layer_attentions()[index]``,
+      with ``config.attention_kwargs`` if that is ``config.attention`` (else the variant's
+      defaults). The last block under ``last_block_cls_only`` and CLS pooling updates and
+      returns position 0 only, ``[B, 1, E]``: attention still reads every position as keys
+      and values, while the residuals, the second LayerNorm and the MLP run on one position.
+      Variants with a ``num_queries`` field compute one query row; the others compute every
       row and slice, so the output is exact for every variant.
-    dtype: computation dtype.
 
-  Call: ``(x_BxLxE, mask_BxL, deterministic) -> x_BxLxE`` (``[B, N, E]`` with
-  ``num_queries``).
-
-  Raises:
-    ValueError: naming ``model.block_norm`` for a value outside :data:`BLOCK_NORMS`.
+  Call: ``(x_BxLxE, mask_BxL bool, deterministic) -> x_BxLxE`` (``[B, 1, E]`` as above),
+  computed in ``config.dtype``.
   """
 
-  attention: str
-  num_heads: int
-  qkv_dim: int
-  mlp_dim: int
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  attention_kwargs: Mapping[str, Any] | None = None
-  attention_branch_dropout: bool = True
-  num_queries: int = 0
-  attention_bias: bool = False
-  mlp_activation: str = "gelu_tanh"
-  dense_init: str = "lra"
-  block_norm: str = "pre"
-  layer_norm_epsilon: float = LN_EPSILON
-  mlp_hidden_dropout: bool = True
-  dtype: Any = jnp.float32
+  config: ModelConfig
+  index: int
 
   @nn.compact
   def __call__(self, x0_BxLxE, mask_BxL, *, deterministic: bool):
-    if self.block_norm not in BLOCK_NORMS:
-      raise ValueError(f"model.block_norm={self.block_norm!r}; expected one of "
-                       f"{list(BLOCK_NORMS)}")
-    pre = self.block_norm == "pre"
-    spec = attention.get(self.attention)
-    kwargs = dict(self.attention_kwargs or {})
-    if self.num_queries and "num_queries" in spec.module_fields():
-      kwargs["num_queries"] = self.num_queries
-    y = _block_layer_norm(self)(x0_BxLxE) if pre else x0_BxLxE
-    y = spec.build(num_heads=self.num_heads, qkv_dim=self.qkv_dim, out_dim=x0_BxLxE.shape[-1],
-                   dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-                   use_bias=self.attention_bias, dense_init=self.dense_init,
+    c = self.config
+    pre, name = c.block_norm == "pre", c.layer_attentions()[self.index]
+    norm = functools.partial(nn.LayerNorm, epsilon=c.layer_norm_epsilon, dtype=c.compute_dtype)
+    spec = attention.get(name)
+    kwargs = dict(c.attention_kwargs) if name == c.attention else {}
+    queries = int(c.last_block_cls_only and c.classifier_pool == "CLS"
+                  and self.index == c.num_layers - 1)
+    if queries and "num_queries" in spec.module_fields():
+      kwargs["num_queries"] = queries
+    y = norm()(x0_BxLxE) if pre else x0_BxLxE
+    y = spec.build(num_heads=c.num_heads, qkv_dim=c.qkv_dim, out_dim=x0_BxLxE.shape[-1],
+                   dropout_rate=c.attention_dropout_rate, dtype=c.compute_dtype,
+                   use_bias=c.attention_bias, dense_init=c.dense_init,
                    name="attention", **kwargs)(y, mask_BxL, deterministic=deterministic)
-    if self.num_queries:
-      y, x0_BxLxE = y[:, :self.num_queries], x0_BxLxE[:, :self.num_queries]
-    if self.attention_branch_dropout:
-      y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    if queries:
+      y, x0_BxLxE = y[:, :queries], x0_BxLxE[:, :queries]
+    if c.attention_branch_dropout:
+      y = nn.Dropout(c.dropout_rate)(y, deterministic=deterministic)
     x1_BxLxE = x0_BxLxE + y
     if pre:
-      y = _block_layer_norm(self)(x1_BxLxE)
+      y = norm()(x1_BxLxE)
     else:   # BERT: LayerNorm_0 after the attention's residual sum, LayerNorm_1 after the MLP's
-      x1_BxLxE = y = _block_layer_norm(self)(x1_BxLxE)
-    out = x1_BxLxE + _block_mlp(self)(y, deterministic=deterministic)
+      x1_BxLxE = y = norm()(x1_BxLxE)
+    out = x1_BxLxE + MlpBlock(c)(y, deterministic=deterministic)
     if spec.double_skip:
       out = out + x0_BxLxE
-    return out if pre else _block_layer_norm(self)(out)
+    return out if pre else norm()(out)

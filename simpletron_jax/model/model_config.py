@@ -90,7 +90,7 @@ class ModelConfig:
       first real token (:class:`encoders.Encoder` ``prepend_cls``).
     last_block_cls_only: with CLS pooling, the last block updates position 0 only (its
       attention still reads every position as keys and values; see
-      :class:`layers.EncoderBlock` ``num_queries``). The logits are those of the full
+      :class:`layers.EncoderBlock` ``index``). The logits are those of the full
       block; only the random dropout masks of that block are drawn for the smaller shape.
       Ignored for MEAN.
     length_multiple: pads the sequence (CLS included) with masked positions at the end to a
@@ -141,7 +141,8 @@ class ModelConfig:
       authors' 1e-6, default; BERT's 1e-12).
     pooler: BERT's pooler on the pooled vector: ``tanh(Dense(E))`` (``pooler``), as Hugging
       Face ``BertPooler`` does on position 0. False (default): none.
-    mlp_hidden_dropout: see :class:`layers.MlpBlock` ``hidden_dropout`` (False: BERT).
+    mlp_hidden_dropout: the Dropout after the MLP's GELU (LRA); False: none (BERT, see
+      :class:`layers.MlpBlock`).
 
   Constructed directly (tests, embeddings-only encoders with ``num_layers=0``) it is not
   validated: call :meth:`validate`.
@@ -267,6 +268,11 @@ class ModelConfig:
             "'simple_resl' to decouple them")
     self._validate_bert_sizes()
     self._validate_length_multiple(names)
+
+  @property
+  def compute_dtype(self) -> Any:
+    """The jnp dtype of ``dtype`` (the activations'; :data:`DTYPES`)."""
+    return DTYPES[self.dtype]
 
   def layer_attentions(self) -> tuple[str, ...]:
     """The attention name of each block: ``attention_per_layer`` if given, else
