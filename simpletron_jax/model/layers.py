@@ -134,11 +134,8 @@ class MlpBlock(nn.Module):
 
   Attributes:
     config: the validated :class:`ModelConfig`; read: ``mlp_dim``, ``dropout_rate`` (both
-      Dropouts), ``mlp_activation`` (a key of :data:`MLP_ACTIVATIONS`: LRA's
-      ``"gelu_tanh"`` or the SimpleTRON authors' ``"gelu_exact"``), ``dense_init`` (a name in
-      ``base.INITS``: LRA's Xavier-uniform with normal(1e-6) biases, or torch ``nn.Linear``'s),
-      ``mlp_hidden_dropout`` (False leaves out the Dropout after the GELU, as BERT's
-      ``BertIntermediate``, Devlin et al. 2019) and ``dtype``.
+      Dropouts), ``mlp_activation``, ``dense_init``, ``dtype`` and ``mlp_hidden_dropout``
+      (False: no Dropout after the GELU, as BERT's ``BertIntermediate``).
 
   Call: ``x_BxLxE -> x_BxLxE``, computed in ``config.dtype``.
   """
@@ -181,23 +178,21 @@ class EncoderBlock(nn.Module):
   (BERT's ``attention.output.LayerNorm``), ``LayerNorm_1`` the MLP's (``output.LayerNorm``).
 
   Attributes:
-    config: the validated :class:`ModelConfig`. Read: the sizes; ``dropout_rate`` (residual
-      branch, MLP) and ``attention_dropout_rate`` (inside attention);
-      ``attention_branch_dropout`` (False leaves out the attention branch's Dropout, as the
-      SimpleTRON authors' ``TBlock``); ``attention_bias``; ``dense_init`` (the MLP's Dense
-      layers and the projections made through ``base.head_projection`` /
-      ``base.output_projection``); ``block_norm``; ``layer_norm_epsilon``; ``dtype``; the
-      MLP's fields (:class:`MlpBlock`).
-    index: the block's place (0-based). Its attention is ``config.layer_attentions()[index]``,
-      with ``config.attention_kwargs`` if that is ``config.attention`` (else the variant's
-      defaults). The last block under ``last_block_cls_only`` and CLS pooling updates and
-      returns position 0 only, ``[B, 1, E]``: attention still reads every position as keys
-      and values, while the residuals, the second LayerNorm and the MLP run on one position.
-      Variants with a ``num_queries`` field compute one query row; the others compute every
-      row and slice, so the output is exact for every variant.
+    config: the validated :class:`ModelConfig`; read: the sizes, dropout rates,
+      ``attention_branch_dropout`` (False: the SimpleTRON authors' ``TBlock``),
+      ``attention_bias``, ``dense_init`` (the MLP's and ``base``'s projections), ``block_norm``,
+      ``layer_norm_epsilon``, ``dtype`` and the MLP's fields (:class:`MlpBlock`).
+    index: the block's place (0-based): its attention is ``config.layer_attentions()[index]``
+      (with ``config.attention_kwargs`` if that is ``config.attention``). The last block under
+      ``last_block_cls_only`` and CLS pooling returns position 0 only, ``[B, 1, E]``: its
+      attention reads every position as keys and values, and variants with a ``num_queries``
+      field compute that one query row (the others compute every row and slice).
 
   Call: ``(x_BxLxE, mask_BxL bool, deterministic) -> x_BxLxE`` (``[B, 1, E]`` as above),
   computed in ``config.dtype``.
+
+  Raises:
+    ValueError: naming ``model.attention`` or ``model.attention_per_layer`` (unvalidated).
   """
 
   config: ModelConfig
