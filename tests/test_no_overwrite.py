@@ -188,7 +188,7 @@ def test_benchmark_quick_modes_write_under_runs(tmp_path, monkeypatch, committed
   monkeypatch.setattr(sm, "ROOT", str(tmp_path))
   with pytest.raises(SystemExit, match="no cell ran"):
     sm.main(["--quick", "--variants", "linformer", "--lengths", "32", "--steps", "1",
-             "--rounds", "1", "--matmul-n", "64", "--cache-dir", "", "--set",
+             "--rounds", "1", "--matmul_n", "64", "--cache_dir", "", "--set",
              "length_multiple=8"])
   assert glob.glob(str(tmp_path / "runs" / "benchmarks" / "*" / "speed_memory.md"))
   assert not (tmp_path / "benchmarks" / "results").exists()
