@@ -27,7 +27,6 @@ are timed apart (:func:`blocked_parts`). Writes ``checkpoint_save.json`` and
 ``checkpoint_save.md`` to ``--out``.
 """
 
-import argparse
 import copy
 import datetime
 import importlib.metadata
@@ -48,6 +47,7 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.train import checkpoints, run_guard, train_state  # noqa: E402
 from step_time import load_config  # noqa: E402  (benchmarks/step_time.py)
 
@@ -135,7 +135,8 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def main():
   """Command line: see the module docstring."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="checkpoint_save.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--config", default="configs/listops/simple.py",
                       help="path.py[:variant][,field=value...] (as benchmarks/step_time.py)")
   parser.add_argument("--saves", type=int, default=10, help="timed saves per way")

@@ -44,14 +44,14 @@ bench() {  # bench <dtype> <seconds>
   # (speed from this on a GPU not yet measured: compare the log's compile lines and each
   # cell's prepare_wall_s with the one-by-one figures above, and the simple and softmax_flash
   # rows with speed_memory_core_cells.jsonl). A slow cell's timed runs are cut to about 2 s
-  # each (--run-seconds). Cells measured by an earlier call on another machine are reused if
+  # each (--run_seconds). Cells measured by an earlier call on another machine are reused if
   # their partial file was carried in as .bench_resume/<dtype>.jsonl.
   mkdir -p "$work/$1"
   if [ -f ".bench_resume/$1.jsonl" ] && [ ! -f "$work/$1/speed_memory.partial.jsonl" ]; then
     cp ".bench_resume/$1.jsonl" "$work/$1/speed_memory.partial.jsonl"
   fi
   timeout "$2" python benchmarks/speed_memory.py --dtype "$1" --lengths 1024 4096 16384 32768 \
-    --out "$work/$1" --resume --cache-dir /tmp/jax_cache --compile-workers 8 --run-seconds 2 \
+    --out "$work/$1" --resume --cache_dir /tmp/jax_cache --compile_workers 8 --run_seconds 2 \
     >"$work/$1.log" 2>&1
   echo "speed_memory exit $? (124 = stopped by the time limit; call the part again)" >>"$log"
   tail -c 300000 "$work/$1.log" >>"$log"
@@ -73,7 +73,7 @@ case "$part" in
     for flag in false true; do
       python benchmarks/speed_memory.py --dtype bfloat16 --variants simple softmax_flash \
         --lengths 4096 16384 --set last_block_cls_only=$flag --out "$work/cls_$flag" \
-        --cache-dir /tmp/jax_cache >>"$log" 2>&1
+        --cache_dir /tmp/jax_cache >>"$log" 2>&1
       cp "$work/cls_$flag/speed_memory.md" "$OUT/cls_only_${flag}.md"
     done
     ;;
@@ -98,13 +98,13 @@ case "$part" in
     # The JAX rows first (their own process, which frees the GPU when it exits), then PyTorch.
     # torch_step rewrites its outputs after every cell, so a run stopped by its limit keeps them.
     timeout 200 python benchmarks/speed_memory.py --dtype bfloat16 --variants softmax_flash simple \
-      --lengths 1024 4096 16384 --out "$work/jax" --cache-dir /tmp/jax_cache --compile-workers 8 \
-      --run-seconds 2 >>"$log" 2>&1
+      --lengths 1024 4096 16384 --out "$work/jax" --cache_dir /tmp/jax_cache --compile_workers 8 \
+      --run_seconds 2 >>"$log" 2>&1
     echo "speed_memory exit $?" >>"$log"
     jax_results=()
-    [ -f "$work/jax/speed_memory.json" ] && jax_results=(--jax-results "$work/jax/speed_memory.json")
+    [ -f "$work/jax/speed_memory.json" ] && jax_results=(--jax_results "$work/jax/speed_memory.json")
     timeout 330 python benchmarks/torch_step.py --dtype bfloat16 --lengths 1024 4096 16384 \
-      --run-seconds 2 "${jax_results[@]}" --out "$work/torch" >>"$log" 2>&1
+      --run_seconds 2 "${jax_results[@]}" --out "$work/torch" >>"$log" 2>&1
     echo "torch_step exit $? (124 = stopped by the time limit)" >>"$log"
     cp "$work/jax/speed_memory.md" "$OUT/torch_part_jax_rows.md" 2>/dev/null
     cp "$work/torch"/torch_step.{json,md} "$OUT"/ 2>/dev/null

@@ -1,6 +1,6 @@
 """Share of padded tokens in training batches, with and without ``data.group_by_length``.
 
-    python benchmarks/group_padding.py --data-dir ~/.cache/simpletron_jax/listops/<folder>
+    python benchmarks/group_padding.py --data_dir ~/.cache/simpletron_jax/listops/<folder>
 
 Reads a ListOps training split in LRA's layout (``basic_train.tsv``) and reports, for one
 epoch of ``--batch``-example batches, the padded share of all tokens when each batch is padded
@@ -12,7 +12,6 @@ the ratio of padded tokens is the work saved. A CPU measurement: no model runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from simpletron_jax.data import grouping, listops  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 
 
 def padding_table(lengths: np.ndarray, batch: int, max_length: int, bucket: int, pool: int,
@@ -49,10 +49,11 @@ def padding_table(lengths: np.ndarray, batch: int, max_length: int, bucket: int,
 
 def main() -> None:
   """Command line: counts the padded share of tokens for each batching; see the module docstring."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--data-dir", required=True, help="folder with basic_train.tsv")
+  parser = cli.ArgumentParser(prog="group_padding.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--data_dir", required=True, help="folder with basic_train.tsv")
   parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--max-length", type=int, default=2000)
+  parser.add_argument("--max_length", type=int, default=2000)
   parser.add_argument("--bucket", type=int, default=128)
   parser.add_argument("--pool", type=int, default=50, help="data.group_pool_batches")
   parser.add_argument("--out", default=None,

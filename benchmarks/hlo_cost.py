@@ -43,7 +43,6 @@ kind and by model part, and the largest kernels) to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -66,6 +65,7 @@ import speed_memory as sm  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
 from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.train import steps, train_state  # noqa: E402
 
 # H100 SXM5 80GB: 132 SMs at 1.98 GHz, 3.35 TB/s HBM3, 50 MiB L2, 228 KiB of shared memory
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     SystemExit: (after writing them) if no cell compiled; at once for ``--target h100``
       without the CUDA plugin.
   """
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="hlo_cost.py", description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--specs", nargs="+", default=["simple"],
                       help="LABEL[+FIELD=VALUE...]: a speed_memory.py row or a config file "
                       "spec, and model overrides")
@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--bandwidth", type=float, default=None,
                       help="bytes/s a streaming kernel reaches (default: 0.8 x the H100's "
                       "3.35e12; give the local device's with --target local)")
-  parser.add_argument("--matmul-peak", type=float, default=H100_MATMUL_PEAK,
+  parser.add_argument("--matmul_peak", type=float, default=H100_MATMUL_PEAK,
                       help="matmul FLOP/s (default: the H100's measured bfloat16 peak)")
   parser.add_argument("--top", type=int, default=12, help="largest kernels listed per cell")
   parser.add_argument("--out", required=True)

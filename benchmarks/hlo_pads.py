@@ -23,7 +23,6 @@ the matmul column is 0 there.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -37,6 +36,7 @@ import jax  # noqa: E402
 
 import hlo_cost  # noqa: E402
 import speed_memory as sm  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 
 _PADDING = re.compile(r"padding=([\w\-]+)")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
@@ -125,14 +125,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
   Raises:
     SystemExit: (after writing them) if no length compiled.
   """
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="hlo_pads.py", description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--variant", default="simple", help="a speed_memory.py row label")
   parser.add_argument("--lengths", nargs="+", type=int, default=[4095, 4096])
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
                       help="model.* overrides, as in speed_memory.py")
-  parser.add_argument("--cache-dir", default="", help="persistent compilation cache")
+  parser.add_argument("--cache_dir", default="", help="persistent compilation cache")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   if args.cache_dir:

@@ -17,7 +17,7 @@ Rows: for each ``speed_memory.py`` row label in ``--variants`` (``simple``, ``so
 ``softmax_flash``, ...), the JAX step is that row's full pmapped train step, compiled ahead of
 time, on a resident random full-length byte batch; the PyTorch model is
 ``torch_step.TextClassifier`` with ``simple`` attention for the Simple family and ``softmax``
-(``scaled_dot_product_attention``) otherwise, in eager mode (``--torch-mode compile`` for
+(``scaled_dot_product_attention``) otherwise, in eager mode (``--torch_mode compile`` for
 ``torch.compile``), with the JAX row's dropout and attention dropout. The PyTorch model starts
 from the JAX parameters (``torch_step.load_flax_params``), so both train the same function from
 the same point (only ``simple`` and ``softmax`` rows without fallbacks are the same function;
@@ -31,7 +31,6 @@ both machines, every record with every timed run) and ``jax_vs_torch.md`` to ``-
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -54,6 +53,7 @@ import torch  # noqa: E402
 import speed_memory as sm  # noqa: E402
 import torch_step  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.train import train_state  # noqa: E402
 from simpletron_jax.train.steps import pmap_steps, replicate, unreplicate  # noqa: E402
 
@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     SystemExit: (after writing the outputs) when no cell ran, so a run that measured nothing
       does not exit 0.
   """
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="jax_vs_torch.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--variants", nargs="+", default=["simple", "softmax_xla"],
                       help="speed_memory.py row labels")
   parser.add_argument("--lengths", nargs="+", type=int, default=[1024])
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   parser.add_argument("--steps", type=int, default=1, help="steps per framework per round")
   parser.add_argument("--rounds", type=int, default=10)
-  parser.add_argument("--torch-mode", choices=torch_step.MODES, default="eager")
+  parser.add_argument("--torch_mode", choices=torch_step.MODES, default="eager")
   parser.add_argument("--device", default=None, help="PyTorch device (default: cuda if any)")
   parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
                       help="model.* overrides of the JAX config, as in speed_memory.py")

@@ -7,7 +7,7 @@
 # options: the slot's smoke test (scripts/gpu_smoke.sh), then every speed option of the train
 #   step against the default at 4K and 16K in bfloat16, in one process
 #   (benchmarks/speed_options.py), then PyTorch on the same model, eager and torch.compile,
-#   with those JAX rows beside it (benchmarks/torch_step.py --jax-results).
+#   with those JAX rows beside it (benchmarks/torch_step.py --jax_results).
 # listops: train.py on the ListOps paper config (configs/listops/simple.py, bfloat16, the CLS-only
 #   last block, as scripts/reproduce.py's listops_simple cell) for STEPS steps: at full width
 #   (the paper cell's data.bucket=0), then with data.group_by_length and its buckets compiled
@@ -31,7 +31,7 @@ log="$OUT/$part.log"
 say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 quick=(); torch_sizes=(--lengths 4096 16384); listops=configs/listops/simple.py; steps=${STEPS:-200}
 if [ "${QUICK:-0}" = 1 ]; then
-  quick=(--quick --compile-workers 2); torch_sizes=(--lengths 64 --batch 2)
+  quick=(--quick --compile_workers 2); torch_sizes=(--lengths 64 --batch 2)
   listops=configs/listops/simple.py:tiny; steps=${STEPS:-20}
 fi
 
@@ -44,9 +44,9 @@ case "$part" in
     say "speed_options exit $? (124: stopped by its limit)"; tail -c 6000 "$work/options.log" >>"$log"
     cp "$work"/options/speed_options.{json,md} "$OUT"/ 2>/dev/null
     say "torch_step: PyTorch SDPA and simple, eager and compiled"
-    jax=(); [ -f "$work/options/speed_options.json" ] && jax=(--jax-results "$work/options/speed_options.json")
+    jax=(); [ -f "$work/options/speed_options.json" ] && jax=(--jax_results "$work/options/speed_options.json")
     timeout 150 python benchmarks/torch_step.py --dtype bfloat16 "${torch_sizes[@]}" \
-      --run-seconds 1 "${jax[@]}" --out "$work/torch" >"$work/torch.log" 2>&1
+      --run_seconds 1 "${jax[@]}" --out "$work/torch" >"$work/torch.log" 2>&1
     say "torch_step exit $? (124: stopped by its limit)"; tail -c 3000 "$work/torch.log" >>"$log"
     cp "$work"/torch/torch_step.{json,md} "$OUT"/ 2>/dev/null
     ;;

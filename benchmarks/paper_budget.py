@@ -60,13 +60,12 @@ The model is a plan, not a timing: the next slot's ``results.json`` and ``metric
 replace its figures (docs/reproduce.md).
 
 Writes ``paper_budget.json`` (every number) and ``paper_budget.md`` (both tables) to
-``--out``; ``--cells`` limits the FLOP model, ``--slot-only`` skips it (the slot plan then
+``--out``; ``--cells`` limits the FLOP model, ``--slot_only`` skips it (the slot plan then
 reads the FLOP counts of cells 1 and 2 only).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -86,6 +85,7 @@ import reproduce  # noqa: E402
 from simpletron_jax.data import batches  # noqa: E402
 from simpletron_jax.data.common import bucketed_length  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.tools import tpu_aot  # noqa: E402
 from simpletron_jax.train import steps, train_state  # noqa: E402
 
@@ -259,7 +259,7 @@ MEASURED_RATES = {
 # Cell 5b's widths (512-token buckets, grouped batches of 32), from a 6,400-example sample of
 # the seeded ListOps generator (the H200's data are the same generator's 96,000): the share
 # of train batches at each padded width, and the widths of the validation's 4 batches of 500
-# (sorted by length). Recompute with --listops-data on a sample made by
+# (sorted by length). Recompute with --listops_data on a sample made by
 # python -c "from simpletron_jax.data import listops; listops.generate_dataset('/tmp/lo', seed=0,
 #   num_workers=1, num_train=6400, num_val=2000, num_test=10)"
 GROUPED_WIDTH_SHARE = {1024: 0.55, 1536: 0.30, 2000: 0.15}
@@ -372,7 +372,7 @@ def slot_plan(cell: reproduce.Cell, rate_key: str | None = None,
     if task != "listops" or (shares is None and (config.data.bucket != 512
                                                  or config.eval_batch_size != 500)):
       raise ValueError(f"{cell.name}: the width mix is known for ListOps at data.bucket=512 "
-                       "and eval_batch_size=500 only; pass --listops-data")
+                       "and eval_batch_size=500 only; pass --listops_data")
     train_share, eval_widths = shares or (GROUPED_WIDTH_SHARE, EVAL_WIDTHS_500)
     eval_scale = sum(padded(w, m.length_multiple) for w in eval_widths) / (len(eval_widths)
                                                                          * full)
@@ -485,13 +485,13 @@ SLOT_ROWS = (
 def main(argv=None) -> dict[str, Any]:
   """Models every cell (or ``--cells``) and the slot plan, prints both tables and writes
   JSON and markdown."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = cli.ArgumentParser(prog="paper_budget.py", description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "paper_budget"))
   parser.add_argument("--cells", nargs="*", default=None,
                       help="cells of the FLOP model; default: every cell")
-  parser.add_argument("--slot-only", action="store_true",
+  parser.add_argument("--slot_only", action="store_true",
                       help="only the slot plan (the FLOP model of cells 1 and 2 only)")
-  parser.add_argument("--listops-data", default=None,
+  parser.add_argument("--listops_data", default=None,
                       help="a ListOps folder in LRA's layout: cell 5b's width mix from it "
                            "instead of GROUPED_WIDTH_SHARE and EVAL_WIDTHS_500")
   args = parser.parse_args(argv)

@@ -12,13 +12,12 @@ this script draws as many images with this project's ``dashed`` generator (the d
 with its ``solid`` one (indices ``0..n-1`` of ``--seed``), and writes ``<out>.json`` (every
 statistic of :func:`~simpletron_jax.data.pathfinder.stats.summarize`), ``<out>.md`` (the
 table) and ``<out>.png`` (original, dashed and solid images side by side). With
-``--speed-images N`` it also times ``generate_dataset`` on N Path-X hard images with
+``--speed_images N`` it also times ``generate_dataset`` on N Path-X hard images with
 ``--workers`` processes and projects the time of a 200,000-image level.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -33,6 +32,7 @@ import numpy as np  # noqa: E402
 
 from simpletron_jax.data import pathfinder as pf  # noqa: E402
 from simpletron_jax.data.pathfinder import stats  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 
 PATHX_IMAGES = 200000
 """Images per Path-X level in LRA's release (``Pathfinder128``)."""
@@ -184,14 +184,15 @@ def picture(table: dict, seed: int, path: str) -> None:
 
 def main() -> None:
   """Command line; see the module docstring."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="pathfinder_generators.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--original", required=True,
                       help="root with pathfinder{32,128}/<level>/ of the original's images")
   parser.add_argument("--out", default="runs/benchmarks/cpu/pathfinder_generators",
                       help="output path without extension (the committed one: "
                       "benchmarks/results/cpu/pathfinder_generators)")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--speed-images", type=int, default=0,
+  parser.add_argument("--speed_images", type=int, default=0,
                       help="time generate_dataset on this many Path-X hard images (0: skip)")
   parser.add_argument("--workers", type=int, default=2)
   args = parser.parse_args()

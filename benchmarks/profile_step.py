@@ -18,7 +18,6 @@ the raw trace stays in ``--out/trace``.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
 import gzip
@@ -36,6 +35,7 @@ import jax  # noqa: E402
 
 import speed_memory as sm  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.train import train_state  # noqa: E402
 from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
 
@@ -267,7 +267,8 @@ def profile(variant: str, length: int, dtype: str, batch: int, steps: int, out: 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   """Profiles one (variant, length, dtype) and writes the summary files."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="profile_step.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--variant", default="simple", help="a speed_memory.py row label")
   parser.add_argument("--length", type=int, default=4096)
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")

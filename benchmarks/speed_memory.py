@@ -7,7 +7,7 @@
         --out /tmp/speed_memory
     python benchmarks/speed_memory.py --variants simple --set last_block_cls_only=true
     python benchmarks/speed_memory.py --variants simple --set length_multiple=8
-    python benchmarks/speed_memory.py --dtype bfloat16 --compile-workers 8   # many CPU cores
+    python benchmarks/speed_memory.py --dtype bfloat16 --compile_workers 8   # many CPU cores
 
 The model is LRA's byte-level text classifier (``text_classification/configs/base_tc_config.py``
 of the LRA code): 4 layers, emb 256, 4 heads, qkv 256, mlp 1024, byte vocabulary 257, 2
@@ -27,12 +27,12 @@ Every (variant, length) cell runs in this one process:
   alias`` bytes (alias = the donated train state). It matched the allocator's
   ``peak_bytes_in_use`` to 0.01% on an H100 (issue 10), and unlike that peak it is not
   cumulative over the cells of a process. A cell whose train state or estimate exceeds the
-  memory limit (``--max-memory-gb``; default the device's ``bytes_limit``, on CPU 80% of RAM,
+  memory limit (``--max_memory_gb``; default the device's ``bytes_limit``, on CPU 80% of RAM,
   times the device count since CPU devices share RAM) is recorded as ``OOM`` before it runs,
   and the variant's longer lengths are skipped.
 * compiling: at each length every cell is lowered for abstract arguments and compiled
   first (the step and the train-state init; ``lower().compile()``, through a persistent
-  compilation cache, ``--cache-dir``), in ``--compile-workers`` threads side by side, and only
+  compilation cache, ``--cache_dir``), in ``--compile_workers`` threads side by side, and only
   then are the cells run one by one, so no compile competes with a timed run. A cell whose
   compile raised beside others is compiled again alone. On the 2-core CPU machine 2 workers
   took 0.72x and 0.86x of the one-by-one time for 4 cells
@@ -41,7 +41,7 @@ Every (variant, length) cell runs in this one process:
   backward, AdamW) on a random full-length byte batch placed on the devices once. After
   compiling and one warm-up step, ``--rounds`` timed runs of ``--steps`` back-to-back steps
   each block once at their end; the median per-step time is reported. With
-  ``--run-seconds S`` one more step is timed alone first, and a slow cell's runs get as many
+  ``--run_seconds S`` one more step is timed alone first, and a slow cell's runs get as many
   steps as fit in S seconds (at least 1), so the long lengths do not dominate the table's time.
 * FLOPs: analytic, from the step's jaxpr (:mod:`flops`: every ``dot_general``, 2 FLOPs per
   multiply-add, plus cuDNN attention), per device. XLA's ``cost_analysis()`` is kept as
@@ -119,6 +119,7 @@ import flops  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax.model import attention, encoders  # noqa: E402
 from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.runtime import xla_cache  # noqa: E402
 from simpletron_jax.train import train_state  # noqa: E402
 from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
@@ -275,7 +276,7 @@ def variant_setup(label: str, length: int) -> VariantSetup:
 
 
 # ----------------------------------------------------------------------------
-# Measurements (run inside a worker subprocess, or in-process with --in-process).
+# Measurements (run inside a worker subprocess, or in-process with --in_process).
 
 
 def _tree_bytes(tree) -> int:
@@ -470,7 +471,7 @@ def prepare_cell(label: str, length: int, batch: int, dtype: str,
 
   The train state and batch are abstract (``jax.ShapeDtypeStruct``) while the step and the
   init are lowered and compiled, so cells compile side by side in threads
-  (``--compile-workers``) while no device memory is held.
+  (``--compile_workers``) while no device memory is held.
 
   Args:
     See :func:`measure_config`.
@@ -672,7 +673,7 @@ def time_ratio_lengths(lengths: list[int]) -> tuple[int, int]:
 
 
 def default_memory_limit(machine: dict[str, Any]) -> float | None:
-  """The OOM threshold when ``--max-memory-gb`` is not given: the accelerator's
+  """The OOM threshold when ``--max_memory_gb`` is not given: the accelerator's
   ``bytes_limit`` (``device.memory_stats()``), or 80% of RAM on CPU; None if unknown."""
   if machine["platform"] != "cpu":
     return machine.get("device_bytes_limit")
@@ -777,9 +778,9 @@ def run_benchmark(labels: list[str] | None = None, lengths: list[int] | None = N
   for label in labels:
     variant_setup(label, lengths[0])   # fail fast on unknown labels
   if run_seconds < 0:
-    raise ValueError(f"--run-seconds must be >= 0 (0: off); got {run_seconds}")
+    raise ValueError(f"--run_seconds must be >= 0 (0: off); got {run_seconds}")
   if min(lengths) <= 0 or min(batch, steps, rounds, compile_workers) <= 0:
-    raise ValueError(f"--lengths, --batch, --steps, --rounds and --compile-workers must be "
+    raise ValueError(f"--lengths, --batch, --steps, --rounds and --compile_workers must be "
                      f"positive; got {lengths}, {batch}, {steps}, {rounds}, {compile_workers}")
   log("measuring the machine (matmul peak) ...")
   machine = machine_info(matmul_n)
@@ -1109,7 +1110,8 @@ def write_outputs(payload: dict[str, Any], out_dir: str) -> dict[str, str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   """The command-line flags (see the module docstring)."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="speed_memory.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--variants", nargs="+", default=None,
                       help="row labels (default: every registered attention plus "
                       "softmax_xla and softmax_flash)")
@@ -1127,7 +1129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
                       help="model.* overrides for every cell, e.g. last_block_cls_only=true "
                       "(values parsed as JSON, else kept as strings)")
-  parser.add_argument("--cache-dir", default=os.path.join(
+  parser.add_argument("--cache_dir", default=os.path.join(
       os.path.expanduser("~"), ".cache", "simpletron_jax", "jax_compilation_cache"),
                       help="persistent XLA compilation cache ('' to disable)")
   parser.add_argument("--quick", action="store_true",
@@ -1137,18 +1139,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="results folder, '{device}' replaced by the device (default "
                       "runs/benchmarks/<device>/; the committed ones: --out "
                       "benchmarks/results/{device})")
-  parser.add_argument("--max-memory-gb", type=float, default=None,
+  parser.add_argument("--max_memory_gb", type=float, default=None,
                       help="record OOM, without running it, for a config whose train state "
                       "or compiled memory estimate exceeds this (default: the device's "
                       "bytes_limit; CPU: 80%% of RAM)")
-  parser.add_argument("--matmul-n", type=int, default=None,
+  parser.add_argument("--matmul_n", type=int, default=None,
                       help="matrix side for the matmul peak (default 8192; CPU 1024)")
-  parser.add_argument("--in-process", action="store_true",
+  parser.add_argument("--in_process", action="store_true",
                       help="accepted for old commands; every cell runs in this process")
-  parser.add_argument("--run-seconds", type=float, default=0.0,
+  parser.add_argument("--run_seconds", type=float, default=0.0,
                       help="cut each timed run of a slow cell to about this many seconds "
                       "(at least 1 step; timed from one extra step); 0: --steps every time")
-  parser.add_argument("--compile-workers", type=int, default=1,
+  parser.add_argument("--compile_workers", type=int, default=1,
                       help="threads that compile a length's cells side by side before they "
                       "run one by one (default 1)")
   parser.add_argument("--resume", action="store_true",

@@ -14,7 +14,7 @@ Beside each measured speed-up is the one ``benchmarks/hlo_cost.py`` modelled for
 (``--model``, default the committed ``hlo_cost.json``), where it modelled that option.
 
 Writes ``speed_options.json`` (``speed_memory``'s payload layout: ``machine``, ``settings``,
-``results`` with every record, so ``benchmarks/torch_step.py --jax-results`` reads it too)
+``results`` with every record, so ``benchmarks/torch_step.py --jax_results`` reads it too)
 and ``speed_options.md`` to ``--out``.
 """
 
@@ -34,6 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import speed_memory  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.runtime import platforms  # noqa: E402  pylint: disable=wrong-import-position
 
 _BLOCK = {"block_diagonal": True}
@@ -194,19 +195,19 @@ def markdown(payload: dict[str, Any]) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
   """The command line (see the module docstring)."""
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p = cli.ArgumentParser(prog="speed_options.py", description=__doc__.split("\n\n")[0])
   p.add_argument("--lengths", type=int, nargs="+", default=None,
                  help="input lengths (default 4096 16384; --quick: 128)")
   p.add_argument("--batch", type=int, default=None, help="global batch (default 32; --quick 2)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
   p.add_argument("--steps", type=int, default=10, help="steps per timed run (at most)")
   p.add_argument("--rounds", type=int, default=3)
-  p.add_argument("--run-seconds", type=float, default=1.0,
+  p.add_argument("--run_seconds", type=float, default=1.0,
                  help="cut a slow cell's timed runs to about this many seconds (0: off)")
-  p.add_argument("--compile-workers", type=int, default=8)
+  p.add_argument("--compile_workers", type=int, default=8)
   p.add_argument("--only", nargs="+", default=None, help="these row labels (and their bases)")
   p.add_argument("--model", default=DEFAULT_MODEL, help="hlo_cost.json of the modelled column")
-  p.add_argument("--cache-dir", default="/tmp/jax_cache", help="'' to disable")
+  p.add_argument("--cache_dir", default="/tmp/jax_cache", help="'' to disable")
   p.add_argument("--quick", action="store_true",
                  help="CPU rehearsal: 1 layer of emb 32, length 128, batch 2, 2 steps")
   p.add_argument("--out", required=True)

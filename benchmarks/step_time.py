@@ -17,7 +17,6 @@ and each config's time relative to the first. Writes ``step_time.json`` and
 when named).
 """
 
-import argparse
 import ast
 import importlib.util
 import json
@@ -34,6 +33,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.train import steps, train_state  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def random_batch(rng, batch_size: int, length: int, vocab: int, n_dev: int,
 
 def main():
   """Command line: times the train step of each config at each length; see the module docstring."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="step_time.py", description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--configs", nargs="+", required=True, help="path.py[:variant] ...")
   parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2000])
   parser.add_argument("--batch", type=int, default=None, help="default: config.batch_size")

@@ -1,7 +1,7 @@
 """The PyTorch reference: the benchmark's LRA text model in PyTorch, trained step by step.
 
     python benchmarks/torch_step.py --dtype bfloat16 --lengths 1024 4096 16384 \
-        --jax-results benchmarks/results/<device>/speed_memory.json --out /tmp/torch_step
+        --jax_results benchmarks/results/<device>/speed_memory.json --out /tmp/torch_step
     python benchmarks/torch_step.py --lengths 64 128 --batch 2 --modes eager   # CPU
 
 Speed is judged against the fastest alternative a user has, and for softmax attention on a
@@ -13,7 +13,7 @@ from one device call. Two attentions:
 
 * ``softmax``: ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch picks the
   kernel: flash attention or cuDNN on an H100 when no mask is given), then the output
-  projection. Without attention dropout by default (``--attention-dropout``), like
+  projection. Without attention dropout by default (``--attention_dropout``), like
   ``speed_memory``'s ``softmax_flash`` row.
 * ``simple``: SimpleTRON's ``Q (K^T V) / sqrt(n)`` with two ``torch.einsum`` calls, ``n`` the
   real tokens (CLS included), no output projection: the function of
@@ -30,12 +30,12 @@ GPU) at a constant learning rate, since the schedule costs nothing measurable.
 
 Timing is :mod:`speed_memory`'s: the same random full-length byte batch (no padding, so no
 mask is passed), resident on the device; a warm-up step (in ``compile`` mode it compiles,
-``compile_s``); with ``--run-seconds`` a probe step; then ``--rounds`` runs of ``--steps``
+``compile_s``); with ``--run_seconds`` a probe step; then ``--rounds`` runs of ``--steps``
 back-to-back steps, synchronised once per run; the median per-step time is reported. Peak
 memory is ``torch.cuda.max_memory_allocated`` over the cell (None on CPU). A cell that runs out
 of memory is recorded as ``OOM`` and that row's longer lengths are skipped.
 
-With ``--jax-results`` (a ``speed_memory.json`` measured just before on the same machine, in
+With ``--jax_results`` (a ``speed_memory.json`` measured just before on the same machine, in
 the same device call on a GPU) the report adds the JAX rows and each JAX row's speed against
 the fastest PyTorch softmax and against PyTorch's ``simple`` at each length. Writes
 ``torch_step.json`` (settings, machine, every record) and ``torch_step.md`` to ``--out``. JAX is
@@ -69,6 +69,7 @@ from torch import nn  # noqa: E402
 import speed_memory  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax.model import layers  # noqa: E402
+from simpletron_jax.runtime import cli  # noqa: E402
 
 ATTENTIONS = ("softmax", "simple")
 MODES = ("eager", "compile")
@@ -464,7 +465,7 @@ def _fmt(value: float | None) -> str:
 
 def markdown_report(payload: dict[str, Any]) -> str:
   """The tables of a :func:`main` payload: steps/s and peak memory of every PyTorch row, the
-  JAX rows of ``--jax-results`` beside them, and each JAX row against the fastest PyTorch
+  JAX rows of ``--jax_results`` beside them, and each JAX row against the fastest PyTorch
   softmax and against PyTorch ``simple`` at each length."""
   settings, records = payload["settings"], payload["records"]
   lengths = settings["lengths"]
@@ -523,7 +524,7 @@ def markdown_report(payload: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   """The command-line flags (see the module docstring)."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+  parser = cli.ArgumentParser(prog="torch_step.py", description=__doc__.split("\n", maxsplit=1)[0])
   parser.add_argument("--attentions", nargs="+", default=list(ATTENTIONS), choices=ATTENTIONS)
   parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
   parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096, 16384])
@@ -531,18 +532,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
   parser.add_argument("--steps", type=int, default=10, help="steps per timed run (at most)")
   parser.add_argument("--rounds", type=int, default=3, help="timed runs per cell")
-  parser.add_argument("--run-seconds", type=float, default=0.0,
+  parser.add_argument("--run_seconds", type=float, default=0.0,
                       help="cut a slow cell's runs to about this many seconds (0: off)")
   parser.add_argument("--dropout", type=float, default=MODEL["dropout_rate"],
                       help="embedding, residual and MLP dropout (speed_memory's "
                       "--set dropout_rate=...)")
-  parser.add_argument("--attention-dropout", type=float, default=0.0,
+  parser.add_argument("--attention_dropout", type=float, default=0.0,
                       help="softmax's attention dropout (0: as speed_memory's softmax_flash)")
-  parser.add_argument("--compile-mode", default="default",
+  parser.add_argument("--compile_mode", default="default",
                       choices=("default", "reduce-overhead", "max-autotune"),
                       help="torch.compile's mode for the compile rows")
   parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-  parser.add_argument("--jax-results", default=None,
+  parser.add_argument("--jax_results", default=None,
                       help="a speed_memory.json measured just before on the same machine, for "
                       "the ratios")
   parser.add_argument("--out", default="/tmp/torch_step")
@@ -553,7 +554,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
       parser.error(f"{flag} must be at least 1, got {value}")
   if min(args.lengths) < 1:
     parser.error(f"--lengths must be positive, got {args.lengths}")
-  for flag, rate in (("--dropout", args.dropout), ("--attention-dropout",
+  for flag, rate in (("--dropout", args.dropout), ("--attention_dropout",
                                                    args.attention_dropout)):
     if not 0.0 <= rate < 1.0:
       parser.error(f"{flag} must be in [0, 1), got {rate}")
@@ -567,7 +568,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     The payload written to ``torch_step.json``.
 
   Raises:
-    FileNotFoundError: ``--jax-results`` names a missing file; ValueError: a file that is not
+    FileNotFoundError: ``--jax_results`` names a missing file; ValueError: a file that is not
       a ``speed_memory.json``.
     SystemExit: non-zero for ``--device cuda`` without a CUDA device, and when no cell ran
       (ok or OOM), after writing the outputs.
@@ -576,11 +577,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   jax_payload = None
   if args.jax_results:
     if not os.path.exists(args.jax_results):
-      raise FileNotFoundError(f"--jax-results {args.jax_results}: no such file")
+      raise FileNotFoundError(f"--jax_results {args.jax_results}: no such file")
     with open(args.jax_results) as f:
       jax_payload = json.load(f)
     if not isinstance(jax_payload, dict) or not isinstance(jax_payload.get("results"), list):
-      raise ValueError(f"--jax-results {args.jax_results}: not a speed_memory.json (it has no "
+      raise ValueError(f"--jax_results {args.jax_results}: not a speed_memory.json (it has no "
                        "'results' list)")
   device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
   if device.type == "cuda" and not torch.cuda.is_available():

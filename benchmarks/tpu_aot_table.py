@@ -23,7 +23,6 @@ and slices.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -35,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from simpletron_jax.data import tasks as task_registry  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=C0413
 
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs",
                    "benchmarks", "tpu-aot")
@@ -161,7 +161,7 @@ def write_markdown(results: list[dict], path: str) -> None:
 
 def main() -> None:
   """Compiles the rows not yet in ``table.json`` (see the module doc)."""
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = cli.ArgumentParser(prog="tpu_aot_table.py", description=__doc__.splitlines()[0])
   parser.add_argument("--only", default="", help="only rows whose name contains this")
   parser.add_argument("--skip", default="", help="leave out rows whose name contains this")
   parser.add_argument("--list", action="store_true", help="print the rows and stop")

@@ -202,7 +202,7 @@ def test_depth_grid_runs_on_the_fixtures(tmp_path):
       "exp_depth", os.path.join(ROOT, "scripts", "experiments", "depth.py"))
   depth = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(depth)
-  payload = depth.main(["--task", "agnews", "--quick", "--steps", "2", "--eval-every", "1",
+  payload = depth.main(["--task", "agnews", "--quick", "--steps", "2", "--eval_every", "1",
                         "--depths", "1", "--seeds", "0", "--out", str(tmp_path / "out"),
                         "--runs", str(tmp_path / "runs"),
                         f"--config.data.data_dir={FIXTURES}",

@@ -71,7 +71,7 @@ NAME_MAP = (
 def _load(task):
   path = os.path.join(FIXTURES, f"simple__{task}.npz")
   if not os.path.exists(path):
-    pytest.fail(f"{path} is missing; run scripts/authors_golden.py --authors-src DIR "
+    pytest.fail(f"{path} is missing; run scripts/authors_golden.py --authors_src DIR "
                 f"--out {FIXTURES}")
   data = dict(np.load(path))
   return data, json.loads(str(data["hparams"]))

@@ -705,7 +705,7 @@ def test_compare_leaves_out_unfinished_and_nan_runs_and_says_why(tmp_path, monke
   _write_run(root / "simple" / "seed3", config, _results(config, test_accuracy=float("nan")))
   _write_run(root / "simple" / "seed4", config, _results(config, complete=False))
   with pytest.raises(SystemExit, match=r"^compare.py: 3 run folder\(s\) left out of the table "):
-    compare.main([str(root), "--no-plot"])
+    compare.main([str(root), "--no_plot"])
   text = (root / "comparison.md").read_text()
   assert "| simple | listops | `simple` | 2 |" in text and "nan" not in text.split("Left out")[0]
   assert "simple/seed2: no results.json" in text
@@ -726,7 +726,7 @@ def test_compare_leaves_out_unfinished_and_nan_runs_and_says_why(tmp_path, monke
       "pip install -e \".[bench]\" for the chart, or pass --no_plot"]
   _write_run(tmp_path / "unfinished" / "seed0", config, None)
   with pytest.raises(SystemExit, match=r"^compare.py: no finished run .*seed0: no results.json"):
-    compare.main([str(tmp_path / "unfinished"), "--no-plot"])
+    compare.main([str(tmp_path / "unfinished"), "--no_plot"])
   with pytest.raises(SystemExit, match=r"^compare.py: .*nothing is not a folder$"):
     compare.main([str(tmp_path / "nothing")])
 

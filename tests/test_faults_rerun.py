@@ -5,13 +5,13 @@
   the end (a start that trains no step reported the whole split's before).
 * ``--allow_resume_changes`` on a finished run is marked in ``results.json``
   (``forced_resume_changes``), and ``scripts/seeds.py`` and ``scripts/compare.py`` refuse to
-  count it as a finished run of the new config unless told to (``--count-forced``).
+  count it as a finished run of the new config unless told to (``--count_forced``).
 * ``run.lock`` is released on every exit path: missing data, a model that cannot be built, a
   refused resume.
 * ``init_from`` checks its source checkpoint as ``eval.py`` does; ``eval.py`` names a config of
   another task; a signal while the steps precompile stops the run as a preemption does; progress
   without a terminal is whole lines; a failed restore's abandoned reads print nothing; the
-  scripts name train.py's one-line error and refuse a ``--copy-to`` file before training.
+  scripts name train.py's one-line error and refuse a ``--copy_to`` file before training.
 
 Most runs are the presence task with a 1-layer model (``tests/test_faults.py``); one finished
 run is shared by the module and copied by each test that changes it.
@@ -175,7 +175,7 @@ def test_a_forced_change_on_a_finished_run_is_marked_and_not_counted(finished, p
   assert len(_keys(workdir)) == len(set(_keys(workdir)))
   problem = run_record.results_problem(results, changed)
   assert problem.startswith("it was resumed with --allow_resume_changes (learning_rate at "
-                            "step 6)") and "--count-forced" in problem, problem
+                            "step 6)") and "--count_forced" in problem, problem
   assert run_record.results_problem(results, changed, count_forced=True) is None
   assert seeds.seed_state(workdir, changed) == "resume"
   assert seeds.seed_state(workdir, changed, count_forced=True) == "done"

@@ -120,7 +120,7 @@ def test_manifest_records_the_lra_commit():
 
 def test_lra_commit_is_read_from_git_or_given(tmp_path):
   """``scripts/lra_golden.py`` takes the commit from the checkout's HEAD, or from
-  ``--lra-commit`` for a plain copy; it refuses a copy without one, a short or wrong SHA,
+  ``--lra_commit`` for a plain copy; it refuses a copy without one, a short or wrong SHA,
   and a checkout with local changes."""
   lra_commit = golden.script().lra_commit
   sha = "cd31e5c6b8e5bceabd28de2d2afb23f7ae5d36d8"

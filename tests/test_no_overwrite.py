@@ -5,7 +5,7 @@
   ``--steps 20`` then ``--steps 40`` trains again the second time and reports 40 steps;
   ``spt.py`` tabulates only runs of its own configs.
 * Every script writes under ``runs/`` (or ``--out``) by default; the committed ``results/``
-  and ``benchmarks/results/`` change only through an explicit ``--copy-to`` (or, for
+  and ``benchmarks/results/`` change only through an explicit ``--copy_to`` (or, for
   benchmarks, ``--out``). The benchmarks' ``--quick`` modes run here, the experiments' in
   ``tests/test_experiments.py`` (from a scratch working directory), and ``git status`` of
   ``results/`` and ``benchmarks/results/`` must be the same after them
@@ -100,7 +100,7 @@ def test_variant_table_trains_again_when_the_settings_change(tmp_path, capsys,
                                                              committed_unchanged):
   vt = _load("scripts/variant_table.py", "variant_table")
   calls = []
-  base = ["--task", "listops", "--variant", "tiny", "--names", "simple", "--eval-every", "10",
+  base = ["--task", "listops", "--variant", "tiny", "--names", "simple", "--eval_every", "10",
           "--warmup", "5", "--runs", str(tmp_path / "runs")]
   first = vt.main([*base, "--steps", "20"], train_for=_fake_train(calls))
   assert calls == [("simple", 20)] and first["results"]["simple"]["final_step"] == 20
@@ -116,9 +116,9 @@ def test_variant_table_trains_again_when_the_settings_change(tmp_path, capsys,
   vt.main([*base, "--steps", "40", "--config.model.dropout_rate=0.2"],
           train_for=_fake_train(calls))
   assert calls[-1] == ("simple", 40) and len(calls) == 3   # another config fingerprint
-  # The table stays in the runs folder; --copy-to is what copies it out.
+  # The table stays in the runs folder; --copy_to is what copies it out.
   assert sorted(os.listdir(tmp_path / "runs")) == ["simple", "table.json", "table.md"]
-  vt.main([*base, "--steps", "40", "--config.model.dropout_rate=0.2", "--copy-to",
+  vt.main([*base, "--steps", "40", "--config.model.dropout_rate=0.2", "--copy_to",
            str(tmp_path / "copy")], train_for=_fake_train(calls))
   assert len(calls) == 3
   assert sorted(os.listdir(tmp_path / "copy")) == ["simple", "table.json", "table.md"]
@@ -144,8 +144,8 @@ def test_spt_table_leaves_out_runs_of_other_settings(tmp_path):
   spt = _load("scripts/spt.py", "spt_script")
   root = str(tmp_path / "root")
   argv = ["--tasks", "listops", "--attentions", "linear", "--seeds", "0", "--size", "tiny",
-          "--spt-steps", "4", "--ft-steps", "6", "--workdir-root", root,
-          "--config.num_eval_steps=2", "--spt-config.learning_rate=0.001"]
+          "--spt_steps", "4", "--ft_steps", "6", "--workdir_root", root,
+          "--config.num_eval_steps=2", "--spt_config.learning_rate=0.001"]
   args = spt.parse_args(argv)
   for stage in spt.STAGES:
     config = spt.run_config(args, "listops", "linear", 0, stage, root)
@@ -164,7 +164,7 @@ def test_spt_table_leaves_out_runs_of_other_settings(tmp_path):
   table = spt.write_table(root, args)
   assert table["rows"][0]["seeds"] == [0] and table["left_out"] == []
   # The same folder under other settings: its runs do not count, and the table says why.
-  other = spt.parse_args([*argv[:-1], "--spt-config.learning_rate=0.01"])
+  other = spt.parse_args([*argv[:-1], "--spt_config.learning_rate=0.01"])
   table = spt.write_table(root, other)
   assert table["rows"][0]["seeds"] == []
   assert len(table["left_out"]) == 1 and "another config" in table["left_out"][0]
@@ -173,7 +173,7 @@ def test_spt_table_leaves_out_runs_of_other_settings(tmp_path):
   # A copied folder still tabulates: a fine-tuning run is compared with its own init_from.
   copy = str(tmp_path / "copy")
   spt.copy_out(root, copy)
-  at = argv.index("--workdir-root") + 1
+  at = argv.index("--workdir_root") + 1
   assert spt.write_table(copy, spt.parse_args([*argv[:at], copy, *argv[at + 1:]]))["rows"][0][
       "seeds"] == [0]
 
@@ -188,7 +188,7 @@ def test_benchmark_quick_modes_write_under_runs(tmp_path, monkeypatch, committed
   monkeypatch.setattr(sm, "ROOT", str(tmp_path))
   with pytest.raises(SystemExit, match="no cell ran"):
     sm.main(["--quick", "--variants", "linformer", "--lengths", "32", "--steps", "1",
-             "--rounds", "1", "--matmul-n", "64", "--cache-dir", "", "--set",
+             "--rounds", "1", "--matmul_n", "64", "--cache_dir", "", "--set",
              "length_multiple=8"])
   assert glob.glob(str(tmp_path / "runs" / "benchmarks" / "*" / "speed_memory.md"))
   assert not (tmp_path / "benchmarks" / "results").exists()

@@ -58,6 +58,6 @@ def test_the_authors_cell_validates_at_full_width(plans):
 
 
 def test_a_bucketed_cell_without_its_width_mix_is_refused():
-  with pytest.raises(ValueError, match="--listops-data"):
+  with pytest.raises(ValueError, match="--listops_data"):
     paper_budget.slot_plan(reproduce.get_cell("listops_simple"), "listops_simple_fast",
                            overrides=("--config.data.bucket=256",))

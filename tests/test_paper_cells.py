@@ -195,7 +195,7 @@ def test_command_line(tmp_path, capsys):
   assert "no_such_field" in capsys.readouterr().err
   afile = tmp_path / "file"
   afile.write_text("x")
-  assert reproduce.main(["listops_simple", "--copy-to", str(afile)]) == 1
+  assert reproduce.main(["listops_simple", "--copy_to", str(afile)]) == 1
   assert "is a file, not a folder" in capsys.readouterr().err
 
 
@@ -210,7 +210,7 @@ def test_a_cell_stops_resumes_compares_and_copies(tmp_path, monkeypatch, capsys)
                         "a CPU cell for this test")
   monkeypatch.setattr(reproduce, "CELLS", (cell,))
   workdir, dest = str(tmp_path / "run"), str(tmp_path / "copy")
-  args = [cell.name, "--workdir", workdir, "--copy-to", dest,
+  args = [cell.name, "--workdir", workdir, "--copy_to", dest,
           f"--config.data.cache_dir={tmp_path / 'cache'}"]
   assert reproduce.main(args + ["--config.max_train_minutes=0.0001"]) == 3
   assert "not finished" in capsys.readouterr().err and not os.path.exists(dest)

@@ -334,10 +334,10 @@ def test_spt_script_arms_share_the_fine_tuning_recipe():
       "spt_script", os.path.join(os.path.dirname(__file__), "..", "scripts", "spt.py"))
   script = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(script)
-  # One override syntax, train.py's: --config.* for every run, --spt-config.* for pretraining.
+  # One override syntax, train.py's: --config.* for every run, --spt_config.* for pretraining.
   parsed = script.parse_args(["--tasks", "listops", "--config.data.bucket=8",
-                              "--spt-config.learning_rate", "0.001", "--seeds", "1",
-                              "--workdir-root", "/tmp/unused"])
+                              "--spt_config.learning_rate", "0.001", "--seeds", "1",
+                              "--workdir_root", "/tmp/unused"])
   assert parsed.config_overrides == ["--config.data.bucket=8"]
   assert parsed.spt_overrides == ["--config.learning_rate=0.001"]
   assert (parsed.tasks, parsed.seeds) == (["listops"], [1])

@@ -1,7 +1,8 @@
 """Issue 63, items 3 and 5, for the scripts beyond seeds.py, compare.py, reproduce.py, spt.py
 and variant_table.py (tests/test_first_hour.py): ``scripts/explain.py``, the experiments
 (``scripts/experiments/*.py``), the fixture generators (``scripts/lra_golden.py``,
-``scripts/authors_golden.py``), ``scripts/pathfinder_grid.py`` and ``scripts/tpu_check.py``.
+``scripts/authors_golden.py``), ``scripts/pathfinder_grid.py`` and ``scripts/tpu_check.py``;
+and the benchmarks (``benchmarks/*.py``), whose flags follow the same style.
 
 Each command is run as a user runs it (a subprocess in the repository root) and stops at its
 flags, before any data or compilation: a bad invocation is one line, ``<prog>: <cause>``, with
@@ -9,6 +10,8 @@ exit status 1; a dashed flag of the earlier release is still accepted, with a de
 note; ``--help`` is plain text with every long option spelled with underscores.
 """
 
+import ast
+import glob
 import os
 import re
 import subprocess
@@ -44,6 +47,10 @@ def _stderr_lines(proc) -> list[str]:
      "invalid int value: 'x' (see --help)"),
     (("scripts/tpu_check.py", "--config", "configs/listops/simple.py:tiny", "--slcie", "v4-8"),
      "tpu_check.py: Unknown command line flag 'slcie'. Did you mean: slice ?"),
+    (("benchmarks/speed_memory.py", "--rounds", "x"), "speed_memory.py: argument --rounds: "
+     "invalid int value: 'x' (see --help)"),
+    (("benchmarks/group_padding.py",), "group_padding.py: the following arguments are "
+     "required: --data_dir (see --help)"),
 ])
 def test_a_bad_invocation_is_one_line_and_status_1(argv, first):
   proc = _run(*argv)
@@ -90,7 +97,9 @@ def test_experiment_common_dashed_flags_parse_as_the_underscored_ones(capsys):
 @pytest.mark.parametrize("program", ["scripts/explain.py", "scripts/experiments/depth.py",
                                      "scripts/experiments/attention_swap.py",
                                      "scripts/lra_golden.py", "scripts/authors_golden.py",
-                                     "scripts/pathfinder_grid.py", "scripts/tpu_check.py"])
+                                     "scripts/pathfinder_grid.py", "scripts/tpu_check.py",
+                                     "benchmarks/speed_memory.py",
+                                     "benchmarks/group_padding.py"])
 def test_help_is_plain_text_with_underscored_flags(program):
   proc = _run(program, "--help")
   # absl's --help (tpu_check.py) exits with status 1 after printing; argparse's with 0.
@@ -100,3 +109,32 @@ def test_help_is_plain_text_with_underscored_flags(program):
   names = re.findall(r"^\s+(?:-\w, )?--(?:\[no\])?([\w-]+)", proc.stdout, re.M)
   assert "help" in names or "config" in names, proc.stdout
   assert not [n for n in names if "-" in n], "flags are spelled with underscores"
+
+
+def test_benchmark_dashed_flag_is_a_deprecated_alias():
+  # A bad value stops the parse at once: the error names the underscored flag.
+  proc = _run("benchmarks/group_padding.py", "--data-dir", "DIR", "--max-length", "x")
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  lines = _stderr_lines(proc)
+  assert [line.split(" (")[0] for line in lines] == [
+      "group_padding.py: --data-dir is deprecated: write --data_dir",
+      "group_padding.py: --max-length is deprecated: write --max_length",
+      "group_padding.py: argument --max_length: invalid int value: 'x'"], lines
+
+
+def test_every_benchmark_parser_is_the_scripts_one_with_underscored_flags():
+  """Each ``benchmarks/*.py`` that takes flags builds ``cli.ArgumentParser`` (so a dashed
+  spelling is still accepted, with a note) and defines every long option with underscores."""
+  found = {}
+  for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py"))):
+    with open(path, encoding="utf-8") as f:
+      calls = [n for n in ast.walk(ast.parse(f.read())) if isinstance(n, ast.Call)]
+    options = [a.value for c in calls if getattr(c.func, "attr", "") == "add_argument"
+               for a in c.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+    if options:
+      parsers = [ast.unparse(c.func) for c in calls
+                 if getattr(c.func, "attr", "") == "ArgumentParser"]
+      found[os.path.basename(path)] = (parsers, [o for o in options if "-" in o[2:]])
+  assert len(found) >= 13, sorted(found)
+  assert {name: p for name, (p, _) in found.items() if p != ["cli.ArgumentParser"]} == {}
+  assert {name: dashed for name, (_, dashed) in found.items() if dashed} == {}

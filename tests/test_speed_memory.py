@@ -183,21 +183,36 @@ def test_run_seconds_cuts_the_runs_of_slow_cells_only():
   assert record["status"] == "ok" and record["steps_per_run"] == 1
   assert len(record["step_times_s"]) == 2
   assert "up to 3 (as many as fit in 1e-09 s)" in sm.markdown_report(out)
-  with pytest.raises(ValueError, match="--run-seconds"):
+  with pytest.raises(ValueError, match="--run_seconds"):
     sm.run_benchmark(labels=["simple"], lengths=[32], run_seconds=-1.0)
 
 
 def test_a_run_that_measured_nothing_does_not_exit_0(tmp_path):
   # Every cell fails validation at once (length_multiple is refused for Linformer).
-  bad = ["--set", "length_multiple=8", "--lengths", "32", "--batch", "2", "--cache-dir", ""]
+  bad = ["--set", "length_multiple=8", "--lengths", "32", "--batch", "2", "--cache_dir", ""]
   with pytest.raises(SystemExit, match="speed_memory: no cell ran"):
-    sm.main(["--variants", "linformer", "--steps", "1", "--rounds", "1", "--matmul-n", "64",
+    sm.main(["--variants", "linformer", "--steps", "1", "--rounds", "1", "--matmul_n", "64",
              "--out", str(tmp_path / "sm"), *bad])
   assert os.path.exists(tmp_path / "sm" / "speed_memory.md")   # the reasons are written
   with pytest.raises(SystemExit, match="hlo_pads: no cell compiled"):
     _load_benchmark("hlo_pads").main(["--variant", "linformer", "--out",
                                       str(tmp_path / "hp"), *bad])
   assert os.path.exists(tmp_path / "hp" / "hlo_pads.md")
+
+
+def test_dashed_flags_of_the_earlier_release_parse_as_the_underscored_ones(capsys):
+  underscored = ["--cache_dir", "", "--compile_workers", "2", "--run_seconds", "1.5",
+                 "--matmul_n", "64", "--max_memory_gb", "3", "--in_process"]
+  dashed = [a.replace("_", "-") if a.startswith("--") else a for a in underscored]
+  old = sm.parse_args(dashed)
+  notes = capsys.readouterr().err.splitlines()
+  new = sm.parse_args(underscored)
+  assert vars(old) == vars(new)
+  assert (new.cache_dir, new.compile_workers, new.run_seconds, new.matmul_n,
+          new.max_memory_gb, new.in_process) == ("", 2, 1.5, 64, 3.0, True)
+  assert capsys.readouterr().err == "", "the underscored spelling draws no note"
+  assert len(notes) == 6 and all(n.startswith("speed_memory.py: --") and
+                                 "is deprecated: write --" in n for n in notes), notes
 
 
 def test_a_cell_that_failed_beside_others_is_prepared_again_alone(monkeypatch):
@@ -457,15 +472,15 @@ def test_speed_options_ratios_are_against_the_base_row():
 
 def test_speed_options_quick_run_measures_each_option_and_feeds_torch_step(tmp_path):
   so = _load_benchmark("speed_options")
-  payload = so.main(["--quick", "--lengths", "16", "--rounds", "1", "--compile-workers", "1",
-                     "--cache-dir", "", "--only", "simple+block_diagonal",
+  payload = so.main(["--quick", "--lengths", "16", "--rounds", "1", "--compile_workers", "1",
+                     "--cache_dir", "", "--only", "simple+block_diagonal",
                      "--out", str(tmp_path)])
   rows = {r["label"]: r for r in payload["results"]}
   assert list(rows) == ["simple", "simple+block_diagonal"]
   assert all(r["status"] == "ok" and r["speedup"] > 0 for r in rows.values())
   assert rows["simple+block_diagonal"]["model"]["attention_kwargs"] == {"block_diagonal": True}
   saved = json.loads((tmp_path / "speed_options.json").read_text())
-  # torch_step.py --jax-results reads label, length, status and steps_per_sec of each record.
+  # torch_step.py --jax_results reads label, length, status and steps_per_sec of each record.
   assert {(r["label"], r["length"], r["status"]) for r in saved["results"]} == {
       (label, 16, "ok") for label in rows} and all(r["steps_per_sec"] > 0
                                                     for r in saved["results"])

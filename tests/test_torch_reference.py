@@ -111,7 +111,7 @@ def test_the_benchmark_writes_rows_and_ratios_against_jax(tmp_path):
       {"label": "softmax_flash", "length": 16, "status": "OOM"}]}))
   payload = torch_step.main(["--lengths", "16", "--batch", "2", "--modes", "eager",
                              "--steps", "2", "--rounds", "1", "--dtype", "float32",
-                             "--jax-results", str(jax_path), "--out", str(tmp_path)])
+                             "--jax_results", str(jax_path), "--out", str(tmp_path)])
   records = {r["label"]: r for r in payload["records"]}
   assert set(records) == {"torch_softmax_eager", "torch_simple_eager"}
   for record in records.values():
@@ -150,7 +150,7 @@ def test_the_report_gives_gpu_memory_and_the_failed_cells():
   assert "- `torch_softmax_eager` at 4096: OOM, CUDA out of memory" in lines
 
 
-@pytest.mark.parametrize("flags", [["--dropout", "1.0"], ["--attention-dropout", "-0.1"],
+@pytest.mark.parametrize("flags", [["--dropout", "1.0"], ["--attention_dropout", "-0.1"],
                                    ["--steps", "0"]])
 def test_bad_flags_are_refused(flags, capsys):
   with pytest.raises(SystemExit):
@@ -167,7 +167,7 @@ def test_a_non_finite_loss_is_an_error_and_a_foreign_json_is_refused(tmp_path, m
   foreign = tmp_path / "other.json"
   foreign.write_text(json.dumps({"records": []}))
   with pytest.raises(ValueError, match="not a speed_memory.json"):
-    torch_step.main(["--jax-results", str(foreign), "--out", str(tmp_path)])
+    torch_step.main(["--jax_results", str(foreign), "--out", str(tmp_path)])
 
 
 def test_the_interleaved_benchmark_times_both_frameworks_in_turn(tmp_path, monkeypatch):

@@ -372,7 +372,7 @@ def results_problem(results: Any, config: Any = None,
   if forced and not count_forced:
     return (f"it was resumed with --allow_resume_changes ({_describe_forced(forced)}), so its "
             "numbers are not those of one config; train that config in a new workdir, or "
-            "count the run anyway with --count-forced (docs/runs.md)")
+            "count the run anyway with --count_forced (docs/runs.md)")
   if config is not None:
     wanted = config.get("num_train_steps")
     if isinstance(step, int) and isinstance(wanted, int) and step != wanted:
