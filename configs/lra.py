@@ -114,7 +114,9 @@ def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
   config.num_test_steps = -1        # batches of the final test; -1: the whole split
   config.eval_frequency = recipe.eval_frequency  # steps between validations
   config.checkpoint_every = recipe.checkpoint_every  # steps between checkpoints
-  config.max_to_keep = 2
+  config.max_to_keep = 2             # newest checkpoints kept, besides the best
+  config.best_metric = "accuracy"   # the validation metric that picks the best checkpoint
+  config.best_mode = "max"          # "max" or "min" (for best_metric "loss")
   config.log_every = 10             # steps between train-metric records
   config.max_train_minutes = 0.0    # wall-clock budget per invocation; 0: none
   # How the run is executed and reported, not what it computes (run_record.RESUME_ALLOWED_FIELDS).

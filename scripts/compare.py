@@ -47,7 +47,7 @@ from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
 # Folders a run writes that hold no run of their own (not searched).
-RUN_SUBFOLDERS = ("checkpoints", "best", "damaged", "tb")
+RUN_SUBFOLDERS = ("checkpoints", "damaged", "tb")
 
 NOTE = ("Published: LRA's Table 1 (one run, latest checkpoint) is compared with our mean "
         "final-step accuracy; the SimpleTRON paper (best of 5 seeds, best-validation "

@@ -110,38 +110,23 @@ def example_indices(index: int | None, count: int | None, size: int) -> list[int
 def load_run(workdir: str, which: str = "best", step: int | None = None):
   """The run's config, data, float32 model, apply function, parameters and restored step.
 
-  Follows ``final_test.evaluate_checkpoint``: the saved config, the task's data, the
-  best-validation (or newest, or ``step``) checkpoint checked against the config.
+  The run is restored as eval.py restores it (``final_test.restore_run``: the saved config,
+  the task's data, the best-validation, newest or ``step`` checkpoint checked against them).
 
   Returns:
     ``(config, data, model, apply_fn, params, step)``; ``model`` and ``apply_fn`` compute in
     float32 (:func:`simpletron_jax.tools.explain.float32_model_config`) and merge LoRA weights.
 
   Raises:
-    FileNotFoundError: the workdir, its config or its checkpoint folder is missing.
-    errors.ConfigMismatchError, errors.CheckpointError: from ``restore_checkpoint``.
+    FileNotFoundError, errors.ConfigMismatchError, errors.CheckpointError: see
+      ``final_test.restore_run``.
   """
   # pylint: disable=import-outside-toplevel  (the training modules load only for a run)
-  import jax
-  from simpletron_jax.data import tasks
   from simpletron_jax.data.common import PairedExamples
   from simpletron_jax.model import encoders, lora
-  from simpletron_jax.train import run_record, train_state
-  from simpletron_jax.train.checkpoints import checkpoint_manager, restore_checkpoint
+  from simpletron_jax.train.final_test import restore_run
 
-  if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass a train.py run")
-  config = run_record.load_run_config(workdir)
-  sub = "best" if which == "best" and step is None else "checkpoints"
-  folder = os.path.join(workdir, sub)
-  if not os.path.isdir(folder):
-    raise FileNotFoundError(f"{folder} not found: the run saved no "
-                            f"{'best-validation ' if sub == 'best' else ''}checkpoint")
-  data = tasks.load_task(config)
-  model = train_state.build_model(config, data)
-  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
-  state, _, restored = restore_checkpoint(checkpoint_manager(folder, config.max_to_keep),
-                                          state, step, model_config=config.model)
+  config, data, state, restored, _ = restore_run(workdir, which, step)
   model32 = encoders.build_classifier(explain.float32_model_config(config.model),
                                       vocab_size=data.vocab_size, num_classes=data.num_classes,
                                       dual=isinstance(data.train, PairedExamples))

@@ -208,7 +208,7 @@ def copy_out(root: str, dest: str) -> None:
   checkpoints) from ``root`` into ``dest``, keeping the folder layout."""
   for dirpath, _, files in os.walk(root):
     rel = os.path.relpath(dirpath, root)
-    if "checkpoints" in rel.split(os.sep) or "best" in rel.split(os.sep):
+    if "checkpoints" in rel.split(os.sep):
       continue
     for name in files:
       if name in ("config.json", "results.json") or (

@@ -229,11 +229,10 @@ def _run(presence_task, workdir, async_checkpoints, monkeypatch):
   monkeypatch.setattr(checkpoints, "checkpoint_manager", manager)
 
   def hook(step):
-    on_disk[step] = tuple(real_manager(os.path.join(workdir, sub), None)
-                          .all_steps() for sub in ("checkpoints", "best"))
+    on_disk[step] = real_manager(os.path.join(workdir, "checkpoints"), None).all_steps()
 
   results = trainer.train_and_evaluate(config, workdir, data=presence_task, step_hook=hook)
-  assert made == [async_checkpoints] * 2, made   # checkpoints/ and best/
+  assert made == [async_checkpoints], made
   return config, results, on_disk
 
 
@@ -244,19 +243,18 @@ def test_an_async_run_saves_what_a_sync_run_saves(presence_task, tmp_path, monke
     workdir = str(tmp_path / f"async_{flag}")
     with monkeypatch.context() as m:
       config, results, on_disk = _run(presence_task, workdir, flag, m)
-    saved = {sub: checkpoints.checkpoint_manager(os.path.join(workdir, sub), None)
-             for sub in ("checkpoints", "best")}
+    saved = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
     _, state = _state(config, presence_task)
-    restored = {sub: [checkpoints.restore_checkpoint(m, state, step=s)[0]
-                      for s in m.all_steps()] for sub, m in saved.items()}
-    runs[flag] = results, on_disk, {s: m.all_steps() for s, m in saved.items()}, restored
+    restored = [checkpoints.restore_checkpoint(saved, state, step=s)[0]
+                for s in saved.all_steps()]
+    runs[flag] = results, on_disk, (saved.all_steps(), saved.best_step()), restored
   (sync_results, sync_disk, sync_steps, sync_states), (results, on_disk, steps, states) = (
       runs[False], runs[True])
-  assert steps == sync_steps and steps["checkpoints"][-1] == 10, steps
+  assert steps == sync_steps and steps[0][-1] == 10, steps
   assert on_disk == sync_disk   # each step's checkpoints were on disk when the hook ran
-  for sub in states:
-    for mine, theirs in zip(states[sub], sync_states[sub]):
-      chex.assert_trees_all_equal((mine.step, mine.params, mine.opt_state),
-                                  (theirs.step, theirs.params, theirs.opt_state))
+  assert len(states) == len(sync_states)
+  for mine, theirs in zip(states, sync_states):
+    chex.assert_trees_all_equal((mine.step, mine.params, mine.opt_state),
+                                (theirs.step, theirs.params, theirs.opt_state))
   for key in ("test_accuracy", "test_loss", "test_accuracy_final", "best_step", "final_step"):
     assert results[key] == sync_results[key], key

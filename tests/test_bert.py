@@ -192,20 +192,19 @@ def test_save_as_run_is_read_by_init_from(hf_bert, tmp_path):
   checkpoint = bert_import.read_checkpoint(hf_bert[0])
   out = str(tmp_path / "converted")
   bert_import.main([hf_bert[0], out])
-  # init_from checks the checkpoint as it checks a run's best/ before copying from it.
-  assert params_checkpoints.verify_params_checkpoint(os.path.join(out, "best"), "init_from") == 0
-  restored = transfer.load_run_params(out)
+  # init_from reads and checks the checkpoint as it reads a run's best.
+  restored = params_checkpoints.load_params(out)
   expected = bert_import.convert(checkpoint)[0]
   flat_restored, flat_expected = transfer.flatten(restored), transfer.flatten(expected)
   assert sorted(flat_restored) == sorted(flat_expected)
   for path, value in flat_expected.items():
     np.testing.assert_array_equal(np.asarray(flat_restored[path]), value, err_msg=path)
   assert json.load(open(os.path.join(out, "bert_import.json")))["unused"] == []
-  with pytest.raises(FileExistsError, match="best exists"):
+  with pytest.raises(FileExistsError, match="checkpoints exists"):
     bert_import.save_as_run(checkpoint, out)
   # Saving into a folder that holds a checkpoint never passes silently.
   with pytest.raises(errors.CheckpointError, match="already holds a checkpoint"):
-    params_checkpoints.save_params_checkpoint(os.path.join(out, "best"), expected, {})
+    params_checkpoints.save_params_checkpoint(out, expected, {})
 
 
 def test_read_checkpoint_errors(tmp_path):

@@ -43,9 +43,11 @@ def fault_config(**overrides):
   return tiny_config(**{**base, **overrides})
 
 
-def _params(workdir, config, task, sub="checkpoints", step=None):
+def _params(workdir, config, task, which="latest", step=None):
   _, state = _state(config, task)
-  manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), None)
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
+  if step is None:
+    step = checkpoints.pick_step(manager, which, workdir)
   return checkpoints.restore_checkpoint(manager, state, step)[0].params
 
 
@@ -79,13 +81,13 @@ class KilledBySignal(BaseException):
   """A kill no ``except Exception`` can catch, like SIGKILL."""
 
 
-def _kill_inside_save(monkeypatch, kill_step, directory_name):
-  """Makes the save of ``kill_step`` into ``directory_name`` die after writing its files but
-  before orbax finalises them, leaving what a killed process leaves: a temporary folder."""
+def _kill_inside_save(monkeypatch, kill_step):
+  """Makes the save of ``kill_step`` die after writing its files but before orbax finalises
+  them, leaving what a killed process leaves: a temporary folder."""
   real_save = ocp.CheckpointManager.save
 
   def dying_save(self, step, *args, **kwargs):
-    if step != kill_step or os.path.basename(str(self.directory)) != directory_name:
+    if step != kill_step:
       return real_save(self, step, *args, **kwargs)
     real_save(self, step, *args, **kwargs)
     final = os.path.join(str(self.directory), str(step))
@@ -101,13 +103,13 @@ def test_killed_runs_resume_bit_identical(presence_task, tmp_path, straight, mon
   right after a checkpoint (step 4), inside a checkpoint save (step 6) and between
   checkpoints after a validation (step 7)."""
   config, workdir = fault_config(), str(tmp_path / "resumed")
-  for step, where in ((3, "best"), (4, None), (6, "checkpoints"), (7, None)):
+  for step, inside_save in ((3, True), (4, False), (6, True), (7, False)):
     with monkeypatch.context() as m:
-      if where:
-        _kill_inside_save(m, step, where)
-      with pytest.raises(KilledBySignal if where else Killed):
+      if inside_save:
+        _kill_inside_save(m, step)
+      with pytest.raises(KilledBySignal if inside_save else Killed):
         trainer.train_and_evaluate(config, workdir, data=presence_task,
-                                   step_hook=None if where else _kill_at(step))
+                                   step_hook=None if inside_save else _kill_at(step))
   seen = []
   results = trainer.train_and_evaluate(config, workdir, step_hook=seen.append,
                                        data=presence_task)
@@ -238,7 +240,7 @@ def test_a_checkpoint_of_an_earlier_release_is_refused_in_one_line(initial_state
     path.write_text(json.dumps(meta))
   with pytest.raises(errors.ConfigMismatchError,
                      match=r"checkpoints/4 was saved by an earlier release of simpletron-jax "
-                           r"\(checkpoint format 1, this release reads 2\)") as info:
+                           r"\(checkpoint format 1, this release reads 3\)") as info:
     checkpoints.restore_checkpoint(manager, state, model_config=config.model,
                                    quarantine_dir=str(tmp_path / "damaged"))
   assert "\n" not in str(info.value)
@@ -295,12 +297,10 @@ def test_nan_stops_the_run_naming_step_and_last_good_checkpoint(presence_task, t
   assert match, str(error.value)
   nan_step = int(match.group(1))
   saved = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None).all_steps()
-  best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None).all_steps()
-  assert all(s < nan_step for s in saved + best), (nan_step, saved, best)
+  assert all(s < nan_step for s in saved), (nan_step, saved)
   assert match.group(2).startswith("none") == (not saved)
-  for step in saved + best:
-    sub = "checkpoints" if step in saved else "best"
-    assert run_guard.tree_is_finite(_params(workdir, config, presence_task, sub, step))
+  for step in saved:
+    assert run_guard.tree_is_finite(_params(workdir, config, presence_task, step=step))
   assert not os.path.exists(os.path.join(workdir, "results.json"))
   _strict_json_lines(os.path.join(workdir, "metrics.jsonl"))
 
@@ -316,31 +316,57 @@ def test_logs_stay_strict_json(tmp_path):
 
 
 # ----------------------------------------------------------------------------
-# best/ lineage.
+# The best checkpoint: kept by orbax beside the newest.
 
 
-@pytest.mark.slow
-def test_stale_best_from_an_earlier_start_is_never_reported(presence_task, tmp_path):
-  """checkpoints/ deleted but best/ kept from a longer run: the rerun recomputes best/."""
+def test_the_best_step_is_kept_beside_the_newest(initial_state, tmp_path):
+  """max_to_keep=2 keeps steps 5 and 6; of the saves at a new best (2, then 4), 4 stays."""
+  config, state = initial_state
+  manager = checkpoints.checkpoint_manager(str(tmp_path / "checkpoints"), 2)
+  for step in range(1, 7):
+    checkpoints.save_checkpoint(manager, step, state.replace(step=step), {"run_id": "r"},
+                                best={2: 0.5, 4: 0.7}.get(step))
+  assert manager.all_steps() == [4, 5, 6]
+  assert checkpoints.pick_step(manager, "best", "here") == 4
+  assert checkpoints.pick_step(manager, "latest", "here") == 6
+  empty = checkpoints.checkpoint_manager(str(tmp_path / "none"), 2)
+  checkpoints.save_checkpoint(empty, 1, state, {"run_id": "r"})
+  with pytest.raises(FileNotFoundError, match=r"here: no best-validation checkpoint in"):
+    checkpoints.pick_step(empty, "best", "here")
+
+
+def test_a_lost_best_checkpoint_falls_back_to_the_best_kept(initial_state, tmp_path):
+  _, state = initial_state
+  manager = checkpoints.checkpoint_manager(str(tmp_path / "checkpoints"), 3)
+  for step, best in ((2, 0.5), (4, 0.7), (6, None)):
+    meta = {"best_step": step, "best_score": best, "best_val_accuracy": best}
+    checkpoints.save_checkpoint(manager, step, state.replace(step=step), meta, best=best)
+  manager.delete(4)
+  meta = {"best_step": 4, "best_score": 0.7, "best_val_accuracy": 0.7}
+  with pytest.warns(errors.RunWarning, match=r"step 4 is missing .*the best so far is now "
+                                              r"step 2"):
+    checkpoints.check_best(manager, meta)
+  assert meta == {"best_step": 2, "best_score": 0.5, "best_val_accuracy": 0.5}
+  manager.delete(2)
+  with pytest.warns(errors.RunWarning, match=r"step 2 is missing .*now none"):
+    checkpoints.check_best(manager, meta)
+  assert meta == {"best_step": -1, "best_score": None, "best_val_accuracy": -1.0}
+
+
+@pytest.mark.parametrize("metric,mode", [("accuracy", "max"), ("loss", "min")])
+def test_the_best_metric_is_a_config_field(presence_task, tmp_path, metric, mode):
+  """The best step is the first validation with the highest (or lowest) ``best_metric``, and
+  the run keeps and tests that step's checkpoint."""
+  config = fault_config(best_metric=metric, best_mode=mode, max_to_keep=1)
   workdir = str(tmp_path / "run")
-  trainer.train_and_evaluate(fault_config(num_train_steps=6, checkpoint_every=6),
-                             workdir, data=presence_task)
-  shutil.rmtree(os.path.join(workdir, "checkpoints"))
-  with pytest.warns(errors.RunWarning, match=r"removing .*best/\d+: saved after step 0"):
-    results = trainer.train_and_evaluate(
-        fault_config(num_train_steps=4, checkpoint_every=4), workdir, data=presence_task)
-  assert results["best_step"] <= 4
-  best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None)
-  assert best.all_steps() == [results["best_step"]]
+  results = trainer.train_and_evaluate(config, workdir, data=presence_task)
+  val = [(r[metric] if mode == "max" else -r[metric], -r["step"])
+         for r in read_records(os.path.join(workdir, "metrics.jsonl")) if r["split"] == "val"]
+  assert results["best_step"] == -max(val)[1]
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
+  assert manager.all_steps() == sorted({results["best_step"], 10})
+  assert checkpoints.pick_step(manager, "best", workdir) == results["best_step"]
 
-
-def test_best_of_another_run_is_refused(initial_state, tmp_path):
-  config, state, _ = _saved_steps(tmp_path, initial_state)
-  best = checkpoints.checkpoint_manager(str(tmp_path / "best"), None)
-  checkpoints.save_checkpoint(best, 2, state, {"run_id": "someone-else"})
-  meta = {"run_id": "mine", "best_step": -1}
-  with pytest.raises(errors.CheckpointError, match=r"best/2 belongs to run someone-else"):
-    checkpoints.reconcile_best(best, meta, resume_step=4)
 
 
 # ----------------------------------------------------------------------------
@@ -415,6 +441,9 @@ def test_empty_split_stops_before_training(presence_task, tmp_path, split):
     ("max_to_keep", 0, "max_to_keep=0 must be >= 1"),
     ("learning_rate", float("nan"), "learning_rate=nan must be a positive finite"),
     ("max_train_minutes", -1.0, "max_train_minutes=-1.0 must be >= 0"),
+    ("best_metric", "f1", "best_metric='f1' / best_mode='max': best_metric must be one of "
+                          "('loss', 'accuracy')"),
+    ("best_mode", "up", "best_mode='up': best_metric must be one of"),
 ])
 def test_meaningless_settings_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):

@@ -10,7 +10,7 @@ in a child process, then finished here:
    are written and before the step is in place;
 3. right after a random step between checkpoints (its work since the last checkpoint is lost).
 
-The finished lineage must hold bit-identical parameters (``checkpoints/`` and ``best/``) and
+The finished lineage must hold bit-identical parameters (the newest and the best) and
 the same ``results.json`` figures as an uninterrupted run, and ``metrics.jsonl`` the same
 records: compared by ``(step, split)``, none twice, every value but the timings equal. The
 one allowed difference (docs/faults.md) is a train record whose window a resume cut short: the
@@ -171,10 +171,10 @@ def test_sigkill_at_random_moments_resumes_bit_identical(straight, presence_task
 
   results = trainer.train_and_evaluate(config, workdir, data=presence_task)
   straight_dir, straight_results = straight
-  for sub in ("checkpoints", "best"):
-    ours, theirs = (_params(w, config, presence_task, sub) for w in (workdir, straight_dir))
+  for which in ("latest", "best"):
+    ours, theirs = (_params(w, config, presence_task, which) for w in (workdir, straight_dir))
     chex.assert_trees_all_equal(ours, theirs)
-    assert run_guard.state_crc32(ours) == run_guard.state_crc32(theirs), (sub, story)
+    assert run_guard.state_crc32(ours) == run_guard.state_crc32(theirs), (which, story)
   for key in ("best_step", "best_val_accuracy", "test_accuracy", "test_loss",
               "test_accuracy_final", "test_loss_final", "val_majority_rate",
               "test_majority_rate", "final_step", "complete", "config_fingerprint"):

@@ -62,8 +62,8 @@ def deadline(seconds: int):
     signal.signal(signal.SIGALRM, previous)
 
 
-def _restored_steps(workdir, sub="checkpoints"):
-  return checkpoints.checkpoint_manager(os.path.join(workdir, sub), None).all_steps()
+def _restored_steps(workdir):
+  return checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None).all_steps()
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
   records = read_records(os.path.join(workdir, "metrics.jsonl"))
   assert (stopped, "train") in [(r["step"], r["split"]) for r in records]
   assert max(r["step"] for r in records) == stopped
-  if stopped % config.eval_frequency:   # no extra validation: best/ stays as a straight run's
+  if stopped % config.eval_frequency:   # no extra validation: the best stays a straight run's
     assert (stopped, "val") not in [(r["step"], r["split"]) for r in records]
 
   seen = []
@@ -149,8 +149,8 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
                                        step_hook=seen.append)
   assert seen == [], "step 10 was saved: only the tests run"
   straight_dir, straight_results = straight
-  for sub in ("checkpoints", "best"):
-    ours, theirs = (_params(w, config, presence_task, sub) for w in (workdir, straight_dir))
+  for which in ("latest", "best"):
+    ours, theirs = (_params(w, config, presence_task, which) for w in (workdir, straight_dir))
     chex.assert_trees_all_equal(ours, theirs)
     assert run_guard.state_crc32(ours) == run_guard.state_crc32(theirs)
   for key in ("best_step", "best_val_accuracy", "test_accuracy", "test_accuracy_final",

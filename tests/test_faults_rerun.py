@@ -249,19 +249,17 @@ def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_
   """A truncated source checkpoint, and one whose parameters do not match their CRC-32, are
   refused before anything is copied; an intact one is checked and used."""
   source = _copy(finished, tmp_path, "source")
-  best = os.path.join(source, "best")
-  step = params_checkpoints.verify_params_checkpoint(best, "init_from")
-  assert step == finished[1]["best_step"]
-  meta_path = os.path.join(best, str(step), "meta", "metadata")
-  with open(meta_path) as f:
+  best, step = os.path.join(source, "checkpoints"), finished[1]["best_step"]
+  params = _params(source, rerun_config(), presence_task, "best")
+  chex.assert_trees_all_equal(params_checkpoints.load_params(source), params)
+  with open(os.path.join(best, str(step), "meta", "metadata")) as f:
     meta = json.load(f)
-  assert meta["params_crc32"] == run_guard.state_crc32(
-      _params(source, rerun_config(), presence_task, "best"))
+  assert meta["best_step"] == step and meta["params_crc32"] == run_guard.state_crc32(params)
   for damage, problem in (("crc", "its parameters do not match the CRC-32 saved with them"),
                           ("truncated", "")):
     # A fresh copy per damage: tensorstore caches what this process read from a path.
     source = _copy(finished, tmp_path, f"source_{damage}")
-    best = os.path.join(source, "best")
+    best = os.path.join(source, "checkpoints")
     if damage == "crc":
       with open(os.path.join(best, str(step), "meta", "metadata"), "w") as f:
         json.dump({**meta, "params_crc32": meta["params_crc32"] ^ 1}, f)

@@ -291,7 +291,7 @@ def test_spt_run_resumes_exactly_and_fine_tunes(presence_task, tmp_path):
     report = json.load(f)
   assert sorted(report["new"]) == ["head_hidden/bias", "head_hidden/kernel",
                                    "head_logits/bias", "head_logits/kernel"]
-  assert os.path.isdir(tmp_path / "ft" / "best")
+  assert os.path.isdir(tmp_path / "ft" / "checkpoints")
 
 
 def test_reference_rows_match_their_papers_averages():

@@ -154,7 +154,7 @@ def test_killed_run_resumes_to_the_same_parameters(presence_task, tmp_path):
   seen = []
   results = trainer.train_and_evaluate(config, resumed, step_hook=seen.append,
                                        data=presence_task)
-  assert seen == [4, 5, 6, 7], "the run must resume after the step-3 checkpoint"
+  assert seen == [5, 6, 7], "the run must resume after step 4, saved as the first best"
   chex.assert_trees_all_equal(_final_params(resumed, config, presence_task),
                               _final_params(straight, config, presence_task))
   with open(os.path.join(straight, "results.json")) as f:
@@ -186,9 +186,9 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   assert os.path.isdir(os.path.join(workdir, "tb"))
   _, p_eval = steps.pmap_steps(train_state.build_model(config, presence_task).apply)
   model, state = _state(config, presence_task)
-  best = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), 1)
-  state, meta, step = checkpoints.restore_checkpoint(best, state)
-  assert step == results["best_step"]
+  saved = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
+  assert saved.best_step() == results["best_step"]
+  state, meta, step = checkpoints.restore_checkpoint(saved, state, results["best_step"])
   test = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
                              config)
   assert test["accuracy"] == results["test_accuracy"] and test["count"] == 200

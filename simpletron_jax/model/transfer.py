@@ -18,14 +18,11 @@ Every attention variant names its projections ``query``/``key``/``value``/``out`
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
 from typing import Any, Sequence
 
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import traverse_util
 
 from simpletron_jax.model import lora
@@ -69,7 +66,7 @@ def transfer_params(source, target, include: Sequence[str] = ()) -> tuple[Any, S
   """Copies ``source`` parameters into ``target`` wherever the path exists in both.
 
   Args:
-    source: a trained parameter tree (e.g. :func:`load_run_params`).
+    source: a trained parameter tree.
     target: the freshly initialised tree of the new model (its structure is kept).
     include: regexes (``re.search`` on the path); when given, only matching shared paths
       are copied (e.g. ``("attention/(query|key|value)/",)`` for SimpleTRON's q/k/v
@@ -102,58 +99,23 @@ def transfer_params(source, target, include: Sequence[str] = ()) -> tuple[Any, S
   return traverse_util.unflatten_dict(out, sep="/"), report
 
 
-def load_run_params(workdir: str, which: str = "best") -> Any:
-  """The parameters of a ``train.py`` run's checkpoint, as numpy arrays.
-
-  A LoRA-trained run's ``{"base", "lora"}`` tree is merged with the run's own
-  ``lora.rank`` / ``lora.alpha`` (from its ``config.json``) into plain parameters.
+def init_from_config(config, params, source) -> tuple[Any, SurgeryReport]:
+  """Copies ``source`` (``config.init_from``'s parameters) into freshly initialised params,
+  restricted by ``config.init_include``.
 
   Args:
-    workdir: the run directory.
-    which: ``"best"`` (best validation, ``workdir/best``) or ``"latest"``
-      (``workdir/checkpoints``).
-
-  Returns:
-    The nested parameter tree.
-
-  Raises:
-    FileNotFoundError: if the directory holds no such checkpoint (config field
-      ``init_from``).
-  """
-  sub = {"best": "best", "latest": "checkpoints"}[which]
-  directory = os.path.abspath(os.path.join(workdir, sub))
-  if not os.path.isdir(directory):
-    raise FileNotFoundError(f"init_from={workdir!r}: no {sub}/ checkpoint folder in it")
-  with ocp.CheckpointManager(directory) as manager:
-    step = manager.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"init_from={workdir!r}: no checkpoint in {directory}")
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  params = restored["state"]["params"]
-  if lora.is_wrapped(params):
-    with open(os.path.join(workdir, "config.json")) as f:
-      run_lora = json.load(f)["lora"]
-    params = lora.merge(params, lora.scale_of(run_lora["rank"], run_lora["alpha"]))
-  return params
-
-
-def init_from_config(config, params) -> tuple[Any, SurgeryReport | None]:
-  """Applies ``config.init_from`` / ``config.init_include`` to freshly initialised params.
-
-  Args:
-    config: the run config; ``init_from`` empty means nothing to do.
+    config: the run config.
     params: the new model's parameters, possibly a LoRA ``{"base", "lora"}`` tree (the
       surgery then goes into ``base``).
+    source: the parameter tree to copy from
+      (:func:`simpletron_jax.train.params_checkpoints.load_params`).
 
   Returns:
-    ``(params, report)``; ``report`` is None when ``init_from`` is empty.
+    ``(params, report)``.
 
   Raises:
-    FileNotFoundError, ValueError: see :func:`load_run_params`, :func:`transfer_params`.
+    ValueError: see :func:`transfer_params`.
   """
-  if not config.get("init_from"):
-    return params, None
-  source = load_run_params(config.init_from)
   include = tuple(config.get("init_include", ()) or ())
   if lora.is_wrapped(params):
     base, report = transfer_params(source, params[lora.BASE], include)

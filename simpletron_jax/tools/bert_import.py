@@ -23,7 +23,7 @@ variants) and what BERT has that the model does not use (dropped: the blocks bey
 model's depth, the output projection for Simple and Simple-Res, the pre-training heads).
 
 ``python -m simpletron_jax.tools.bert_import BERT_DIR OUT_DIR`` writes the converted weights as a
-run's ``best/`` checkpoint, which ``train.py --config.init_from=OUT_DIR`` starts from
+run's best checkpoint, which ``train.py --config.init_from=OUT_DIR`` starts from
 (``configs/agnews/*.py:from_bert``).
 """
 
@@ -370,28 +370,28 @@ def import_bert(checkpoint: BertCheckpoint | str, params, include: Sequence[str]
 def save_as_run(checkpoint: BertCheckpoint, out_dir: str) -> str:
   """Writes BERT's converted weights as a ``train.py`` run's best checkpoint.
 
-  ``out_dir/best/0`` holds ``{"params": ...}`` and their CRC-32 as a run's best checkpoint
-  does (:func:`simpletron_jax.train.params_checkpoints.save_params_checkpoint`), so that
+  ``out_dir/checkpoints/0`` holds ``{"params": ...}`` and their CRC-32 as a run's best
+  checkpoint does (:func:`simpletron_jax.train.params_checkpoints.save_params_checkpoint`), so that
   ``train.py --config.init_from=out_dir`` checks it and starts from BERT (copied, new and
   dropped are then written to the new run's ``transfer.json``). ``out_dir/bert_import.json``
   records the source folder, its ``config.json`` and the unused tensors.
 
   Args:
     checkpoint: from :func:`read_checkpoint`.
-    out_dir: created if missing; must not hold a ``best/`` checkpoint already.
+    out_dir: created if missing; must not hold a ``checkpoints/`` folder already.
 
   Returns:
     ``out_dir``.
 
   Raises:
-    FileExistsError: naming ``out_dir/best`` when it exists.
+    FileExistsError: naming ``out_dir/checkpoints`` when it exists.
   """
-  best = os.path.abspath(os.path.join(out_dir, "best"))
-  if os.path.exists(best):
-    raise FileExistsError(f"{best} exists; choose another output folder or delete it")
+  folder = os.path.abspath(os.path.join(out_dir, "checkpoints"))
+  if os.path.exists(folder):
+    raise FileExistsError(f"{folder} exists; choose another output folder or delete it")
   os.makedirs(out_dir, exist_ok=True)
   params, unused = convert(checkpoint)
-  params_checkpoints.save_params_checkpoint(best, params, {"source": "bert_import",
+  params_checkpoints.save_params_checkpoint(out_dir, params, {"source": "bert_import",
                                                            "bert_dir": checkpoint.path})
   atomic_io.write_json_atomic(os.path.join(out_dir, "bert_import.json"), {
       "source": checkpoint.path, "weight_file": checkpoint.weight_file,
@@ -434,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     checkpoint = read_checkpoint(args.bert_dir)
     result: dict[str, Any] = {"out_dir": save_as_run(checkpoint, args.out_dir),
                               "unused": convert(checkpoint)[1]}
-    print(f"wrote {args.out_dir}/best (train.py --config.init_from={args.out_dir}); "
+    print(f"wrote {args.out_dir}/checkpoints (train.py --config.init_from={args.out_dir}); "
           f"{len(result['unused'])} checkpoint tensors have no place in the encoder",
           file=sys.stderr)
     if args.config:

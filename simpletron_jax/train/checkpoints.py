@@ -1,14 +1,15 @@
-"""Checkpoints a killed run resumes from, verified before use.
+"""Checkpoints a killed run resumes from, verified before use; orbax keeps the newest and the best.
 
-Orbax managers keep ``workdir/checkpoints`` (the newest ``max_to_keep``) and ``workdir/best``
-(the best-validation step). :func:`save_checkpoint` refuses a non-finite state and stores a
-CRC-32 and the layout of the arrays with each step; :func:`restore_checkpoint` restores the
-newest intact step, setting damaged ones aside (:func:`run_guard.state_crc32`), and refuses a
-checkpoint of another model config or train-state layout, or of another checkpoint format
-(:data:`FORMAT`: a checkpoint saved before this release is refused in one line, never read).
-:func:`reconcile_best` keeps ``best/`` to this run's lineage, and :func:`prune_best` to one step.
+One orbax manager keeps ``workdir/checkpoints``: the newest ``max_to_keep`` steps, and the
+step of the best validation (a :class:`orbax.checkpoint.checkpoint_managers.BestN` of one by the
+``best_score`` metric that a save at a new best carries; :func:`checkpoint_manager`).
+:func:`save_checkpoint` refuses a non-finite state and stores a CRC-32 and the layout of the
+arrays with each step; :func:`restore_checkpoint` restores the newest intact step (or the
+best, :func:`pick_step`), setting damaged ones aside (:func:`run_guard.state_crc32`), and
+refuses a checkpoint of another model config or train-state layout, or of another checkpoint
+format (:data:`FORMAT`: a checkpoint saved before this release is refused in one line).
 
-With ``config.async_checkpoints`` the managers save in orbax's background thread:
+With ``config.async_checkpoints`` the manager saves in orbax's background thread:
 :func:`save_checkpoint` returns once the state is copied to the host, and
 :func:`finish_saves` waits for the write and reports a failed one as
 :class:`errors.CheckpointError` naming its step folder (docs/faults.md, "Asynchronous
@@ -18,6 +19,7 @@ checkpoint saves").
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -35,11 +37,14 @@ from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.train import run_guard, run_record
 from simpletron_jax.train.steps import TrainState
 
-# The layout of a checkpoint's meta, stored in it under FORMAT_KEY by save_checkpoint. 2: this
-# release's (a run record, a run id, val_majority_rate, CRCs and layout, every model option);
-# a checkpoint without it was saved by an earlier release and is not read.
+# The layout of a checkpoint's meta, stored in it under FORMAT_KEY by save_checkpoint. 3: this
+# release's (one folder keeping the newest and the best step, a run record, a run id,
+# val_majority_rate, CRCs and layout, every model option); older ones are not read.
 FORMAT_KEY = "checkpoint_format"
-FORMAT = 2
+FORMAT = 3
+# The orbax metric a save at a new best validation carries (:func:`best_score`); BestN keeps
+# the step with the highest.
+BEST_KEY = "best_score"
 
 
 def _ckpt_tree(state: TrainState, private_copy: bool = False) -> dict[str, Any]:
@@ -102,34 +107,61 @@ def check_async_supported(async_save: bool, process_count: int) -> None:
         "\"Asynchronous checkpoint saves\")")
 
 
+def _best_fn(metrics: dict[str, float]) -> float:
+  return metrics.get(BEST_KEY, -math.inf)
+
+
 def checkpoint_manager(directory: str, max_to_keep: int | None,
                        async_save: bool = False) -> ocp.CheckpointManager:
-  """An orbax manager keeping the newest ``max_to_keep`` checkpoints in ``directory``.
+  """An orbax manager keeping the newest ``max_to_keep`` steps and the best one in ``directory``.
+
+  The best step is the one with the highest :data:`BEST_KEY` among the saves that carry it
+  (:func:`save_checkpoint` ``best``): orbax's ``BestN(n=1)`` beside ``LatestN``, and
+  ``manager.best_step()``. Only a save at a new best carries it, so the newest such save is
+  the best (:func:`pick_step`).
 
   Args:
     directory: the folder (created if missing; made absolute).
-    max_to_keep: how many of the newest steps to keep; None keeps all.
+    max_to_keep: how many of the newest steps to keep besides the best; None keeps all.
     async_save: ``config.async_checkpoints``. False: each save is written before
       :func:`save_checkpoint` returns, and a failed save raises there. True: orbax writes in
-      a background thread (``enable_async_checkpointing``); :func:`save_checkpoint` returns
-      once the state is copied to the host, and a failed write is raised by the next
-      :func:`save_checkpoint` or by :func:`finish_saves` (which the training loop calls
-      before it returns, is preempted, or calls ``step_hook``).
-
-  Returns:
-    An ``orbax.checkpoint.CheckpointManager``.
+      a background thread; a failed write is raised by the next :func:`save_checkpoint` or
+      by :func:`finish_saves`.
 
   Raises:
     ValueError: ``async_save`` with ``jax.process_count() > 1``
       (:func:`check_async_supported`).
   """
   check_async_supported(bool(async_save), jax.process_count())
+  keep = ocp.checkpoint_managers.AnyPreservationPolicy([
+      ocp.checkpoint_managers.LatestN(n=max_to_keep),
+      ocp.checkpoint_managers.BestN(get_metric_fn=_best_fn, n=1)])
   manager = ocp.CheckpointManager(
       os.path.abspath(directory),
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=bool(async_save)))
+      options=ocp.CheckpointManagerOptions(
+          create=True, best_fn=_best_fn, best_mode="max", preservation_policy=keep,
+          enable_async_checkpointing=bool(async_save)))
   _SAVES[manager] = _Saves(async_save=bool(async_save))
   return manager
+
+
+def best_score(val: dict[str, float], metric: str, mode: str) -> float:
+  """The validation ``val``'s ``metric``, signed so that higher is better (``mode``: ``"max"``
+  or ``"min"``; ``config.best_metric``, ``config.best_mode``)."""
+  return float(val[metric]) if mode == "max" else -float(val[metric])
+
+
+def pick_step(manager: ocp.CheckpointManager, which: str, what: str) -> int:
+  """The step ``which`` names: ``"best"`` (the best validation's) or ``"latest"``.
+
+  Raises:
+    FileNotFoundError: naming ``what`` (the folder or setting), when no step is of that kind.
+  """
+  step = manager.best_step() if which == "best" else manager.latest_step()
+  if step is None or (which == "best" and BEST_KEY not in (manager.metrics(step) or {})):
+    raise FileNotFoundError(f"{what}: no {'best-validation ' if which == 'best' else ''}"
+                            f"checkpoint in {manager.directory}")
+  return step
 
 
 def finish_saves(*managers: ocp.CheckpointManager) -> None:
@@ -227,12 +259,13 @@ def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
 
 
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState,
-                    meta: dict[str, Any]) -> None:
-  """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``.
+                    meta: dict[str, Any], best: float | None = None) -> None:
+  """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``; ``best``:
+  the step is a new best validation of that :func:`best_score` (the manager keeps it).
 
   ``meta`` is stored with :data:`FORMAT_KEY`, ``state_crc32`` (:func:`run_guard.state_crc32`
   of the params and optimizer state), ``params_crc32`` (of the params alone, for
-  :func:`params_checkpoints.verify_params_checkpoint`) and ``state_structure``
+  :func:`params_checkpoints.load_params`) and ``state_structure``
   (:func:`run_guard.state_structure`) added, which :func:`restore_checkpoint` verifies.
 
   With an asynchronous manager (:func:`checkpoint_manager` ``async_save=True``) it first
@@ -263,7 +296,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
           "params_crc32": params_crc, "state_structure": run_guard.state_structure(arrays)}
   try:
     saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
-                                                       meta=ocp.args.JsonSave(meta)))
+                                                       meta=ocp.args.JsonSave(meta)),
+                         metrics={} if best is None else {BEST_KEY: best})
     if not saves.async_save:
       manager.wait_until_finished()
   except Exception as e:  # any failure of the library or the file system stops the run
@@ -398,68 +432,20 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
                                   + " | ".join(problems))
 
 
-def _best_run_id(best: ocp.CheckpointManager, step: int) -> str | None:
-  meta = best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-  return meta.get("run_id")
-
-
-def reconcile_best(best: ocp.CheckpointManager, meta: dict[str, Any],
-                   resume_step: int) -> dict[str, Any]:
-  """Makes ``best/`` hold only checkpoints of this run's lineage, up to ``resume_step``.
-
-  The lineage is ``meta["run_id"]`` (:func:`run_guard.lineage_id`): every checkpoint of a
-  run, in ``checkpoints/`` and ``best/``, carries it. At start-up:
-
-  * a ``best/`` step of another lineage is an error: ``best/`` never reports another run;
-  * ``best/`` steps after ``resume_step`` were saved by this lineage after the checkpoint
-    the run resumes from (at a fresh start, ``resume_step`` 0, by an earlier start killed
-    before its first checkpoint, or kept after ``checkpoints/`` was deleted). They are
-    removed with a warning; the run recomputes them;
-  * a damaged ``best/`` step is removed with a warning;
-  * if ``meta["best_step"]`` is then missing, the best so far is reset with a warning.
-
-  Args:
-    best: the ``best/`` manager (``max_to_keep=None``; :func:`prune_best` trims it).
-    meta: the resumed checkpoint's meta, with ``run_id`` set.
-    resume_step: the step the run resumes from (0: fresh start).
-
-  Returns:
-    ``meta``, with ``best_val_accuracy`` and ``best_step`` reset if their checkpoint is gone.
-
-  Raises:
-    errors.CheckpointError: naming a ``best/`` step of another lineage.
-  """
-  for step in best.all_steps():
-    where = step_dir(best, step)
-    try:
-      run_id = _best_run_id(best, step)
-    except Exception as e:  # unreadable meta: a damaged checkpoint
-      errors.warn(f"removing damaged best checkpoint {where}: {first_line(e)}")
-      best.delete(step)
-      continue
-    if run_id != meta["run_id"]:
-      raise errors.CheckpointError(
-          f"{where} belongs to run {run_id}, not to this workdir's run {meta['run_id']}; "
-          f"best/ must come from the run in checkpoints/. Move {best.directory} away or use "
-          "another --workdir.")
-    if step > resume_step:
-      errors.warn(f"removing {where}: saved after step {resume_step}, where this run "
-                     "(re)starts; it will be recomputed")
-      best.delete(step)
-  best.reload()
-  if meta["best_step"] >= 0 and meta["best_step"] not in best.all_steps():
-    errors.warn(f"the best checkpoint of step {meta['best_step']} is missing from "
-                   f"{best.directory}; the best validation restarts from this run's next one")
-    meta.update(best_val_accuracy=-1.0, best_step=-1)
+def check_best(manager: ocp.CheckpointManager, meta: dict[str, Any]) -> dict[str, Any]:
+  """Makes ``meta``'s best (``best_step``, ``best_score``, ``best_val_accuracy``) a step the
+  manager holds: when a damaged best step was set aside, the best kept step becomes the best
+  so far (or none is), with a warning. Returns ``meta``."""
+  missing = meta["best_step"]
+  if missing < 0 or missing in manager.all_steps():
+    return meta
+  step = manager.best_step()
+  if step is not None and BEST_KEY in (manager.metrics(step) or {}):
+    kept = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    meta.update({k: kept[k] for k in ("best_step", "best_score", "best_val_accuracy")})
+  else:
+    meta.update(best_step=-1, best_score=None, best_val_accuracy=-1.0)
+  errors.warn(f"the best checkpoint of step {missing} is missing from "
+              f"{manager.directory}; the best so far is now "
+              + (f"step {meta['best_step']}" if meta["best_step"] >= 0 else "none"))
   return meta
-
-
-def prune_best(best: ocp.CheckpointManager, keep_step: int) -> None:
-  """Deletes every ``best/`` step but ``keep_step``; call after a regular checkpoint.
-
-  It does not wait for an asynchronous save of ``keep_step`` (the newest best step): the
-  steps it deletes are older, and orbax finished them before it began that save.
-  """
-  for step in best.all_steps():
-    if step != keep_step:
-      best.delete(step)

@@ -19,7 +19,7 @@ import numpy as np
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.runtime.errors import warn
-from simpletron_jax.train import schedules
+from simpletron_jax.train import schedules, steps
 
 # The largest position table a run may ask for: ``(model.max_length + 1) x model.emb_dim``
 # float32 values. LRA's longest input, Path-X's 16384 tokens, needs 8 MiB at 128 features; a
@@ -238,7 +238,8 @@ def check_settings(config: Any) -> None:
       ``adam_b1``/``adam_b2`` or ``label_smoothing`` (if present) outside [0, 1); ``warmup``
       not an int >= 0; an unknown name in ``factors`` (with the known ones) or ``warmup``
       0 for a warmup factor (:func:`simpletron_jax.train.schedules.create_learning_rate_schedule`);
-      ``max_to_keep < 1`` (nothing to resume from); ``max_train_minutes < 0``.
+      ``max_to_keep < 1`` (nothing to resume from); ``max_train_minutes < 0``; a
+      ``best_metric`` that is not a validation metric, or ``best_mode`` not max or min.
 
   Warns (:class:`RunWarning`): ``warmup`` longer than ``num_train_steps`` with a warmup
   schedule (the peak rate is never reached); ``checkpoint_every`` above ``num_train_steps``
@@ -265,6 +266,10 @@ def check_settings(config: Any) -> None:
   if int(config.max_to_keep) < 1:
     raise ValueError(f"max_to_keep={config.max_to_keep} must be >= 1, or a killed run "
                      "cannot resume")
+  metrics = tuple(steps.Metrics.__annotations__)
+  if config.best_metric not in metrics or config.best_mode not in ("max", "min"):
+    raise ValueError(f"best_metric={config.best_metric!r} / best_mode={config.best_mode!r}: "
+                     f"best_metric must be one of {metrics}, best_mode 'max' or 'min'")
   if float(config.get("max_train_minutes", 0) or 0) < 0:
     raise ValueError(f"max_train_minutes={config.max_train_minutes} must be >= 0 (0: no limit)")
   if "warmup" in str(config.get("factors", "")) and config.warmup > config.num_train_steps:

@@ -117,7 +117,7 @@ def final_and_best_tests(config: ml_collections.ConfigDict, start: Any, earlier:
 
   Args:
     start: the start of the run (``trainer._Start``): its ``meta["best_step"]``, its
-      ``best_ckpts`` and ``state`` (the tree the best checkpoint restores into).
+      ``ckpts`` and ``state`` (the tree the best checkpoint restores into).
     evaluate_test: ``evaluate_test(params_repl) -> metrics`` of the test split.
     params_repl: the parameters after ``last_step``, placed as the eval step takes them.
 
@@ -129,7 +129,7 @@ def final_and_best_tests(config: ml_collections.ConfigDict, start: Any, earlier:
   best_step = start.meta["best_step"]
 
   def best_test():
-    best_state, _, _ = checkpoints.restore_checkpoint(start.best_ckpts, start.state,
+    best_state, _, _ = checkpoints.restore_checkpoint(start.ckpts, start.state,
                                                       step=best_step, model_config=config.model)
     return evaluate_test(parallel.put_state(best_state.params))
 
@@ -173,34 +173,33 @@ def run_results(config: ml_collections.ConfigDict, data: tasks.TaskData, start: 
   }
 
 
-def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
-                        step: int | None = None,
-                        config: ml_collections.ConfigDict | None = None,
-                        precompile_workers: int = 0) -> dict[str, Any]:
-  """Restores a checkpoint of ``workdir`` and evaluates it on ``split``.
+def restore_run(workdir: str, which: str = "best", step: int | None = None,
+                config: ml_collections.ConfigDict | None = None
+                ) -> tuple[ml_collections.ConfigDict, tasks.TaskData, Any, int, str]:
+  """A ``train.py`` run's config, task data and checkpoint, restored and verified: the one
+  loader of eval.py (:func:`evaluate_checkpoint`) and ``scripts/explain.py``.
 
   Args:
-    workdir: a train.py run directory.
-    split: ``"train"``, ``"val"`` or ``"test"``.
+    workdir: the run's folder.
     which: ``"best"`` (the best-validation checkpoint) or ``"latest"``.
-    step: restore this optimizer step from ``workdir/checkpoints`` instead.
-    config: overrides the run's saved config.
-    precompile_workers: if > 0, the eval step of every batch shape the split meets is
-      compiled first, in this many threads side by side (:mod:`simpletron_jax.train.precompile`).
+    step: restore this optimizer step instead.
+    config: overrides the run's saved config (``config.json``).
 
   Returns:
-    ``{"accuracy", "loss", "count", "step", "split", "checkpoint"}``.
+    ``(config, data, state, step, folder)``: the train state restored at ``step`` from
+    ``folder`` (``workdir/checkpoints``).
 
   Raises:
-    FileNotFoundError: when the workdir (which is never created), its checkpoint folder,
-      the checkpoint or its config is missing.
-    ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
+    FileNotFoundError: the workdir (which is never created), its checkpoint folder, the
+      checkpoint or its config is missing.
+    ValueError: an unknown ``which``.
     errors.ConfigMismatchError: ``config`` is of another task than the run's ``config.json``
       (named before the model configs are compared), or its model config differs from the
       checkpoint's.
+    errors.CheckpointError: the checkpoint is damaged (:func:`checkpoints.restore_checkpoint`).
   """
-  if split not in ("train", "val", "test") or which not in ("best", "latest"):
-    raise ValueError(f"split={split!r} / which={which!r} not understood")
+  if which not in ("best", "latest"):
+    raise ValueError(f"which={which!r} not understood: 'best' or 'latest'")
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"--workdir {workdir!r} is not a folder: pass the workdir of a "
                             "train.py run")
@@ -212,19 +211,45 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
           f"{saved['task']!r} ({os.path.join(workdir, 'config.json')}): pass a "
           f"configs/{saved['task']}/... config, or leave --config out to use the run's own")
   config = config or run_record.load_run_config(workdir)
-  sub = "best" if which == "best" and step is None else "checkpoints"
-  if not os.path.isdir(os.path.join(workdir, sub)):
-    raise FileNotFoundError(f"{os.path.join(workdir, sub)} not found: the run saved no "
-                            f"{'best-validation ' if sub == 'best' else ''}checkpoint yet")
+  folder = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(folder):
+    raise FileNotFoundError(f"{folder} not found: the run saved no checkpoint yet")
+  manager = checkpoints.checkpoint_manager(folder, None)
+  if step is None:
+    step = checkpoints.pick_step(manager, which, f"--workdir {workdir}")
   data = tasks.load_task(config)
-  report_split_truncation(split, getattr(data, split), int(config.model.max_length))
   model = train_state.build_model(config, data)
   state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
-  manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), config.max_to_keep)
-  state, _, restored_step = checkpoints.restore_checkpoint(manager, state, step,
-                                                           model_config=config.model)
+  state, _, step = checkpoints.restore_checkpoint(manager, state, step, model_config=config.model)
+  return config, data, state, step, folder
+
+
+def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
+                        step: int | None = None,
+                        config: ml_collections.ConfigDict | None = None,
+                        precompile_workers: int = 0) -> dict[str, Any]:
+  """Restores a checkpoint of ``workdir`` (:func:`restore_run`) and evaluates it on ``split``.
+
+  Args:
+    split: ``"train"``, ``"val"`` or ``"test"``.
+    workdir, which, step, config: see :func:`restore_run`.
+    precompile_workers: if > 0, the eval step of every batch shape the split meets is
+      compiled first, in this many threads side by side (:mod:`simpletron_jax.train.precompile`).
+
+  Returns:
+    ``{"accuracy", "loss", "count", "step", "split", "checkpoint"}``.
+
+  Raises:
+    ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
+    FileNotFoundError, errors.ConfigMismatchError, errors.CheckpointError: see
+      :func:`restore_run`.
+  """
+  if split not in ("train", "val", "test"):
+    raise ValueError(f"split={split!r} not understood: 'train', 'val' or 'test'")
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
+  config, data, state, step, folder = restore_run(workdir, which, step, config)
+  report_split_truncation(split, getattr(data, split), int(config.model.max_length))
   parallel = make_parallel(config.get("parallelism", "pmap"))
   _, p_eval = parallel.steps(state.apply_fn)
   limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
@@ -237,5 +262,4 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
     print(f"precompiled {len(p_eval.compiled)} eval step shapes in "
           f"{time.time() - start:.1f} s ({precompile_workers} threads)", file=sys.stderr)
   metrics = evaluation.evaluate(p_eval, params_repl, getattr(data, split), config, limit, parallel)
-  return {**metrics, "step": restored_step, "split": split,
-          "checkpoint": os.path.join(workdir, sub)}
+  return {**metrics, "step": step, "split": split, "checkpoint": folder}

@@ -6,8 +6,8 @@ step, runs :class:`MicroSteps` and calls :class:`Actions`, whose periodic action
 
 * a train record of the window since the last one (:class:`TrainWindow`), every
   ``config.log_every`` steps;
-* a validation, every ``config.eval_frequency`` steps, saved to ``best/`` when its accuracy
-  is the best yet;
+* a validation, every ``config.eval_frequency`` steps; a new best (by ``config.best_metric``
+  and ``config.best_mode``) is saved at once, and its checkpoint kept as the best;
 * a checkpoint in ``checkpoints/``, every ``config.checkpoint_every`` steps;
 * the caller's step hook, every step (after the step's checkpoints are on disk).
 
@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 
 from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.train import run_guard, steps
-from simpletron_jax.train.checkpoints import finish_saves, prune_best, save_checkpoint, step_dir
+from simpletron_jax.train.checkpoints import best_score, finish_saves, save_checkpoint, step_dir
 from simpletron_jax.train.metric_logging import MetricLogger
 from simpletron_jax.train.steps import InFlightLimit, JitParallel, PmapParallel, TrainState
 
@@ -236,15 +236,16 @@ class Actions:
   """What a run does after each optimizer step (see the module docstring), in order.
 
   Args:
-    config: the run config (``log_every``, ``eval_frequency``, ``checkpoint_every``).
+    config: the run config (``log_every``, ``eval_frequency``, ``checkpoint_every``,
+      ``best_metric``, ``best_mode``).
     micro_steps: the run's :class:`MicroSteps` (the finiteness check).
     window: the run's :class:`TrainWindow`.
     logger: the run's :class:`MetricLogger`.
     bar: the progress bar (:func:`simpletron_jax.runtime.progress.bar`).
     validate: ``validate(params_repl) -> metrics`` of the validation split
       (:func:`simpletron_jax.train.evaluation.evaluate`).
-    ckpts, best_ckpts: the managers of ``checkpoints/`` and ``best/``.
-    meta: the checkpoint meta (``best_val_accuracy``, ``best_step``, ``train_seconds``,
+    ckpts: the manager of ``checkpoints/``.
+    meta: the checkpoint meta (``best_score``, ``best_step``, ``best_val_accuracy``, ``train_seconds``,
       ``val_majority_rate``, the run id and record), updated in place.
     last_good: the newest checkpoint's folder (or a phrase saying there is none).
     step_hook: called with the step after its checkpoints are on disk, or None.
@@ -256,10 +257,10 @@ class Actions:
   def __init__(self, config: ml_collections.ConfigDict, micro_steps: MicroSteps,
                window: TrainWindow, logger: MetricLogger, bar: Any,
                validate: Callable[[Any], dict[str, float]], ckpts: ocp.CheckpointManager,
-               best_ckpts: ocp.CheckpointManager, meta: dict[str, Any], last_good: str,
-               step_hook: Callable[[int], None] | None):
+               meta: dict[str, Any], last_good: str, step_hook: Callable[[int], None] | None):
     self.micro_steps, self.window, self.logger, self.bar = micro_steps, window, logger, bar
-    self.validate, self.ckpts, self.best_ckpts = validate, ckpts, best_ckpts
+    self.validate, self.ckpts, self.new_best = validate, ckpts, None
+    self.best_metric, self.best_mode = config.best_metric, config.best_mode
     self.meta, self.last_good, self.step_hook = meta, last_good, step_hook
     self.parallel = micro_steps.parallel
     self.log_action = Periodic(config.log_every, self._log)
@@ -268,8 +269,8 @@ class Actions:
 
   def __call__(self, step: int, state_repl: TrainState, stop: bool, final: bool) -> None:
     """The actions after optimizer ``step``. ``stop``: the run's last step of this start
-    (record and checkpoint); ``final``: it ends training (validate too). The time after the
-    record is left out of the train window's.
+    (record and checkpoint); ``final``: it ends training (validate too). A new best is saved
+    at its step. The time after the record is left out of the train window's.
 
     Raises:
       errors.NonFiniteError: the step's metrics, the parameters or the validation loss are
@@ -279,7 +280,7 @@ class Actions:
     self.log_action(step, force=stop, state_repl=state_repl)
     pause_start = time.time()
     self.validate_action(step, force=final, state_repl=state_repl)
-    self.checkpoint_action(step, force=stop, state_repl=state_repl)
+    self.checkpoint_action(step, force=stop or self.new_best is not None, state_repl=state_repl)
     self._hook(step)
     self.window.exclude(time.time() - pause_start)
 
@@ -302,18 +303,18 @@ class Actions:
     # so a start that trains no step reports the same figure as the start that validated.
     self.meta["val_majority_rate"] = val["majority_rate"]
     self.bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
-    if val["accuracy"] > self.meta["best_val_accuracy"]:
-      self.meta.update(best_val_accuracy=val["accuracy"], best_step=step)
-      save_checkpoint(self.best_ckpts, step, self.parallel.host(state_repl), self.meta)
+    score = best_score(val, self.best_metric, self.best_mode)
+    if self.meta["best_score"] is None or score > self.meta["best_score"]:   # the first wins ties
+      self.meta.update(best_score=score, best_step=step, best_val_accuracy=val["accuracy"])
+      self.new_best = score
 
   def _checkpoint(self, step: int, state_repl: TrainState) -> None:
     self.micro_steps.check_finite(state_repl, self.last_good)
     self.meta["train_seconds"] = self.window.train_seconds
-    save_checkpoint(self.ckpts, step, self.parallel.host(state_repl), self.meta)
-    self.last_good = step_dir(self.ckpts, step)
-    prune_best(self.best_ckpts, self.meta["best_step"])
+    save_checkpoint(self.ckpts, step, self.parallel.host(state_repl), self.meta, self.new_best)
+    self.last_good, self.new_best = step_dir(self.ckpts, step), None
 
   def _hook(self, step: int) -> None:
     if self.step_hook is not None:
-      finish_saves(self.ckpts, self.best_ckpts)   # a hook sees the step's checkpoints on disk
+      finish_saves(self.ckpts)   # a hook sees the step's checkpoints on disk
       self.step_hook(step)

@@ -1,58 +1,63 @@
-"""Checkpoints of parameters alone, used outside the run that saved them.
+"""A run's parameters alone, read or written outside the run that trains them.
 
-:func:`verify_params_checkpoint` checks a run's newest ``best/`` checkpoint before its
-parameters are copied into another model (``init_from``), as
-:func:`simpletron_jax.train.checkpoints.restore_checkpoint` checks one it restores.
-:func:`save_params_checkpoint` writes parameters made outside a run (an imported BERT) as a
-run's ``best/`` holds them, in this release's :data:`simpletron_jax.train.checkpoints.FORMAT`.
+:func:`load_params` reads a run's best-validation (or newest) parameters, checked as
+:func:`simpletron_jax.train.checkpoints.restore_checkpoint` checks a checkpoint it restores; it
+serves ``init_from`` (:func:`simpletron_jax.train.train_state.apply_init_from`) and the
+experiment scripts. :func:`save_params_checkpoint` writes parameters made outside a run (an
+imported BERT) as a run's best checkpoint, so :func:`load_params` reads them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import orbax.checkpoint as ocp
 
+from simpletron_jax.model import lora
 from simpletron_jax.runtime import errors
 from simpletron_jax.train import run_guard
 from simpletron_jax.train.checkpoints import (
+    BEST_KEY,
     FORMAT,
     FORMAT_KEY,
     check_format,
+    checkpoint_manager,
     first_line,
+    pick_step,
     quiet_abandoned_reads,
     step_dir,
 )
 
 
-def verify_params_checkpoint(directory: str, what: str) -> int:
-  """Checks the newest checkpoint of ``directory`` before its parameters are used elsewhere
-  (``init_from``, :mod:`simpletron_jax.model.transfer`), as
-  :func:`checkpoints.restore_checkpoint` checks one it restores: its arrays load, match the
-  CRC-32 saved with them, and are finite.
+def load_params(workdir: str, which: str = "best", what: str | None = None) -> Any:
+  """The parameters of a run's ``which`` checkpoint (``"best"``: best validation, or
+  ``"latest"``), as numpy arrays, after checking that they load, match the CRC-32 saved with
+  them (``params_crc32``) and are finite.
 
-  Without a train state to restore into, the arrays are read as saved, and their
-  ``params_crc32`` (the CRC-32 of the parameters) is compared.
+  Without a train state to restore into, the arrays are read as saved. A LoRA-trained run's
+  ``{"base", "lora"}`` tree is merged with the run's own ``lora.rank`` / ``lora.alpha`` (its
+  ``config.json``) into plain parameters.
 
   Args:
-    directory: a checkpoint folder (``<workdir>/best``).
-    what: the setting that names it, for messages (``"init_from='runs/a'"``).
-
-  Returns:
-    The step checked.
+    workdir: a ``train.py`` run's folder, or :func:`save_params_checkpoint`'s ``out_dir``.
+    which: ``"best"`` or ``"latest"``.
+    what: names the setting in messages (default ``init_from='<workdir>'``).
 
   Raises:
-    FileNotFoundError: the folder holds no checkpoint.
+    FileNotFoundError: the folder holds no such checkpoint.
     errors.CheckpointError: the checkpoint is damaged (unreadable, another CRC-32, NaN or
       inf), naming its folder and what to do.
     errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
   """
+  what = what or f"init_from={workdir!r}"
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"{what}: {workdir} has no checkpoints/ folder")
   quiet_abandoned_reads()
-  with ocp.CheckpointManager(os.path.abspath(directory)) as manager:
-    step = manager.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"{what}: no checkpoint in {directory}")
+  with checkpoint_manager(directory, None) as manager:
+    step = pick_step(manager, which, what)
     where = step_dir(manager, step)
     try:
       meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -63,43 +68,48 @@ def verify_params_checkpoint(directory: str, what: str) -> int:
           f"{what}: damaged checkpoint {where}: {type(e).__name__}: {first_line(e)}. Use an "
           "intact run (eval.py --workdir on it checks one) or retrain it.") from e
   check_format(meta, f"{what}: {where}")
+  params = tree["params"]
   problem = None
-  if run_guard.state_crc32(tree["params"]) != meta["params_crc32"]:
+  if run_guard.state_crc32(params) != meta["params_crc32"]:
     problem = "its parameters do not match the CRC-32 saved with them"
-  if problem is None and not run_guard.tree_is_finite(tree["params"]):
+  if problem is None and not run_guard.tree_is_finite(params):
     problem = "its parameters hold NaN or inf"
   if problem:
     raise errors.CheckpointError(f"{what}: damaged checkpoint {where}: {problem}. Use an "
                                  "intact run or retrain it.")
-  return step
+  if lora.is_wrapped(params):
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      run_lora = json.load(f)["lora"]
+    params = lora.merge(params, lora.scale_of(run_lora["rank"], run_lora["alpha"]))
+  return params
 
 
-def save_params_checkpoint(directory: str, params: Any, meta: dict[str, Any]) -> None:
-  """Writes ``params`` alone as step 0 of a new checkpoint folder, as a run's ``best/`` holds
-  them: ``{"params": params}`` and a JSON ``meta`` with :data:`checkpoints.FORMAT_KEY` and
-  ``params_crc32`` added, so that :func:`verify_params_checkpoint` checks it and
-  :func:`simpletron_jax.model.transfer.load_run_params` reads it (``init_from``). For
+def save_params_checkpoint(out_dir: str, params: Any, meta: dict[str, Any]) -> None:
+  """Writes ``params`` alone as step 0 of ``out_dir/checkpoints``, kept as its best:
+  ``{"params": params}`` and a JSON ``meta`` with :data:`checkpoints.FORMAT_KEY` and
+  ``params_crc32`` added, so that :func:`load_params` reads and checks it (``init_from``). For
   parameters made outside a run, such as an imported BERT
   (:func:`simpletron_jax.tools.bert_import.save_as_run`).
 
   Args:
-    directory: the checkpoint folder (``<out_dir>/best``); created.
+    out_dir: the folder; ``out_dir/checkpoints`` is created.
     params: a nested dict of arrays.
     meta: what to record beside them (JSON-serialisable).
 
   Raises:
     errors.NonFiniteError: ``params`` hold NaN or inf; nothing is written.
-    errors.CheckpointError: naming ``directory``, when the save fails (e.g. a read-only
-      folder) or orbax skips it because the folder already holds a checkpoint.
+    errors.CheckpointError: naming the folder, when the save fails (e.g. a read-only folder)
+      or orbax skips it because the folder already holds a checkpoint.
   """
+  directory = os.path.join(out_dir, "checkpoints")
   if not run_guard.tree_is_finite(params):
     raise errors.NonFiniteError(f"{directory}: the parameters to save hold NaN or inf")
   meta = {**meta, FORMAT_KEY: FORMAT, "params_crc32": run_guard.state_crc32(params)}
   try:
-    with ocp.CheckpointManager(os.path.abspath(directory),
-                               options=ocp.CheckpointManagerOptions(create=True)) as manager:
+    with checkpoint_manager(directory, None) as manager:
       saved = manager.save(0, args=ocp.args.Composite(
-          state=ocp.args.StandardSave({"params": params}), meta=ocp.args.JsonSave(meta)))
+          state=ocp.args.StandardSave({"params": params}), meta=ocp.args.JsonSave(meta)),
+                           metrics={BEST_KEY: 0.0})
       manager.wait_until_finished()
   except Exception as e:  # any failure of the library or the file system
     raise errors.CheckpointError(

@@ -5,7 +5,7 @@
   state (:func:`state_crc32`, :func:`state_structure`) that checkpoints carry, so a damaged
   checkpoint is never restored.
 * The run lineage (:func:`lineage_id`): a random id shared by every checkpoint of one run,
-  so ``best/`` can be matched to ``checkpoints/``.
+  and its W&B run id, so every start of a run logs to one W&B run.
 
 The other guards have a module each: the errors a run stops with
 (:mod:`simpletron_jax.runtime.errors`), atomic writes (:mod:`simpletron_jax.runtime.atomic_io`),

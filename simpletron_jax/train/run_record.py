@@ -43,6 +43,9 @@ RESUME_ALLOWED_FIELDS = ("eval_frequency", "num_train_steps", "max_train_minutes
                          "checkpoint_every", "max_to_keep", "data.data_dir", "data.cache_dir",
                          "data.tfds_data_dir", "parallelism", "async_checkpoints",
                          "wandb.project", "wandb.entity", "wandb.mode")
+# Fields added after runs were fingerprinted, left out of computed_fields at these defaults
+# so that a run's config_fingerprint stays what it was.
+FINGERPRINT_DEFAULTS = {"best_metric": "accuracy", "best_mode": "max"}
 # Learning-rate factors whose rate depends on num_train_steps (their period).
 SCHEDULE_LENGTH_FACTORS = ("cosine_decay",)
 # The checkpoint meta key holding :func:`run_record`, and config.json's list of changes.
@@ -97,11 +100,12 @@ def _schedule_uses_length(flat: Mapping[str, Any]) -> bool:
 def computed_fields(config: Any) -> dict[str, Any]:
   """The fields of ``config`` that change what is computed: every leaf of
   :func:`flatten_config` but :data:`RESUME_ALLOWED_FIELDS` (``num_train_steps`` stays when
-  the schedule depends on it)."""
+  the schedule depends on it) and :data:`FINGERPRINT_DEFAULTS` at their defaults."""
   flat = flatten_config(config)
   keep_length = _schedule_uses_length(flat)
   return {k: v for k, v in flat.items()
-          if k not in RESUME_ALLOWED_FIELDS or (k == "num_train_steps" and keep_length)}
+          if (k not in RESUME_ALLOWED_FIELDS or (k == "num_train_steps" and keep_length))
+          and FINGERPRINT_DEFAULTS.get(k, ()) != v}
 
 
 def config_fingerprint(config: Any) -> str:

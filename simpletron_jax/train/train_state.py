@@ -107,22 +107,20 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
   Returns:
     ``state`` unchanged when ``config.init_from`` is empty, else with the new params.
 
-  Before any parameter is copied, the source checkpoint is checked as a resumed or evaluated
-  one is: its arrays load, match their CRC-32 and are finite
-  (:func:`params_checkpoints.verify_params_checkpoint`).
+  The source's parameters are checked as a resumed or evaluated checkpoint is: they load,
+  match their CRC-32 and are finite (:func:`params_checkpoints.load_params`).
 
   Raises:
-    FileNotFoundError, ValueError: see :func:`transfer.init_from_config`.
+    FileNotFoundError: the source run has no best checkpoint.
+    ValueError: see :func:`transfer.transfer_params`.
     errors.CheckpointError: the source checkpoint is damaged (named).
     errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
     errors.WriteError: ``transfer.json`` could not be written (named).
   """
-  best = os.path.join(str(config.get("init_from") or ""), "best")
-  if config.get("init_from") and os.path.isdir(best):   # else transfer names what is missing
-    params_checkpoints.verify_params_checkpoint(best, f"init_from={config.init_from!r}")
-  params, report = transfer.init_from_config(config, state.params)
-  if report is None:
+  if not config.get("init_from"):
     return state
+  source = params_checkpoints.load_params(config.init_from)
+  params, report = transfer.init_from_config(config, state.params, source)
   print(f"init_from {config.init_from}: {report.summary()}", file=sys.stderr)
   if jax.process_index() == 0:
     atomic_io.write_json_atomic(os.path.join(workdir, "transfer.json"),

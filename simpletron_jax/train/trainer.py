@@ -112,10 +112,10 @@ class _Start:
 
   Attributes:
     state: the unreplicated train state at optimizer step ``step`` (0: a new run).
-    meta: the checkpoint meta (``best_val_accuracy``, ``best_step``, ``train_seconds``,
+    meta: the checkpoint meta (``best_score``, ``best_step``, ``best_val_accuracy``, ``train_seconds``,
       ``run_id``, ``model_config``, the run record, and ``val_majority_rate`` once validated).
     step: the optimizer step resumed from.
-    ckpts, best_ckpts: the managers of ``workdir/checkpoints`` and ``workdir/best``.
+    ckpts: the manager of ``workdir/checkpoints`` (the newest steps and the best).
     config_path: ``workdir/config.json``.
     config_tree: what ``config.json`` gets: the config and its history with this start's
       changes (:func:`run_record.config_with_history`).
@@ -126,7 +126,6 @@ class _Start:
   meta: dict[str, Any]
   step: int
   ckpts: Any
-  best_ckpts: Any
   config_path: str
   config_tree: dict[str, Any]
   new_forced: bool
@@ -142,8 +141,8 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
             allow_resume_changes: bool) -> _Start:
   """Builds the model and its state, then restores the newest intact checkpoint of
   ``workdir/checkpoints`` (a damaged one is moved to ``workdir/damaged``), or for a new run
-  applies ``config.init_from`` (:func:`train_state.apply_init_from`), and matches ``best/`` to
-  the run's lineage (:func:`checkpoints.reconcile_best`).
+  applies ``config.init_from`` (:func:`train_state.apply_init_from`), and checks that the best
+  step is still kept (:func:`checkpoints.check_best`).
 
   A checkpoint is resumed only if it was computed with this config's settings, data and
   device and host counts (:func:`run_record.check_resume`, with ``allow_resume_changes``);
@@ -152,7 +151,7 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
   Raises:
     errors.ConfigMismatchError: see :func:`run_record.check_resume`; also, in one line, a
       checkpoint saved by an earlier release (:data:`checkpoints.FORMAT`).
-    errors.CheckpointError: no checkpoint is intact, or ``best/`` holds another run's.
+    errors.CheckpointError: no checkpoint is intact.
   """
   model = train_state.build_model(config, data)
   init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
@@ -160,10 +159,8 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
   async_save = config.get("async_checkpoints", False)
   ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
                                          async_save=async_save)
-  best_ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "best"), None,  # see prune_best
-                                              async_save=async_save)
   distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
-  meta = {"best_val_accuracy": -1.0, "best_step": -1, "train_seconds": 0.0}
+  meta = {"best_score": None, "best_step": -1, "best_val_accuracy": -1.0, "train_seconds": 0.0}
   start_step = 0
   config_path = os.path.join(workdir, "config.json")
   previous_config = run_record.read_config_json(config_path)   # before this start overwrites it
@@ -191,12 +188,12 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
   meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
               model_config=checkpoints.model_config_dict(config.model),
               **{run_record.RECORD_KEY: record})
-  meta = checkpoints.reconcile_best(best_ckpts, meta, start_step)
+  meta = checkpoints.check_best(ckpts, meta)
   history = (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, [])
   config_tree = run_record.config_with_history(config, history, changes, start_step)
   new_forced = (any(not c["allowed"] for c in changes)   # not yet in config.json's history
                 and len(config_tree.get(run_record.CONFIG_HISTORY_KEY, [])) > len(history))
-  return _Start(state, meta, start_step, ckpts, best_ckpts, config_path, config_tree,
+  return _Start(state, meta, start_step, ckpts, config_path, config_tree,
                 new_forced, dropout_root)
 
 
@@ -365,8 +362,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   Faults are never silent (docs/faults.md, "When things go wrong"): ``workdir/run.lock`` keeps a
   second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
-  the run resumes from the newest intact one; ``best/`` only ever holds checkpoints of this
-  run's lineage (``workdir/run_id``, see :func:`checkpoints.reconcile_best`); ``results.json`` and
+  the run resumes from the newest intact one (its best kept, :func:`checkpoints.check_best`); ``results.json`` and
   ``metrics.jsonl`` are strict JSON (non-finite values are ``null``).
 
   Raises:
@@ -374,8 +370,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       :func:`config_checks.check_settings`) or an empty split (:func:`config_checks.check_splits`).
     errors.WorkdirLockedError: another run holds the workdir.
     errors.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
-    errors.CheckpointError: a save failed, no checkpoint is intact, or ``best/`` holds
-      another run's checkpoint.
+    errors.CheckpointError: a save failed, or no checkpoint is intact.
     errors.ConfigMismatchError: the checkpoint resumed was computed with other settings:
       ``model.*``, or without ``allow_resume_changes`` any field outside
       :data:`run_record.RESUME_ALLOWED_FIELDS`, the task data's vocabulary size, class count
@@ -434,7 +429,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         config, micro_steps, window, logger, bar,
         final_test.evaluator(eval_fn, data.val, config, config.get("num_eval_steps", -1),
                              parallel),
-        start.ckpts, start.best_ckpts, start.meta, start.last_good(), step_hook)
+        start.ckpts, start.meta, start.last_good(), step_hook)
     budget = loop.TimeBudget(config.get("max_train_minutes", 0), wall_start)
     step, preempted, out_of_time = config.num_train_steps, False, False   # if none is trained
     for step in range(start.step + 1, config.num_train_steps + 1):
@@ -450,7 +445,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         break
     guard.restore()   # from here on, a signal ends the process: the last step is saved
     bar.close()
-    checkpoints.finish_saves(start.ckpts, start.best_ckpts)   # on disk, or CheckpointError
+    checkpoints.finish_saves(start.ckpts)   # on disk, or CheckpointError
     if preempted or guard.requested_locally():   # no test: the scheduler's grace period is short
       bar.write(f"{guard.cause}: saved step {step} to {actions.last_good}")
       logger.close()
