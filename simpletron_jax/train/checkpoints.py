@@ -1,19 +1,12 @@
 """Checkpoints a killed run resumes from, verified before use; orbax keeps the newest and the best.
 
-One orbax manager keeps ``workdir/checkpoints``: the newest ``max_to_keep`` steps, and the
-step of the best validation (a :class:`orbax.checkpoint.checkpoint_managers.BestN` of one by the
-``best_score`` metric that a save at a new best carries; :func:`checkpoint_manager`).
-:func:`save_checkpoint` refuses a non-finite state and stores a CRC-32 and the layout of the
-arrays with each step; :func:`restore_checkpoint` restores the newest intact step (or the
-best, :func:`pick_step`), setting damaged ones aside (:func:`run_guard.state_crc32`), and
-refuses a checkpoint of another model config or train-state layout, or of another checkpoint
-format (:data:`FORMAT`: a checkpoint saved before this release is refused in one line).
-
-With ``config.async_checkpoints`` the manager saves in orbax's background thread:
-:func:`save_checkpoint` returns once the state is copied to the host, and
-:func:`finish_saves` waits for the write and reports a failed one as
-:class:`errors.CheckpointError` naming its step folder (docs/faults.md, "Asynchronous
-checkpoint saves").
+One orbax manager per run folder (:func:`checkpoint_manager`) keeps the newest ``max_to_keep``
+steps and the best validation's. :func:`save_checkpoint` refuses a non-finite state and
+stores a CRC-32 and the arrays' layout with each step; :func:`restore_checkpoint` restores the
+newest intact step (or the one :func:`pick_step` names), setting damaged ones aside, and
+refuses another model config, train-state layout or checkpoint :data:`FORMAT` in one line.
+With ``config.async_checkpoints`` orbax writes in a background thread and :func:`finish_saves`
+reports a failed write naming its step (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -25,7 +18,6 @@ import shutil
 import sys
 import time
 import traceback
-import weakref
 from typing import Any, Callable
 
 import jax
@@ -37,28 +29,15 @@ from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.train import run_guard, run_record
 from simpletron_jax.train.steps import TrainState
 
-# The layout of a checkpoint's meta, stored in it under FORMAT_KEY by save_checkpoint. 3: this
-# release's (one folder keeping the newest and the best step, a run record, a run id,
-# val_majority_rate, CRCs and layout, every model option); older ones are not read.
+# The checkpoint layout, in each meta under FORMAT_KEY. 3: the newest and the best in one folder.
 FORMAT_KEY = "checkpoint_format"
 FORMAT = 3
-# The orbax metric a save at a new best validation carries (:func:`best_score`); BestN keeps
-# the step with the highest.
-BEST_KEY = "best_score"
+BEST_KEY = "best_score"   # the orbax metric of a save at a new best (:func:`best_score`)
 
 
 def _ckpt_tree(state: TrainState, private_copy: bool = False) -> dict[str, Any]:
-  """Step, params and optimizer state as host numpy arrays.
-
-  Numpy, not jax arrays: on several hosts, orbax refuses the host-local arrays that
-  ``pmap`` returns ("Cannot serialize host local jax.Array"), while numpy arrays are
-  written once, by process 0, and read by every host (orbax ``NumpyHandler``).
-
-  ``private_copy``: every array is a fresh copy that nothing else refers to.
-  ``jax.device_get`` hands back a numpy leaf as it is and may share a CPU array's buffer;
-  an asynchronous save writes after :func:`save_checkpoint` returns, so it must not read
-  memory the caller can still change.
-  """
+  """Step, params and optimizer state as host numpy arrays (orbax refuses ``pmap``'s
+  host-local arrays on several hosts); ``private_copy``: fresh copies, for a background save."""
   tree = jax.device_get({"step": state.step, "params": state.params,
                          "opt_state": state.opt_state})
   if private_copy:
@@ -66,39 +45,20 @@ def _ckpt_tree(state: TrainState, private_copy: bool = False) -> dict[str, Any]:
   return tree
 
 
-class _Saves:
-  """What :func:`save_checkpoint` and :func:`finish_saves` know of one manager."""
+class Manager(ocp.CheckpointManager):
+  """orbax's manager, knowing whether it saves in the background (``async_save``) and which
+  step's background save is not yet confirmed (``pending``), so a failure names its step."""
 
-  def __init__(self, async_save: bool):
-    self.async_save = async_save
-    self.pending: int | None = None   # the step whose background save is not yet confirmed
-
-
-# Managers made by checkpoint_manager -> their _Saves (weak: a dropped manager is forgotten).
-_SAVES: "weakref.WeakKeyDictionary[ocp.CheckpointManager, _Saves]" = weakref.WeakKeyDictionary()
-
-
-def _saves(manager: ocp.CheckpointManager) -> _Saves:
-  """The :class:`_Saves` of ``manager``; a manager not made by :func:`checkpoint_manager`
-  counts as synchronous."""
-  if manager not in _SAVES:
-    _SAVES[manager] = _Saves(async_save=False)
-  return _SAVES[manager]
+  async_save: bool = False
+  pending: int | None = None
 
 
 def check_async_supported(async_save: bool, process_count: int) -> None:
-  """Refuses asynchronous saves on several processes.
-
-  Args:
-    async_save: ``config.async_checkpoints``.
-    process_count: ``jax.process_count()``.
+  """Refuses ``async_save`` (``config.async_checkpoints``) with ``process_count > 1``: a failed
+  background write on process 0 would leave the others waiting at orbax's commit barrier.
 
   Raises:
-    ValueError: naming ``config.async_checkpoints`` when ``async_save`` and
-      ``process_count > 1``. Process 0 alone writes the (numpy) checkpoint; a background
-      write that fails there would leave the other processes waiting at orbax's commit
-      barrier (up to its 20-minute time-out) instead of stopping with the error, and the
-      combination is not tested (docs/faults.md).
+    ValueError: naming ``config.async_checkpoints``.
   """
   if async_save and process_count > 1:
     raise ValueError(
@@ -112,36 +72,24 @@ def _best_fn(metrics: dict[str, float]) -> float:
 
 
 def checkpoint_manager(directory: str, max_to_keep: int | None,
-                       async_save: bool = False) -> ocp.CheckpointManager:
-  """An orbax manager keeping the newest ``max_to_keep`` steps and the best one in ``directory``.
-
-  The best step is the one with the highest :data:`BEST_KEY` among the saves that carry it
-  (:func:`save_checkpoint` ``best``): orbax's ``BestN(n=1)`` beside ``LatestN``, and
-  ``manager.best_step()``. Only a save at a new best carries it, so the newest such save is
-  the best (:func:`pick_step`).
-
-  Args:
-    directory: the folder (created if missing; made absolute).
-    max_to_keep: how many of the newest steps to keep besides the best; None keeps all.
-    async_save: ``config.async_checkpoints``. False: each save is written before
-      :func:`save_checkpoint` returns, and a failed save raises there. True: orbax writes in
-      a background thread; a failed write is raised by the next :func:`save_checkpoint` or
-      by :func:`finish_saves`.
+                       async_save: bool = False) -> Manager:
+  """An orbax manager of ``directory`` (created) keeping the newest ``max_to_keep`` steps (None:
+  all) and, by ``BestN(n=1)``, the best: of the saves at a new best, which alone carry the
+  :data:`BEST_KEY` metric, the newest. ``async_save``: orbax writes in a background thread.
 
   Raises:
-    ValueError: ``async_save`` with ``jax.process_count() > 1``
-      (:func:`check_async_supported`).
+    ValueError: ``async_save`` on several processes (:func:`check_async_supported`).
   """
   check_async_supported(bool(async_save), jax.process_count())
   keep = ocp.checkpoint_managers.AnyPreservationPolicy([
       ocp.checkpoint_managers.LatestN(n=max_to_keep),
       ocp.checkpoint_managers.BestN(get_metric_fn=_best_fn, n=1)])
-  manager = ocp.CheckpointManager(
+  manager = Manager(
       os.path.abspath(directory),
       options=ocp.CheckpointManagerOptions(
           create=True, best_fn=_best_fn, best_mode="max", preservation_policy=keep,
           enable_async_checkpointing=bool(async_save)))
-  _SAVES[manager] = _Saves(async_save=bool(async_save))
+  manager.async_save = bool(async_save)
   return manager
 
 
@@ -152,10 +100,10 @@ def best_score(val: dict[str, float], metric: str, mode: str) -> float:
 
 
 def pick_step(manager: ocp.CheckpointManager, which: str, what: str) -> int:
-  """The step ``which`` names: ``"best"`` (the best validation's) or ``"latest"``.
+  """The step ``which`` names, ``"best"`` or ``"latest"``.
 
   Raises:
-    FileNotFoundError: naming ``what`` (the folder or setting), when no step is of that kind.
+    FileNotFoundError: naming ``what`` (the folder or setting), when there is none.
   """
   step = manager.best_step() if which == "best" else manager.latest_step()
   if step is None or (which == "best" and BEST_KEY not in (manager.metrics(step) or {})):
@@ -165,26 +113,15 @@ def pick_step(manager: ocp.CheckpointManager, which: str, what: str) -> int:
 
 
 def finish_saves(*managers: ocp.CheckpointManager) -> None:
-  """Waits until every save started in ``managers`` is written, renamed into place and
-  its old steps removed; reports a failed background save.
-
-  A no-op for synchronous managers. The training loop calls it after the loop (so the
-  newest step is on disk before the run returns or raises ``PreemptedError``) and before
-  ``step_hook``; :func:`save_checkpoint` and :func:`restore_checkpoint` call it first.
-
-  Args:
-    managers: managers made by :func:`checkpoint_manager`.
+  """Waits until every save started in ``managers`` is written and in place (a no-op for
+  synchronous ones).
 
   Raises:
-    errors.CheckpointError: naming the step folder whose background save failed (orbax's
-      exception is chained), or whose folder is missing after orbax reported success.
-      The step is gone from ``manager.all_steps()``; its files stay in orbax's temporary
-      folder (``<step>.orbax-checkpoint-tmp``), which no restore reads, and the steps saved
-      before it are kept.
+    errors.CheckpointError: naming the step folder whose background save failed or is missing
+      after orbax reported success; the steps saved before it are kept.
   """
   for manager in managers:
-    saves = _saves(manager)
-    step, saves.pending = saves.pending, None
+    step, manager.pending = getattr(manager, "pending", None), None
     where = step_dir(manager, step) if step is not None else str(manager.directory)
     try:
       manager.wait_until_finished()
@@ -210,14 +147,10 @@ def _is_closed_loop_callback(value: BaseException | None, tb) -> bool:
 def quiet_abandoned_reads() -> None:
   """Drops the tracebacks of reads that a failed restore abandoned (installed once).
 
-  When one array of a damaged checkpoint fails to load, orbax stops the restore and closes
-  its asyncio event loop while tensorstore still reads the other arrays; each read that
-  finishes then fails to post its result (``RuntimeError: Event loop is closed``), and
-  tensorstore reports that error as unraisable, which Python prints as a traceback (one per
-  such read, their number depending on timing; docs/faults.md). Nothing waits for those
-  reads: the damage is already reported, once, by :func:`restore_checkpoint`. This wraps
-  ``sys.unraisablehook`` so that exactly those errors are not printed; every other one
-  reaches the previous hook.
+  When an array of a damaged checkpoint fails to load, orbax closes its event loop while
+  tensorstore still reads the others, and each finished read prints an unraisable
+  ``RuntimeError: Event loop is closed`` (docs/faults.md). :func:`restore_checkpoint` reports
+  the damage once; this ``sys.unraisablehook`` wrapper hides exactly those errors.
   """
   previous = sys.unraisablehook
   if getattr(previous, "drops_abandoned_reads", False):
@@ -232,8 +165,7 @@ def quiet_abandoned_reads() -> None:
 
 
 def check_format(meta: dict[str, Any], where: str) -> None:
-  """Refuses a checkpoint whose ``meta`` (its JSON meta dict) is not of this release's
-  :data:`FORMAT`; ``where`` names it in the message.
+  """Refuses a checkpoint whose JSON ``meta`` is not of :data:`FORMAT`.
 
   Raises:
     errors.ConfigMismatchError: one line naming ``where``, both formats and what to do.
@@ -263,29 +195,20 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
   """Saves the unreplicated ``state`` and a JSON ``meta`` dict at optimizer ``step``; ``best``:
   the step is a new best validation of that :func:`best_score` (the manager keeps it).
 
-  ``meta`` is stored with :data:`FORMAT_KEY`, ``state_crc32`` (:func:`run_guard.state_crc32`
-  of the params and optimizer state), ``params_crc32`` (of the params alone, for
-  :func:`params_checkpoints.load_params`) and ``state_structure``
-  (:func:`run_guard.state_structure`) added, which :func:`restore_checkpoint` verifies.
-
-  With an asynchronous manager (:func:`checkpoint_manager` ``async_save=True``) it first
-  waits for the previous save (:func:`finish_saves`), then returns once orbax holds a
-  private host copy of ``state``: the stored CRC-32 and layout are those of ``state`` as it
-  was at the call, whatever the caller does with it afterwards. The step folder appears
-  (renamed from orbax's temporary folder) only when the write has finished; until then a
-  new manager on the folder, such as a resumed run's, does not list the step.
+  ``meta`` gets :data:`FORMAT_KEY`, ``state_crc32`` (params and optimizer state),
+  ``params_crc32`` and ``state_structure`` (:mod:`run_guard`), which the restores verify. An
+  asynchronous manager first waits for its previous save, then returns once orbax holds a
+  private host copy of ``state``; the step folder appears only when the write has finished.
 
   Raises:
     errors.NonFiniteError: ``state`` holds NaN or inf; nothing is saved.
-    errors.CheckpointError: naming the path and the reason, when the save fails (e.g. a
-      read-only folder) or when orbax skips it because the folder already holds a step at
-      or after ``step``; with an asynchronous manager, also when the previous step's
-      background save failed (naming that step's folder).
+    errors.CheckpointError: naming the folder and the reason: the save failed, orbax skipped
+      it (the folder holds a later step), or the previous background save failed.
   """
-  saves = _saves(manager)
-  if saves.async_save:
+  async_save = getattr(manager, "async_save", False)
+  if async_save:
     finish_saves(manager)   # orbax would wait anyway; this names a failed previous step
-  tree = _ckpt_tree(state, private_copy=saves.async_save)
+  tree = _ckpt_tree(state, private_copy=async_save)
   where = step_dir(manager, step)
   if not run_guard.tree_is_finite(tree):
     raise errors.NonFiniteError(f"refusing to save a state with NaN or inf to {where}")
@@ -298,13 +221,13 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
     saved = manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                                        meta=ocp.args.JsonSave(meta)),
                          metrics={} if best is None else {BEST_KEY: best})
-    if not saves.async_save:
+    if not async_save:
       manager.wait_until_finished()
   except Exception as e:  # any failure of the library or the file system stops the run
     raise errors.CheckpointError(
         f"saving step {step} to {where} failed: {type(e).__name__}: {first_line(e)}") from e
-  if saved and saves.async_save:
-    saves.pending = step
+  if saved and async_save:
+    manager.pending = step
   if not saved:
     raise errors.CheckpointError(
         f"orbax skipped saving step {step} to {manager.directory}: the folder holds step "
@@ -356,11 +279,8 @@ def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: i
 
 
 def _quarantine(manager: ocp.CheckpointManager, step: int, quarantine_dir: str) -> str:
-  """Moves a damaged step folder out of the manager's directory; returns its new path.
-
-  Every host reads the same files and so finds the same damage; only process 0 moves the
-  folder (a shared workdir), and the others wait for it before they reload.
-  """
+  """Moves a damaged step folder out of the manager's directory (process 0; the other hosts,
+  which found the same damage, wait for it); returns its new path."""
   target = os.path.join(quarantine_dir, f"{os.path.basename(str(manager.directory))}_{step}")
   if jax.process_index() == 0:
     os.makedirs(quarantine_dir, exist_ok=True)
@@ -378,24 +298,20 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
                        ) -> tuple[TrainState, dict[str, Any], int]:
   """Restores ``step`` (default: the newest intact one) into the structure of ``state``.
 
-  A checkpoint is intact when its meta loads, its arrays load into ``state``'s structure,
-  they match the CRC-32 saved with them and they are finite.
-  With ``step=None`` a checkpoint that is not intact is skipped with a
-  :class:`errors.RunWarning` naming it, moved to ``quarantine_dir`` when given (so the
-  run can save that step again), and the next older one is tried.
+  A checkpoint is intact when its meta loads and its arrays load into ``state``'s structure,
+  match the CRC-32 saved with them and are finite. With ``step=None`` one that is not is
+  skipped with a :class:`errors.RunWarning`, moved to ``quarantine_dir`` when given, and the
+  next older one is tried.
 
   Args:
-    manager: the checkpoint folder.
+    manager: the checkpoint folder's manager.
     state: a TrainState giving the structure, shapes and dtypes.
     step: restore exactly this optimizer step (no fallback).
-    model_config: ``config.model``; when given, a checkpoint saved with another model config
-      is an error rather than a damaged checkpoint.
+    model_config: ``config.model``; a checkpoint of another is an error, not damage.
     quarantine_dir: where damaged checkpoints go; None: they stay.
-    resume_check: called as ``resume_check(checkpoint folder, its meta, model_diff)`` before
-      the arrays are read, in place of the ``model_config`` check (``model_diff`` lists the
-      ``model.*`` differences as :func:`run_record.flat_diff` lines); it raises
-      :class:`errors.ConfigMismatchError` to refuse the checkpoint
-      (:func:`simpletron_jax.train.trainer.train_and_evaluate` compares the whole run record there).
+    resume_check: ``resume_check(folder, meta, model_diff)``, called before the arrays are
+      read in place of the ``model_config`` check; raises :class:`errors.ConfigMismatchError`
+      to refuse the checkpoint (the trainer compares the whole run record there).
 
   Returns:
     ``(state, meta, step)``.
@@ -404,9 +320,8 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
     FileNotFoundError: the folder holds no checkpoint, or not ``step``.
     errors.ConfigMismatchError: listing every ``model.*`` field that differs; or, in one
       line, a checkpoint of another :data:`FORMAT` (an earlier release's).
-    errors.CheckpointError: ``step`` is damaged, or no checkpoint is intact (each one
-      named with its problem), or a background save of ``manager`` failed
-      (:func:`finish_saves`).
+    errors.CheckpointError: ``step`` is damaged, no checkpoint is intact (each named), or a
+      background save failed (:func:`finish_saves`).
   """
   finish_saves(manager)   # an asynchronous save of this manager is read only once written
   quiet_abandoned_reads()   # a damaged step is reported once, below

@@ -1,11 +1,5 @@
-"""A run's parameters alone, read or written outside the run that trains them.
-
-:func:`load_params` reads a run's best-validation (or newest) parameters, checked as
-:func:`simpletron_jax.train.checkpoints.restore_checkpoint` checks a checkpoint it restores; it
-serves ``init_from`` (:func:`simpletron_jax.train.train_state.apply_init_from`) and the
-experiment scripts. :func:`save_params_checkpoint` writes parameters made outside a run (an
-imported BERT) as a run's best checkpoint, so :func:`load_params` reads them.
-"""
+"""A run's parameters alone, read (``init_from``, the experiment scripts) or written (an
+imported BERT) outside the run that trains them, checked as a restored checkpoint is."""
 
 from __future__ import annotations
 
@@ -32,13 +26,9 @@ from simpletron_jax.train.checkpoints import (
 
 
 def load_params(workdir: str, which: str = "best", what: str | None = None) -> Any:
-  """The parameters of a run's ``which`` checkpoint (``"best"``: best validation, or
-  ``"latest"``), as numpy arrays, after checking that they load, match the CRC-32 saved with
-  them (``params_crc32``) and are finite.
-
-  Without a train state to restore into, the arrays are read as saved. A LoRA-trained run's
-  ``{"base", "lora"}`` tree is merged with the run's own ``lora.rank`` / ``lora.alpha`` (its
-  ``config.json``) into plain parameters.
+  """The parameters of a run's ``which`` checkpoint (``"best"`` or ``"latest"``) as saved (numpy),
+  checked to load, match their ``params_crc32`` and be finite; a LoRA run's ``{"base", "lora"}``
+  tree merged with its ``config.json``'s ``lora.rank`` and ``lora.alpha``.
 
   Args:
     workdir: a ``train.py`` run's folder, or :func:`save_params_checkpoint`'s ``out_dir``.
@@ -85,11 +75,8 @@ def load_params(workdir: str, which: str = "best", what: str | None = None) -> A
 
 
 def save_params_checkpoint(out_dir: str, params: Any, meta: dict[str, Any]) -> None:
-  """Writes ``params`` alone as step 0 of ``out_dir/checkpoints``, kept as its best:
-  ``{"params": params}`` and a JSON ``meta`` with :data:`checkpoints.FORMAT_KEY` and
-  ``params_crc32`` added, so that :func:`load_params` reads and checks it (``init_from``). For
-  parameters made outside a run, such as an imported BERT
-  (:func:`simpletron_jax.tools.bert_import.save_as_run`).
+  """Writes ``{"params": params}`` and a JSON ``meta`` (with the format and ``params_crc32``)
+  as step 0 of ``out_dir/checkpoints``, kept as its best, for :func:`load_params`.
 
   Args:
     out_dir: the folder; ``out_dir/checkpoints`` is created.
