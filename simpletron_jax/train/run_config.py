@@ -1,20 +1,11 @@
-"""The typed run config of the training core: one frozen dataclass per section, and
-:class:`RunConfig` holding them.
+"""The typed run config of the training core: a frozen dataclass per section, in :class:`RunConfig`.
 
-:meth:`RunConfig.from_config_dict` builds it once, at the entry points
-(:func:`simpletron_jax.train.trainer.train_and_evaluate`, :func:`final_test.restore_run`), from
-the ``ml_collections.ConfigDict`` of ``configs/`` (with its ``--config.x=y`` overrides): it reads
-each field once, takes the defaults below for the fields a config lacks, and checks every
-field, each refusal one line naming it. The core modules (``loop``, ``train_state``,
-``final_test``, ``precompile``, ``trainer``) receive their sections.
-
-The ConfigDict stays where its exact contents matter or where it is not converted yet: the
-data layer (:func:`simpletron_jax.data.tasks.load_task`, :mod:`simpletron_jax.data.batches`,
-which :mod:`evaluation` and :mod:`precompile` feed it), :mod:`run_record` (``config.json``, the
-fingerprint and the resume checks), the hyperparameters and ``wandb`` settings of
-:class:`metric_logging.MetricLogger`, and the model builder
-(:func:`train_state.build_model`, self-pretraining's ``pretrain`` section). ``RunConfig.data``
-is the ``data`` section as it is.
+:meth:`RunConfig.from_config_dict` builds it once at the entry points (``trainer``,
+``final_test.restore_run``) from the ConfigDict of ``configs/``: each field read once, the
+defaults below for the fields a config lacks, every field checked (one line naming it). The
+ConfigDict stays with the data layer (``tasks.load_task``, ``data.batches``, fed through
+``evaluation`` and ``precompile``), ``run_record`` (``config.json``, fingerprint, resume checks),
+``MetricLogger`` (hyperparameters, ``wandb``) and ``train_state.build_model`` (``pretrain``).
 """
 
 from __future__ import annotations
@@ -38,17 +29,13 @@ BEST_MODES = ("max", "min")
 
 
 def _section(cls):
-  """A field holding the sub-section ``cls`` (read from the ConfigDict section of its name)."""
+  """A field holding the sub-section ``cls``."""
   return dataclasses.field(default_factory=cls, metadata={"section": cls})
 
 
 def _read(cls, holder: Any, prefix: str = "") -> Any:
-  """``cls`` (a section dataclass) with each field read once from the ConfigDict ``holder``,
-  or its default where ``holder`` lacks it.
-
-  Raises:
-    ValueError: a field without a default is missing (named ``<prefix><field>``).
-  """
+  """``cls`` with each field read once from ``holder``, or its default where ``holder`` lacks
+  it; raises ValueError naming a missing field that has no default."""
   values = {}
   for f in dataclasses.fields(cls):
     section = f.metadata.get("section")
@@ -62,19 +49,15 @@ def _read(cls, holder: Any, prefix: str = "") -> Any:
 
 
 def _from_config_dict(cls, config: ml_collections.ConfigDict) -> Any:
-  """The section ``cls`` of the run config ``config`` (:func:`_read`), checked (its
-  ``validate``); raises ValueError naming the field."""
+  """The section ``cls`` of ``config``, checked; raises ValueError naming the field."""
   section = _read(cls, config)
   section.validate()
   return section
 
 
 def _patterns(field: str, patterns: Any) -> tuple[str, ...]:
-  """``patterns`` (regexes of parameter paths; a single string is one) as a tuple.
-
-  Raises:
-    ValueError: one line naming ``field[i]``: not a string, or not a regular expression.
-  """
+  """``patterns`` (regexes of parameter paths) as a tuple; raises ValueError naming
+  ``field[i]``, not a string or not a regular expression."""
   patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns or ())
   for i, pattern in enumerate(patterns):
     if not isinstance(pattern, str):
@@ -110,11 +93,9 @@ class LoraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """The optimizer, its schedule, the batches and the weight surgery of a run.
-
-  The recipe is LRA's (``utils/train_utils.py``; configs/lra.py ``_common`` sets every field).
-  A *step* is one optimizer update on ``batch_size`` examples, made of ``grad_accum_steps``
-  micro-steps (``optax.MultiSteps``).
+  """The optimizer, its schedule, the batches and the weight surgery (LRA's recipe,
+  ``utils/train_utils.py``; configs/lra.py ``_common`` sets every field). A *step* is one
+  optimizer update on ``batch_size`` examples, ``grad_accum_steps`` micro-steps.
 
   Attributes:
     batch_size: examples per optimizer step, over all devices and hosts.
@@ -124,7 +105,7 @@ class TrainConfig:
       (:func:`schedules.create_learning_rate_schedule`).
     warmup: warmup in optimizer steps, an int >= 0.
     weight_decay: AdamW's decoupled decay (``p -= lr * wd * p``), >= 0.
-    adam_b1, adam_b2: Adam's moment decays in [0, 1); adam_eps: its epsilon, > 0.
+    adam_b1, adam_b2, adam_eps: Adam's decays in [0, 1) and epsilon (> 0).
     seed: the run's seed (parameters, dropout, data order), an int >= 0.
     grad_accum_steps: micro-steps per optimizer step, a positive int.
     grad_clip_norm: global-norm gradient clipping; 0: none.
@@ -157,17 +138,9 @@ class TrainConfig:
   from_config_dict = classmethod(_from_config_dict)
 
   def validate(self) -> None:
-    """Checks every field.
-
-    Raises:
-      ValueError: one line naming the field and its value: ``parallelism`` not pmap or jit;
-        ``seed`` or ``warmup`` not an int >= 0; ``batch_size``, ``num_train_steps`` or
-        ``grad_accum_steps`` not a positive int; ``learning_rate`` not a positive finite
-        number; ``weight_decay``, ``grad_clip_norm`` or ``max_train_minutes`` negative;
-        ``adam_b1``/``adam_b2`` outside [0, 1); ``adam_eps`` not positive; a regex of
-        ``freeze``, ``init_include`` or ``lora.targets`` that does not compile; a bad
-        ``lora.*``; an unknown name in ``factors`` or ``warmup`` 0 for a warmup factor.
-    """
+    """Raises ValueError, one line naming the field, for a value outside the ranges above,
+    a regex that does not compile, or an unknown name in ``factors`` (or ``warmup`` 0 for
+    a warmup factor, :func:`schedules.create_learning_rate_schedule`)."""
     if self.parallelism not in PARALLELISMS:
       raise ValueError(f"parallelism={self.parallelism!r} is not 'pmap' (LRA's) or 'jit' "
                        "(jax.jit over a device mesh; docs/scaling.md)")
@@ -221,9 +194,7 @@ class EvalConfig:
   from_config_dict = classmethod(_from_config_dict)
 
   def validate(self) -> None:
-    """Raises ValueError naming the field: ``eval_frequency`` not a positive int,
-    ``eval_batch_size`` < 0, ``num_eval_steps``/``num_test_steps`` < -1 or 0, a
-    ``best_metric`` that is not a validation metric, or ``best_mode`` not max or min."""
+    """Raises ValueError, one line naming the field, for a value outside the ranges above."""
     check("eval_frequency", self.eval_frequency, low=1, integer=True)
     check("eval_batch_size", self.eval_batch_size, low=0, integer=True,
           hint=" (0: the micro-batch size)")
@@ -254,8 +225,7 @@ class CheckpointConfig:
   from_config_dict = classmethod(_from_config_dict)
 
   def validate(self) -> None:
-    """Raises ValueError naming ``checkpoint_every`` (not a positive int) or ``max_to_keep``
-    (not an int >= 1: a killed run could not resume)."""
+    """Raises ValueError, one line naming the field, for a value outside the ranges above."""
     check("checkpoint_every", self.checkpoint_every, low=1, integer=True)
     check("max_to_keep", self.max_to_keep, integer=True)
     if int(self.max_to_keep) < 1:
@@ -265,12 +235,8 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig:
-  """Train records (``metrics.jsonl``, TensorBoard; the ``wandb`` section stays with
-  :class:`metric_logging.MetricLogger`).
-
-  Attributes:
-    log_every: optimizer steps between train records, a positive int.
-  """
+  """Train records; ``log_every``: optimizer steps between them, a positive int (the
+  ``wandb`` section stays with :class:`metric_logging.MetricLogger`)."""
   log_every: int = 10
 
   from_config_dict = classmethod(_from_config_dict)
@@ -311,17 +277,14 @@ class RunConfig:
       n_hosts: processes (``jax.process_count()``), for the message and the asynchronous
         checkpoints.
 
-    Warns (:class:`RunWarning`, training only): ``warmup`` longer than ``num_train_steps``
-      with a warmup schedule; ``checkpoint_every`` above ``num_train_steps``; model options
-      a switch of attention left (:func:`config_checks.check_model_and_data`).
+    Warns (:class:`RunWarning`): ``warmup`` or ``checkpoint_every`` longer than the run
+      (training only); stale ``model.attention_kwargs``.
 
     Raises:
-      ValueError: one line naming the field and its value: an unknown ``task`` (with the
-        known ones), a missing field that has no default, any check of the sections'
-        ``validate``, of :func:`config_checks.check_model_and_data` (``model.*``,
-        ``data.*``), ``batch_size`` not divisible by ``grad_accum_steps`` times
-        ``n_devices``, or ``async_checkpoints`` on several hosts
-        (:func:`checkpoints.check_async_supported`).
+      ValueError: one line naming the field: an unknown ``task``, a missing field without
+        default, a check of a section's ``validate`` or of
+        :func:`config_checks.check_model_and_data`, ``batch_size`` not divisible by
+        ``grad_accum_steps * n_devices``, or ``async_checkpoints`` on several hosts.
     """
     tasks.get(config.task)   # an unknown task: the field and the known tasks
     sections = {name: kind.from_config_dict(config) for name, kind in
