@@ -48,7 +48,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from simpletron_jax.runtime import cli  # noqa: E402
-from simpletron_jax.train import checkpoints, run_guard, train_state  # noqa: E402
+from simpletron_jax.train import checkpoints, run_config, run_guard, train_state  # noqa: E402
 from step_time import load_config  # noqa: E402  (benchmarks/step_time.py)
 
 # The vocabulary size and class count of each task, as tasks.load_task reports them.
@@ -153,7 +153,9 @@ def main():
   vocab_size, num_classes = task_sizes(config.task)
   model = train_state.build_model(config, types.SimpleNamespace(
       vocab_size=vocab_size, num_classes=num_classes, train=None))
-  state = trained_moments(train_state.create_train_state(config, model, jax.random.PRNGKey(0)))
+  state = trained_moments(train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+      config.model.max_length))
   params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
   state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((state.params, state.opt_state)))
   meta = {"run_id": "benchmark", "best_val_accuracy": 0.5, "best_step": 1,

@@ -66,7 +66,7 @@ import step_time  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
 from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
-from simpletron_jax.train import steps, train_state  # noqa: E402
+from simpletron_jax.train import run_config, steps, train_state  # noqa: E402
 
 # H100 SXM5 80GB: 132 SMs at 1.98 GHz, 3.35 TB/s HBM3, 50 MiB L2, 228 KiB of shared memory
 # per SM (227 KiB to one block), compute capability 9.0 (NVIDIA's H100 datasheet and CUDA
@@ -382,7 +382,8 @@ def compile_step(label: str, length: int, batch: int, dtype: str, overrides: dic
   """
   config, vocab, classes = cell_config(label, length, batch, dtype, overrides)
   model = encoders.build_classifier(config.model, vocab_size=vocab, num_classes=classes)
-  state_shapes = jax.eval_shape(lambda r: train_state.create_train_state(config, model, r),
+  state_shapes = jax.eval_shape(lambda r: train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, r, config.model.max_length),
                                 jax.random.PRNGKey(0))
 
   def step(state, data, rng):

@@ -54,7 +54,7 @@ import speed_memory as sm  # noqa: E402
 import torch_step  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
-from simpletron_jax.train import train_state  # noqa: E402
+from simpletron_jax.train import run_config, train_state  # noqa: E402
 from simpletron_jax.train.steps import pmap_steps, replicate, unreplicate  # noqa: E402
 
 
@@ -71,8 +71,9 @@ def _jax_cell(label: str, length: int, batch: int, dtype: str, overrides: dict[s
                               {**setup.model_overrides, **overrides})
   model = encoders.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
                                     num_classes=sm.NUM_CLASSES)
-  state = replicate(train_state.create_train_state(config, model,
-                                               jax.random.PRNGKey(0)))
+  state = replicate(train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+      config.model.max_length))
   p_train, _ = pmap_steps(model.apply)
   data = sm._device_batch(batch, length, jax.local_device_count())  # pylint: disable=protected-access
   compiled = p_train.lower(state, data, jax.random.PRNGKey(0)).compile()

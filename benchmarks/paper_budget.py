@@ -87,7 +87,7 @@ from simpletron_jax.data.common import bucketed_length  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.tools import tpu_aot  # noqa: E402
-from simpletron_jax.train import steps, train_state  # noqa: E402
+from simpletron_jax.train import run_config, steps, train_state  # noqa: E402
 
 # Achieved matmul TFLOP/s of a bfloat16 train step on the H100, by attention and length
 # (speed_memory_core_cells.jsonl and speed_memory_4k_16k.json there).
@@ -158,7 +158,8 @@ def cell_budget(cell: reproduce.Cell) -> Budget:
   width = config.model.max_length
   batch = config.batch_size
   eval_batch = config.eval_batch_size or batches.micro_batch_size(config)
-  state = jax.eval_shape(lambda r: train_state.create_train_state(config, model, r),
+  state = jax.eval_shape(lambda r: train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, r, config.model.max_length),
                          jax.random.PRNGKey(0))
   state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype), state)
   p_train, p_eval = steps.pmap_steps(model.apply, devices=jax.local_devices()[:1])
@@ -427,7 +428,8 @@ def encoders_params(config) -> int:
   vocab, classes, dual = tpu_aot.task_sizes(config)
   model = encoders.build_classifier(config.model, vocab_size=vocab, num_classes=classes,
                                     dual=dual)
-  state = jax.eval_shape(lambda r: train_state.create_train_state(config, model, r),
+  state = jax.eval_shape(lambda r: train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, r, config.model.max_length),
                          jax.random.PRNGKey(0))
   return sum(int(math.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
 

@@ -36,7 +36,7 @@ import jax  # noqa: E402
 import speed_memory as sm  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
-from simpletron_jax.train import train_state  # noqa: E402
+from simpletron_jax.train import run_config, train_state  # noqa: E402
 from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
 
 # Kernel kinds, first match wins (names of cuBLAS/cuDNN/XLA GPU kernels and XLA CPU ops;
@@ -249,7 +249,9 @@ def profile(variant: str, length: int, dtype: str, batch: int, steps: int, out: 
   model = encoders.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB,
                                     num_classes=sm.NUM_CLASSES)
   state = replicate(
-      train_state.create_train_state(config, model, jax.random.PRNGKey(0)))
+      train_state.create_train_state(
+          run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+          config.model.max_length))
   p_train, _ = pmap_steps(model.apply)
   data = sm._device_batch(batch, length, jax.local_device_count())
   keys = jax.random.split(jax.random.PRNGKey(1), steps + 2)

@@ -121,7 +121,7 @@ from simpletron_jax.model import attention, encoders  # noqa: E402
 from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.runtime import xla_cache  # noqa: E402
-from simpletron_jax.train import train_state  # noqa: E402
+from simpletron_jax.train import run_config, train_state  # noqa: E402
 from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
 
 BYTE_VOCAB = 257           # LRA text: byte ids 1..256, 0 = pad
@@ -498,7 +498,9 @@ def prepare_cell(label: str, length: int, batch: int, dtype: str,
                                       num_classes=NUM_CLASSES)
     rng = jax.random.PRNGKey(config.seed)
     start = time.perf_counter()
-    lowered_init = jax.jit(lambda r: train_state.create_train_state(config, model, r)).lower(rng)
+    lowered_init = jax.jit(lambda r: train_state.create_train_state(
+        run_config.TrainConfig.from_config_dict(config), model, r,
+        config.model.max_length)).lower(rng)
     state_shapes = lowered_init.out_info   # the train state's shapes, traced once
     state_bytes = _tree_bytes(state_shapes)
     record["train_state_bytes"] = state_bytes

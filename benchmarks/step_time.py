@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from simpletron_jax.model import encoders  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
-from simpletron_jax.train import steps, train_state  # noqa: E402
+from simpletron_jax.train import run_config, steps, train_state  # noqa: E402
 
 
 def load_config(spec: str):
@@ -97,7 +97,9 @@ def main():
     config = load_config(spec)
     model = encoders.build_classifier(config.model, vocab_size=args.vocab, num_classes=10)
     state = steps.replicate(
-        train_state.create_train_state(config, model, jax.random.PRNGKey(0)))
+        train_state.create_train_state(
+            run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+            config.model.max_length))
     p_train, _ = steps.pmap_steps(model.apply)
     runs.append({"spec": spec, "config": config, "state": state, "p_train": p_train,
                  "batch_size": args.batch or config.batch_size})

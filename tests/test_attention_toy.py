@@ -13,7 +13,7 @@ import pytest
 from configs import lra
 from simpletron_jax.model import attention
 from simpletron_jax.model.attention import base
-from simpletron_jax.train import config_checks, trainer
+from simpletron_jax.train import run_config, trainer
 
 
 class ToyAttention(base.Attention):
@@ -79,7 +79,7 @@ def test_a_new_attention_is_one_module_and_one_register_call(toy_attention, pres
   assert dict(config.model.attention_kwargs) == {"first_global": True}
   assert "tiny" in lra.variants("listops", "toy_mean")
   assert not set(lra.variants("listops", "toy_mean")) & {"authors", "lra_code"}
-  config_checks.validate_config(config, n_devices=1)
+  run_config.RunConfig.from_config_dict(config, n_devices=1)
 
   config.model.update(emb_dim=16, qkv_dim=16, mlp_dim=32, num_heads=2, num_layers=1,
                       max_length=40)

@@ -23,7 +23,7 @@ import pytest
 
 from configs import lra
 from simpletron_jax.model import encoders
-from simpletron_jax.train import steps, train_state
+from simpletron_jax.train import run_config, steps, train_state
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "authors")
 TASKS = ("listops", "retrieval")
@@ -195,7 +195,7 @@ def test_three_training_losses_match_the_authors(task, warmup_key):
     config.warmup = hp["warmup2"]
   model = _model(task, config, hp)
   params, _ = _params(task, model, data, hp)
-  tx = train_state.make_optimizer(config)
+  tx = train_state.make_optimizer(run_config.TrainConfig.from_config_dict(config))
   opt_state = tx.init(params)
 
   @jax.jit

@@ -13,7 +13,7 @@ from configs import lra
 from simpletron_jax.data import tasks
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.runtime import errors
-from simpletron_jax.train import config_checks
+from simpletron_jax.train import run_config
 from tests.conftest import ROOT
 
 CONFIG_FILES = sorted(f for f in glob.glob(os.path.join(ROOT, "configs", "*", "*.py"))
@@ -40,7 +40,7 @@ def _load(path):
 def test_config_builds_and_validates(path, variant):
   config = _load(path).get_config(variant)
   assert config.task == os.path.basename(os.path.dirname(path))
-  config_checks.validate_config(config, n_devices=2)
+  run_config.RunConfig.from_config_dict(config, n_devices=2)
   model = encoders.build_classifier(config.model, vocab_size=16, num_classes=10,
                                     dual=config.task == "retrieval")
   assert model.encoder.config.attention == config.model.attention
@@ -120,7 +120,7 @@ def test_switched_attention_drops_the_old_defaults_with_a_warning_and_refuses_th
   dropped = attention.inherited_options("softmax", config.model.attention_kwargs)
   assert dropped and "block_diagonal" in dropped
   with pytest.warns(errors.RunWarning, match=r"model\.attention_kwargs .*'block_diagonal'"):
-    config_checks.validate_config(config, n_devices=2)
+    run_config.RunConfig.from_config_dict(config, n_devices=2)
   model = encoders.build_classifier(config.model, vocab_size=16, num_classes=10)
   assert model.encoder.config.attention == "softmax"
   config.model.attention_kwargs.block_diagonal = True

@@ -36,7 +36,7 @@ from configs.listops import simple as simple_config
 from simpletron_jax.data import batches, listops
 from simpletron_jax.data.common import RaggedExamples, bucketed_length
 from simpletron_jax.model import encoders
-from simpletron_jax.train import evaluation, precompile, steps, train_state
+from simpletron_jax.train import evaluation, precompile, run_config, steps, train_state
 
 MAX_LENGTH = 64
 
@@ -73,7 +73,9 @@ def _split(n: int = 70, seed: int = 0) -> RaggedExamples:
 def _model_and_params(config):
   model = encoders.build_classifier(config.model, vocab_size=listops.VOCAB_SIZE,
                                     num_classes=listops.NUM_CLASSES)
-  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
+  state = train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+      config.model.max_length)
   # Trained-looking parameters: the initial ones give nearly equal logits for every class.
   params = jax.tree_util.tree_map(
       lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(1), x.shape, x.dtype),

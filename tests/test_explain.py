@@ -26,7 +26,7 @@ import pytest
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.model.attention import base
 from simpletron_jax.tools import explain
-from simpletron_jax.train import steps, train_state, trainer
+from simpletron_jax.train import run_config, steps, train_state, trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E, H = 8, 2   # width and heads of the module-level tests
@@ -296,8 +296,9 @@ def test_train_step_program_is_unchanged_by_the_sow(monkeypatch):
   config.model.mlp_dim = 16
   config.model.max_length = 16
   model = encoders.build_classifier(config.model, vocab_size=16, num_classes=10)
-  state = steps.replicate(train_state.create_train_state(config, model,
-                                                     jax.random.PRNGKey(0)))
+  state = steps.replicate(train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+      config.model.max_length))
   p_train, _ = steps.pmap_steps(model.apply)
   n = jax.local_device_count()
   tokens = np.ones((n, 2, 16), np.int32)

@@ -30,7 +30,7 @@ from simpletron_jax.data import image, listops, retrieval, text
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.runtime import atomic_io, errors
-from simpletron_jax.train import checkpoints, config_checks, run_guard, trainer
+from simpletron_jax.train import checkpoints, run_config, run_guard, trainer
 from simpletron_jax.train.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
 from tests.test_train import Killed, _state, tiny_config
@@ -447,14 +447,14 @@ def test_empty_split_stops_before_training(presence_task, tmp_path, split):
 ])
 def test_meaningless_settings_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    config_checks.check_settings(fault_config(**{field: value}))
+    run_config.RunConfig.from_config_dict(fault_config(**{field: value}), n_devices=2)
 
 
 def test_doubtful_settings_are_warned_about():
   with pytest.warns(errors.RunWarning, match="warmup=50 exceeds num_train_steps=10"):
-    config_checks.check_settings(fault_config(warmup=50))
+    run_config.RunConfig.from_config_dict(fault_config(warmup=50), n_devices=2)
   with pytest.warns(errors.RunWarning, match="checkpoint_every=20 exceeds"):
-    config_checks.check_settings(fault_config(checkpoint_every=20))
+    run_config.RunConfig.from_config_dict(fault_config(checkpoint_every=20), n_devices=2)
 
 
 # ----------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from ml_collections import config_flags
 from configs import lra
 from simpletron_jax.data import common, listops, retrieval, tasks, text
 from simpletron_jax.runtime import cli, errors
-from simpletron_jax.train import checkpoints, config_checks, final_test, run_record, trainer
+from simpletron_jax.train import (checkpoints, config_checks, final_test, run_config,
+                                  run_record, trainer)
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
 
@@ -230,7 +231,7 @@ def test_config_fingerprint_ignores_reporting_fields_only():
 ])
 def test_bad_model_data_and_batch_fields_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    config_checks.validate_config(small_config(**{field: value}), n_devices=2)
+    run_config.RunConfig.from_config_dict(small_config(**{field: value}), n_devices=2)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -247,11 +248,11 @@ def test_bad_model_data_and_batch_fields_are_refused(field, value, message):
 ])
 def test_bad_optimizer_fields_are_refused(field, value, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    config_checks.check_settings(small_config(**{field: value}))
+    run_config.RunConfig.from_config_dict(small_config(**{field: value}), n_devices=2)
 
 
 def test_a_tiny_adam_eps_and_a_long_table_within_the_limit_pass():
-  config_checks.check_settings(small_config(adam_eps=1e-12, freeze=("^encoder/embed/",)))
+  run_config.TrainConfig.from_config_dict(small_config(adam_eps=1e-12, freeze=("^encoder/embed/",)))
   config_checks.check_position_table(16384, 1024)   # Path-X's length at a wide model: 64 MiB
   with pytest.raises(ValueError, match=r"^model.max_length=1048576 makes .* over the 1 GiB"):
     config_checks.check_position_table(2**20, 256, limit=2**30)
@@ -312,8 +313,7 @@ def test_every_shipped_config_passes_validation():
     for name in ("simple", "softmax", "performer"):
       for variant in (None,) + lra.variants(task, name):
         config = lra.make_config(task, name, variant)
-        config_checks.validate_config(config, n_devices=2)
-        config_checks.check_settings(config)
+        run_config.RunConfig.from_config_dict(config, n_devices=2)
 
 
 def test_truncation_is_reported_with_counts(tmp_path, presence_task, capsys):

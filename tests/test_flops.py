@@ -17,7 +17,7 @@ import flops  # noqa: E402
 import speed_memory as sm  # noqa: E402
 import step_time  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
-from simpletron_jax.train import steps, train_state  # noqa: E402
+from simpletron_jax.train import run_config, steps, train_state  # noqa: E402
 
 
 def test_einsum_scan_and_cond():
@@ -45,7 +45,9 @@ def test_train_step_matches_a_hand_count(name):
   model = encoders.build_classifier(config.model, vocab_size=sm.BYTE_VOCAB, num_classes=c)
   state = jax.tree_util.tree_map(   # shapes suffice: no compile
       lambda x: jax.ShapeDtypeStruct((2, *x.shape), x.dtype),
-      jax.eval_shape(lambda: train_state.create_train_state(config, model, jax.random.PRNGKey(0))))
+      jax.eval_shape(lambda: train_state.create_train_state(
+          run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+          config.model.max_length)))
   p_train, _ = steps.pmap_steps(model.apply)
   data = step_time.random_batch(np.random.default_rng(0), 4, t - 1, sm.BYTE_VOCAB, 2, c)
   count = flops.function_flops(p_train, state, data, jax.random.PRNGKey(0))

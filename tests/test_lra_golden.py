@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from tests import lra_golden_support as golden
 from simpletron_jax.data import listops
 from simpletron_jax.model import encoders
-from simpletron_jax.train import train_state
+from simpletron_jax.train import run_config, train_state
 
 PAPER = "transformer__listops__paper"
 DOC = pathlib.Path(__file__).parents[1] / "docs" / "lra_parity.md"
@@ -89,7 +89,7 @@ def test_three_training_steps_give_lra_losses(suffix):
   assert not problems
   for field in ("learning_rate", "factors", "warmup", "weight_decay"):
     config[field] = schedule[field]
-  tx = train_state.make_optimizer(config)
+  tx = train_state.make_optimizer(run_config.TrainConfig.from_config_dict(config))
   opt_state = tx.init(params)
 
   def loss_fn(p, x, y):

@@ -24,7 +24,7 @@ import pytest
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.runtime import distributed
-from simpletron_jax.train import checkpoints, config_checks, evaluation, train_state, trainer
+from simpletron_jax.train import checkpoints, evaluation, run_config, train_state, trainer
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
 
@@ -97,8 +97,9 @@ def single(tmp_path_factory):
 
 def _final_params(workdir):
   config, data = worker.worker_config(), worker.presence_data()
-  state = train_state.create_train_state(config, train_state.build_model(config, data),
-                                     jax.random.PRNGKey(1))
+  state = train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), train_state.build_model(config, data),
+      jax.random.PRNGKey(1), config.model.max_length)
   manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
   state, _, step = checkpoints.restore_checkpoint(manager, state)
   assert step == STEPS
@@ -271,4 +272,4 @@ def test_batch_must_split_over_the_devices_of_all_hosts():
   with pytest.raises(ValueError, match=re.escape(
       "batch_size=6 must be divisible by grad_accum_steps=1 times the 4 device(s) of all "
       "hosts (2 host(s) x 2 local device(s))")):
-    config_checks.validate_config(config, 4, 2)
+    run_config.RunConfig.from_config_dict(config, 4, 2)

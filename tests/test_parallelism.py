@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax.data.common import make_batch
-from simpletron_jax.train import checkpoints, config_checks, steps, train_state, trainer
+from simpletron_jax.train import checkpoints, run_config, steps, train_state, trainer
 from tests.test_train import tiny_config
 
 
@@ -19,7 +19,9 @@ def _run_steps(name, config, task, num_steps=3):
   """Params, last train metrics and an eval of ``num_steps`` train steps under ``name``."""
   parallel = steps.make_parallel(name)
   model = train_state.build_model(config, task)
-  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
+  state = train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+      config.model.max_length)
   train, evaluate = parallel.steps(model.apply)
   state = parallel.put_state(state)
   for i in range(num_steps):
@@ -57,12 +59,13 @@ def test_unknown_parallelism_is_named():
   with pytest.raises(ValueError, match="config.parallelism='vmap'"):
     steps.make_parallel("vmap")
   with pytest.raises(ValueError, match="parallelism='vmap'"):
-    config_checks.validate_config(tiny_config(parallelism="vmap"), 2)
+    run_config.RunConfig.from_config_dict(tiny_config(parallelism="vmap"), 2)
 
 
 def _final_params(workdir, config, task):
-  state = train_state.create_train_state(config, train_state.build_model(config, task),
-                                     jax.random.PRNGKey(0))
+  state = train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), train_state.build_model(config, task),
+      jax.random.PRNGKey(0), config.model.max_length)
   manager = checkpoints.checkpoint_manager(f"{workdir}/checkpoints", None)
   return checkpoints.restore_checkpoint(manager, state)[0].params
 

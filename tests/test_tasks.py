@@ -15,7 +15,7 @@ from simpletron_jax.data import __main__ as data_cli
 from simpletron_jax.data import prepare, sources, tasks
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.tools import published, tpu_aot
-from simpletron_jax.train import config_checks, pretraining, recipes
+from simpletron_jax.train import pretraining, recipes, run_config
 from tests.conftest import ROOT
 
 
@@ -54,7 +54,7 @@ def test_unknown_task_is_one_line_naming_the_field_and_the_tasks():
   config = lra.make_config("listops", "simple", "tiny")
   config.task = "listop"
   with pytest.raises(ValueError, match=re.escape(message)):
-    config_checks.validate_config(config, n_devices=1)
+    run_config.RunConfig.from_config_dict(config, n_devices=1)
   with pytest.raises(ValueError, match=re.escape(message)):
     tasks.load_task(config)
   with pytest.raises(tpu_aot.TpuCheckError, match=re.escape(message)):
@@ -163,7 +163,7 @@ def test_a_new_task_is_one_record_and_one_reader(toy_task, tmp_path):
   assert config.data.vocab_path is None
   config.data.vocab_path = "/somewhere"           # an unset field that takes a string
   assert lra.task_variants("toy") == ("tiny",)    # no LRA, SimpleTRON or SPT variants
-  config_checks.validate_config(config, n_devices=1)
+  run_config.RunConfig.from_config_dict(config, n_devices=1)
   data = tasks.load_task(config)
   assert (data.vocab_size, data.num_classes, len(data.train)) == (7, 3, 64)
   assert tpu_aot.task_sizes(config) == (7, 3, False)

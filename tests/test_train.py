@@ -14,7 +14,7 @@ from configs.listops import simple as simple_config
 from simpletron_jax.data import batches
 from simpletron_jax.data.common import make_batch
 from simpletron_jax.runtime import errors
-from simpletron_jax.train import (checkpoints, config_checks, evaluation, loop, precompile, steps,
+from simpletron_jax.train import (checkpoints, evaluation, loop, precompile, run_config, steps,
                                   train_state, trainer)
 
 
@@ -41,7 +41,9 @@ def tiny_config(attention="simple", **overrides):
 
 def _state(config, task):
   model = train_state.build_model(config, task)
-  return model, train_state.create_train_state(config, model, jax.random.PRNGKey(0))
+  return model, train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+      config.model.max_length)
 
 
 def test_pmap_on_two_devices_equals_one_device(presence_task):
@@ -101,8 +103,9 @@ def test_gradient_accumulation_equals_one_big_batch_and_compiles_once(presence_t
   params, compiles = [], []
   for accum, micro_batches in ((1, [batch]), (2, halves)):
     config.grad_accum_steps = accum
-    state = steps.replicate(train_state.create_train_state(config, model,
-                                                       jax.random.PRNGKey(0)), devices)
+    state = steps.replicate(train_state.create_train_state(
+        run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+        config.model.max_length), devices)
     for b in micro_batches:
       (state, _), n = _backend_compiles(
           lambda: p_train(state, steps.shard(b, 1), jax.random.PRNGKey(1)))
@@ -253,7 +256,7 @@ def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(pres
 def test_batch_size_must_split_over_devices_and_micro_steps():
   config = tiny_config(batch_size=15)
   with pytest.raises(ValueError, match="batch_size=15 must be divisible"):
-    config_checks.validate_config(config, 2)
+    run_config.RunConfig.from_config_dict(config, 2)
 
 
 def test_in_flight_limit_waits_for_the_oldest_calls_only():

@@ -14,13 +14,15 @@ from simpletron_jax.model import encoders, lora, transfer
 from simpletron_jax.model.attention.linear import LinearAttention
 from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.model.attention.softmax import SoftmaxAttention
-from simpletron_jax.train import steps, train_state
+from simpletron_jax.train import run_config, steps, train_state
 from tests.test_train import tiny_config
 
 
 def _model_and_params(config, task, seed=0):
   model = train_state.build_model(config, task)
-  state = train_state.create_train_state(config, model, jax.random.PRNGKey(seed))
+  state = train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(seed),
+      config.model.max_length)
   return model, state.params
 
 
@@ -78,7 +80,9 @@ def test_surgery_errors_name_mismatching_paths(presence_task):
 def test_frozen_parameters_stay_bit_identical(presence_task, freeze, lora_rank):
   config = tiny_config("softmax", freeze=freeze, **{"lora.rank": lora_rank})
   model = train_state.build_model(config, presence_task)
-  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
+  state = train_state.create_train_state(
+      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
+      config.model.max_length)
   before = transfer.flatten(jax.device_get(state.params))
   p_train, _ = steps.pmap_steps(state.apply_fn)
   state_repl = steps.replicate(state)

@@ -40,7 +40,8 @@ import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.runtime import cli, overrides  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import evaluation, steps, train_state  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import (  # noqa: E402  pylint: disable=C0413
+    evaluation, run_config, steps, train_state)
 from simpletron_jax.data import tasks  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train import run_record, trainer  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
@@ -258,7 +259,10 @@ def init_params(config: ml_collections.ConfigDict, data: tasks.TaskData):
   """Freshly initialised parameters of the model of ``config`` (seed ``config.seed``)."""
   import jax  # pylint: disable=import-outside-toplevel
   model = train_state.build_model(config, data)
-  return train_state.create_train_state(config, model, jax.random.PRNGKey(config.seed)).params
+  return train_state.create_train_state(
+
+          run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(config.seed),
+          config.model.max_length).params
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

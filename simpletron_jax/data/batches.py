@@ -34,8 +34,8 @@ def micro_batch_size(config: ml_collections.ConfigDict) -> int:
   """Global examples per micro-step: ``config.batch_size // config.grad_accum_steps``.
 
   One optimizer step reads ``grad_accum_steps`` micro-batches of this many examples (rows of
-  all hosts and devices together); :func:`simpletron_jax.train.config_checks.validate_config`
-  refuses a ``batch_size`` that ``grad_accum_steps`` does not divide.
+  all hosts and devices together);
+  :meth:`simpletron_jax.train.run_config.RunConfig.from_config_dict` refuses a ``batch_size`` that ``grad_accum_steps`` does not divide.
   """
   return config.batch_size // config.grad_accum_steps
 

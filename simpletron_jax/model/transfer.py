@@ -99,16 +99,16 @@ def transfer_params(source, target, include: Sequence[str] = ()) -> tuple[Any, S
   return traverse_util.unflatten_dict(out, sep="/"), report
 
 
-def init_from_config(config, params, source) -> tuple[Any, SurgeryReport]:
-  """Copies ``source`` (``config.init_from``'s parameters) into freshly initialised params,
-  restricted by ``config.init_include``.
+def init_from_params(params, source, include: Sequence[str] = ()) -> tuple[Any, SurgeryReport]:
+  """Copies ``source`` (``init_from``'s parameters) into freshly initialised params,
+  restricted by ``include`` (the config field ``init_include``).
 
   Args:
-    config: the run config.
     params: the new model's parameters, possibly a LoRA ``{"base", "lora"}`` tree (the
       surgery then goes into ``base``).
     source: the parameter tree to copy from
       (:func:`simpletron_jax.train.params_checkpoints.load_params`).
+    include: regexes of the parameter paths to copy; empty: every match.
 
   Returns:
     ``(params, report)``.
@@ -116,7 +116,7 @@ def init_from_config(config, params, source) -> tuple[Any, SurgeryReport]:
   Raises:
     ValueError: see :func:`transfer_params`.
   """
-  include = tuple(config.get("init_include", ()) or ())
+  include = tuple(include)
   if lora.is_wrapped(params):
     base, report = transfer_params(source, params[lora.BASE], include)
     return {**params, lora.BASE: base}, report

@@ -29,7 +29,7 @@ import numpy as np
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import encoders
 from simpletron_jax.model.attention import base, softmax
-from simpletron_jax.train import config_checks, train_state
+from simpletron_jax.train import run_config, train_state
 from simpletron_jax.train.steps import pmap_steps
 
 GIB = 1 << 30
@@ -274,16 +274,16 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
   Raises:
     TpuCheckError: for an unknown slice or task, or a batch that does not split over the
       slice's devices (naming ``batch_size``).
-    ValueError: from :func:`config_checks.validate_config` / the model config, naming the field.
+    ValueError: from :meth:`run_config.RunConfig.from_config_dict`, naming the field.
   """
   devices = slice_devices(slice_name)
   n = len(devices)
-  config_checks.validate_config(config, n, len({d.process_index for d in devices}))
+  run = run_config.RunConfig.from_config_dict(config, n, len({d.process_index for d in devices}))
   vocab_size, num_classes, dual = task_sizes(config)
   model = encoders.build_classifier(config.model, vocab_size=vocab_size,
                                     num_classes=num_classes, dual=dual)
-  state = jax.eval_shape(lambda: train_state.create_train_state(config, model,
-                                                            jax.random.PRNGKey(0)))
+  state = jax.eval_shape(lambda: train_state.create_train_state(
+      run.train, model, jax.random.PRNGKey(0), run.model.max_length))
   p_train, p_eval = pmap_steps(state.apply_fn, devices=devices)
   widths = widths or {s: [int(config.model.max_length)] for s in ("train", "eval")}
   hbm = hbm_bytes(devices[0])

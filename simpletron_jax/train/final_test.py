@@ -30,6 +30,7 @@ from simpletron_jax.train import (
     train_state,
 )
 from simpletron_jax.data.common import report_split_truncation
+from simpletron_jax.train.run_config import RunConfig
 from simpletron_jax.train.steps import JitParallel, PmapParallel, make_parallel
 
 
@@ -101,12 +102,13 @@ def finished_results(workdir: str, config: ml_collections.ConfigDict,
 def evaluator(eval_fn: Callable, examples: Any, config: ml_collections.ConfigDict,
                limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
   """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all):
-  :func:`evaluation.evaluate` with the run's eval step ``eval_fn``."""
+  :func:`evaluation.evaluate` with the run's eval step ``eval_fn`` and the batches the data
+  layer makes from ``config`` (:func:`simpletron_jax.data.batches.eval_batches`)."""
   return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, config, limit,
                                                  parallel)
 
 
-def final_and_best_tests(config: ml_collections.ConfigDict, start: Any, earlier: dict,
+def final_and_best_tests(start: Any, earlier: dict,
                          logger: metric_logging.MetricLogger, evaluate_test: Callable,
                          params_repl: Any, parallel: PmapParallel | JitParallel, last_step: int
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -116,8 +118,9 @@ def final_and_best_tests(config: ml_collections.ConfigDict, start: Any, earlier:
   (:func:`recorded_test`).
 
   Args:
-    start: the start of the run (``trainer._Start``): its ``meta["best_step"]``, its
-      ``ckpts`` and ``state`` (the tree the best checkpoint restores into).
+    start: the start of the run (``trainer._Start``): its ``meta`` (``best_step``, the
+      ``model_config`` the best checkpoint must match), its ``ckpts`` and ``state`` (the
+      tree the best checkpoint restores into).
     evaluate_test: ``evaluate_test(params_repl) -> metrics`` of the test split.
     params_repl: the parameters after ``last_step``, placed as the eval step takes them.
 
@@ -130,7 +133,8 @@ def final_and_best_tests(config: ml_collections.ConfigDict, start: Any, earlier:
 
   def best_test():
     best_state, _, _ = checkpoints.restore_checkpoint(start.ckpts, start.state,
-                                                      step=best_step, model_config=config.model)
+                                                      step=best_step,
+                                                      model_config=start.meta["model_config"])
     return evaluate_test(parallel.put_state(best_state.params))
 
   test = recorded_test(earlier, logger, best_step, "test",
@@ -138,18 +142,19 @@ def final_and_best_tests(config: ml_collections.ConfigDict, start: Any, earlier:
   return final_test, test
 
 
-def run_results(config: ml_collections.ConfigDict, data: tasks.TaskData, start: Any,
+def run_results(run: RunConfig, fingerprint: str, data: tasks.TaskData, start: Any,
                 tests: tuple[dict[str, Any], dict[str, Any]], val_majority: float,
                 last_step: int, window: loop.TrainWindow, precompiled: dict[str, Any],
                 wall_start: float, software: dict[str, Any]) -> dict[str, Any]:
   """The contents of ``results.json`` (see
-  :func:`simpletron_jax.train.trainer.train_and_evaluate`'s Returns); ``start`` is the run's
-  start (``trainer._Start``: its ``meta`` and ``config_tree``), ``tests`` is
+  :func:`simpletron_jax.train.trainer.train_and_evaluate`'s Returns); ``fingerprint`` is
+  :func:`run_record.config_fingerprint` of the run's config, ``start`` the run's start
+  (``trainer._Start``: its ``meta`` and ``config_tree``), ``tests``
   :func:`final_and_best_tests`' ``(final, best)``."""
   final_test, test = tests
-  complete = last_step >= config.num_train_steps
+  complete = last_step >= run.train.num_train_steps
   return {
-      "task": config.task, "attention": config.model.attention,
+      "task": run.task, "attention": run.model.attention,
       "test_accuracy": test["accuracy"], "test_loss": test["loss"],
       "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
       "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
@@ -157,9 +162,9 @@ def run_results(config: ml_collections.ConfigDict, data: tasks.TaskData, start: 
       "test_majority_rate": test["majority_rate"],
       "val_majority_rate": val_majority,
       "best_step": start.meta["best_step"], "best_val_accuracy": start.meta["best_val_accuracy"],
-      "num_train_steps": config.num_train_steps, "last_step": last_step,
+      "num_train_steps": run.train.num_train_steps, "last_step": last_step,
       "complete": complete, "stopped_by": None if complete else "max_train_minutes",
-      "config_fingerprint": run_record.config_fingerprint(config),
+      "config_fingerprint": fingerprint,
       run_record.FORCED_KEY: run_record.forced_changes(
           start.config_tree.get(run_record.CONFIG_HISTORY_KEY)),
       "steps_per_sec": last_step / max(window.train_seconds, 1e-9),
@@ -192,12 +197,21 @@ def restore_run(workdir: str, which: str = "best", step: int | None = None,
   Raises:
     FileNotFoundError: the workdir (which is never created), its checkpoint folder, the
       checkpoint or its config is missing.
-    ValueError: an unknown ``which``.
+    ValueError: an unknown ``which``, or a config field that fails its check
+      (:meth:`RunConfig.from_config_dict`, naming it).
     errors.ConfigMismatchError: ``config`` is of another task than the run's ``config.json``
       (named before the model configs are compared), or its model config differs from the
       checkpoint's.
     errors.CheckpointError: the checkpoint is damaged (:func:`checkpoints.restore_checkpoint`).
   """
+  config, _, data, state, step, folder = _restore(workdir, which, step, config)
+  return config, data, state, step, folder
+
+
+def _restore(workdir: str, which: str, step: int | None,
+             config: ml_collections.ConfigDict | None) -> tuple:
+  """:func:`restore_run`'s ``(config, run, data, state, step, folder)``, ``run`` the typed
+  :class:`RunConfig` of ``config``, built once."""
   if which not in ("best", "latest"):
     raise ValueError(f"which={which!r} not understood: 'best' or 'latest'")
   if not os.path.isdir(workdir):
@@ -211,6 +225,7 @@ def restore_run(workdir: str, which: str = "best", step: int | None = None,
           f"{saved['task']!r} ({os.path.join(workdir, 'config.json')}): pass a "
           f"configs/{saved['task']}/... config, or leave --config out to use the run's own")
   config = config or run_record.load_run_config(workdir)
+  run = RunConfig.from_config_dict(config)
   folder = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(folder):
     raise FileNotFoundError(f"{folder} not found: the run saved no checkpoint yet")
@@ -219,9 +234,10 @@ def restore_run(workdir: str, which: str = "best", step: int | None = None,
     step = checkpoints.pick_step(manager, which, f"--workdir {workdir}")
   data = tasks.load_task(config)
   model = train_state.build_model(config, data)
-  state = train_state.create_train_state(config, model, jax.random.PRNGKey(0))
+  state = train_state.create_train_state(run.train, model, jax.random.PRNGKey(0),
+                                         run.model.max_length)
   state, _, step = checkpoints.restore_checkpoint(manager, state, step, model_config=config.model)
-  return config, data, state, step, folder
+  return config, run, data, state, step, folder
 
 
 def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
@@ -248,11 +264,11 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
     raise ValueError(f"split={split!r} not understood: 'train', 'val' or 'test'")
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
-  config, data, state, step, folder = restore_run(workdir, which, step, config)
-  report_split_truncation(split, getattr(data, split), int(config.model.max_length))
-  parallel = make_parallel(config.get("parallelism", "pmap"))
+  config, run, data, state, step, folder = _restore(workdir, which, step, config)
+  report_split_truncation(split, getattr(data, split), run.model.max_length)
+  parallel = make_parallel(run.train.parallelism)
   _, p_eval = parallel.steps(state.apply_fn)
-  limit = config.get("num_test_steps", -1) if split == "test" else config.get("num_eval_steps", -1)
+  limit = run.eval.num_test_steps if split == "test" else run.eval.num_eval_steps
   params_repl = parallel.put_state(state.params)
   if precompile_workers:
     start = time.time()

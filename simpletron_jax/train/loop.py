@@ -5,10 +5,11 @@ step, runs :class:`MicroSteps` and calls :class:`Actions`, whose periodic action
 (:class:`Periodic`) run in this order after the step:
 
 * a train record of the window since the last one (:class:`TrainWindow`), every
-  ``config.log_every`` steps;
-* a validation, every ``config.eval_frequency`` steps; a new best (by ``config.best_metric``
-  and ``config.best_mode``) is saved at once, and its checkpoint kept as the best;
-* a checkpoint in ``checkpoints/``, every ``config.checkpoint_every`` steps;
+  ``log_every`` steps (:class:`run_config.LoggingConfig`);
+* a validation, every ``eval_frequency`` steps; a new best (by ``best_metric`` and
+  ``best_mode``; :class:`run_config.EvalConfig`) is saved at once, and kept as the best;
+* a checkpoint in ``checkpoints/``, every ``checkpoint_every`` steps
+  (:class:`run_config.CheckpointConfig`);
 * the caller's step hook, every step (after the step's checkpoints are on disk).
 
 The run's last step (``num_train_steps``, the ``max_train_minutes`` budget, a preemption)
@@ -16,8 +17,8 @@ forces the record and the checkpoint, and the validation unless only a preemptio
 run. Before a record, a validation or a checkpoint, the micro-steps since the last check are
 checked to be finite (:func:`check_finite`), so a non-finite state is never logged or saved.
 
-Units: a *step* is one optimizer update on ``config.batch_size`` examples, made of
-``config.grad_accum_steps`` *micro-steps* (see :mod:`simpletron_jax.train.steps`); times are
+Units: a *step* is one optimizer update on ``batch_size`` examples, made of
+``grad_accum_steps`` *micro-steps* (see :mod:`simpletron_jax.train.steps`); times are
 seconds.
 """
 
@@ -29,7 +30,6 @@ import time
 from typing import Any, Callable, Iterator
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -37,6 +37,7 @@ from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.train import run_guard, steps
 from simpletron_jax.train.checkpoints import best_score, finish_saves, save_checkpoint, step_dir
 from simpletron_jax.train.metric_logging import MetricLogger
+from simpletron_jax.train.run_config import CheckpointConfig, EvalConfig, LoggingConfig
 from simpletron_jax.train.steps import InFlightLimit, JitParallel, PmapParallel, TrainState
 
 
@@ -161,7 +162,7 @@ class TrainWindow:
 
 
 class MicroSteps:
-  """Runs one optimizer step as ``config.grad_accum_steps`` micro-steps on the next batches.
+  """Runs one optimizer step as ``grad_accum_steps`` micro-steps on the next batches.
 
   Micro-step ``i`` of the run (counted from 0 over all starts) reads the next batch of
   ``batches`` and dropout key ``fold_in(dropout_root, i)``, so a resumed run repeats an
@@ -221,7 +222,7 @@ class MicroSteps:
 
 
 class TimeBudget:
-  """``config.max_train_minutes`` (0: none) from ``wall_start`` (``time.time()`` seconds)."""
+  """``max_train_minutes`` (0: none) from ``wall_start`` (``time.time()`` seconds)."""
 
   def __init__(self, minutes: float, wall_start: float):
     self.seconds, self.wall_start = 60.0 * float(minutes or 0), wall_start
@@ -236,8 +237,10 @@ class Actions:
   """What a run does after each optimizer step (see the module docstring), in order.
 
   Args:
-    config: the run config (``log_every``, ``eval_frequency``, ``checkpoint_every``,
+    eval_config: the run's :class:`run_config.EvalConfig` (``eval_frequency``,
       ``best_metric``, ``best_mode``).
+    checkpoint: its :class:`run_config.CheckpointConfig` (``checkpoint_every``).
+    logging: its :class:`run_config.LoggingConfig` (``log_every``).
     micro_steps: the run's :class:`MicroSteps` (the finiteness check).
     window: the run's :class:`TrainWindow`.
     logger: the run's :class:`MetricLogger`.
@@ -254,18 +257,19 @@ class Actions:
     meta, last_good: as updated by the actions.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, micro_steps: MicroSteps,
+  def __init__(self, eval_config: EvalConfig, checkpoint: CheckpointConfig,
+               logging: LoggingConfig, micro_steps: MicroSteps,
                window: TrainWindow, logger: MetricLogger, bar: Any,
                validate: Callable[[Any], dict[str, float]], ckpts: ocp.CheckpointManager,
                meta: dict[str, Any], last_good: str, step_hook: Callable[[int], None] | None):
     self.micro_steps, self.window, self.logger, self.bar = micro_steps, window, logger, bar
     self.validate, self.ckpts, self.new_best = validate, ckpts, None
-    self.best_metric, self.best_mode = config.best_metric, config.best_mode
+    self.best_metric, self.best_mode = eval_config.best_metric, eval_config.best_mode
     self.meta, self.last_good, self.step_hook = meta, last_good, step_hook
     self.parallel = micro_steps.parallel
-    self.log_action = Periodic(config.log_every, self._log)
-    self.validate_action = Periodic(config.eval_frequency, self._validate)
-    self.checkpoint_action = Periodic(config.checkpoint_every, self._checkpoint)
+    self.log_action = Periodic(logging.log_every, self._log)
+    self.validate_action = Periodic(eval_config.eval_frequency, self._validate)
+    self.checkpoint_action = Periodic(checkpoint.checkpoint_every, self._checkpoint)
 
   def __call__(self, step: int, state_repl: TrainState, stop: bool, final: bool) -> None:
     """The actions after optimizer ``step``. ``stop``: the run's last step of this start

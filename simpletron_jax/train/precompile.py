@@ -34,6 +34,7 @@ import numpy as np
 from simpletron_jax.data import batches
 from simpletron_jax.data.common import Split
 from simpletron_jax.train import steps
+from simpletron_jax.train.run_config import EvalConfig
 
 
 # Seconds between two looks at ``should_stop`` while the threads compile.
@@ -211,7 +212,8 @@ def train_scan_count(config: ml_collections.ConfigDict, n_train: int,
 
 
 def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
-                     config: ml_collections.ConfigDict, start_micro_step: int,
+                     config: ml_collections.ConfigDict, eval_config: EvalConfig,
+                     start_micro_step: int,
                      workers: int, parallel=None,
                      should_stop: Optional[Callable[[], bool]] = None
                      ) -> tuple[CompiledSteps, CompiledSteps, dict[str, Any]]:
@@ -222,7 +224,9 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
     state_repl: the train state as ``p_train`` takes it (only its shapes, dtypes and
       shardings are read).
     data: the run's :class:`simpletron_jax.data.tasks.TaskData`.
-    config: the run config.
+    config: the run config, as the data layer reads it (:mod:`simpletron_jax.data.batches`).
+    eval_config: the run's :class:`run_config.EvalConfig` (``num_eval_steps``,
+      ``num_test_steps``).
     start_micro_step: the first micro-step this run trains (the resume point).
     workers: compiling threads, at least 1.
     parallel: :func:`steps.make_parallel` of the run (default: pmap's).
@@ -242,9 +246,8 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
   parallel = parallel or steps.PmapParallel()
   train = _abstract_by_key(train_batches_by_width(
       data.train, config, start_micro_step, count).values(), parallel)
-  evals = _eval_batches_by_key([(data.val, config.get("num_eval_steps", -1)),
-                                (data.test, config.get("num_test_steps", -1))], config,
-                               parallel)
+  evals = _eval_batches_by_key([(data.val, eval_config.num_eval_steps),
+                                (data.test, eval_config.num_test_steps)], config, parallel)
   rng = jax.random.PRNGKey(0)   # only its shape and dtype are read
   programs = _in_threads(
       [lambda b=b: p_train.lower(state_repl, b, rng).compile()

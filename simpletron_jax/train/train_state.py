@@ -2,8 +2,10 @@
 
 The recipe follows LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al., 2020),
 with optax AdamW instead of flax.optim. Units: a *step* is one optimizer update on
-``config.batch_size`` examples; with ``config.grad_accum_steps = A`` it is made of A
-*micro-steps* of ``batch_size / A`` examples each (``optax.MultiSteps``).
+``batch_size`` examples; with ``grad_accum_steps = A`` it is made of A *micro-steps* of
+``batch_size / A`` examples each (``optax.MultiSteps``). Each function takes the run's
+:class:`run_config.TrainConfig`; :func:`build_model` takes the ConfigDict (the model builder
+of self-pretraining reads its ``pretrain`` section).
 """
 
 from __future__ import annotations
@@ -23,63 +25,61 @@ from simpletron_jax.model import encoders, lora, transfer
 from simpletron_jax.runtime import atomic_io
 from simpletron_jax.train import params_checkpoints, schedules
 from simpletron_jax.data.common import PairedExamples
+from simpletron_jax.train.run_config import TrainConfig
 from simpletron_jax.train.steps import TrainState
 
 
-def make_schedule(config: ml_collections.ConfigDict) -> Callable:
-  """The learning-rate schedule of ``config`` (steps are optimizer updates)."""
+def make_schedule(train: TrainConfig) -> Callable:
+  """The learning-rate schedule of ``train`` (steps are optimizer updates)."""
   return schedules.create_learning_rate_schedule(
-      factors=config.factors, base_learning_rate=config.learning_rate,
-      warmup_steps=config.warmup, steps_per_cycle=config.num_train_steps)
+      factors=train.factors, base_learning_rate=train.learning_rate,
+      warmup_steps=train.warmup, steps_per_cycle=train.num_train_steps)
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
   """AdamW with LRA's decoupled decay ``p -= lr * wd * p`` on every parameter.
 
-  Preceded by global-norm gradient clipping when ``config.grad_clip_norm > 0`` (LRA's
-  Path-X recipe). Parameters matching a ``config.freeze`` regex, and the base parameters
-  of a LoRA run (``config.lora.rank > 0``), get zero updates (:func:`transfer.freeze`).
-  Wrapped in ``optax.MultiSteps`` when ``config.grad_accum_steps > 1``, so the schedule
+  Preceded by global-norm gradient clipping when ``train.grad_clip_norm > 0`` (LRA's
+  Path-X recipe). Parameters matching a ``train.freeze`` regex, and the base parameters
+  of a LoRA run (``train.lora.rank > 0``), get zero updates (:func:`transfer.freeze`).
+  Wrapped in ``optax.MultiSteps`` when ``train.grad_accum_steps > 1``, so the schedule
   advances once per optimizer update.
   """
-  tx = optax.adamw(make_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
-                   eps=config.adam_eps, weight_decay=config.weight_decay)
-  clip = float(config.get("grad_clip_norm", 0.0) or 0.0)
-  if clip > 0:
-    tx = optax.chain(optax.clip_by_global_norm(clip), tx)
-  frozen = tuple(config.get("freeze", ()) or ())
-  if config.get("lora", {}).get("rank", 0) > 0:
-    frozen += (f"^{lora.BASE}/",)
+  tx = optax.adamw(make_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
+                   eps=train.adam_eps, weight_decay=train.weight_decay)
+  if train.grad_clip_norm > 0:
+    tx = optax.chain(optax.clip_by_global_norm(float(train.grad_clip_norm)), tx)
+  frozen = tuple(train.freeze) + ((f"^{lora.BASE}/",) if train.lora.rank > 0 else ())
   if frozen:
     tx = transfer.freeze(tx, frozen)
-  if config.grad_accum_steps > 1:
-    tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps)
+  if train.grad_accum_steps > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=train.grad_accum_steps)
   return tx
 
 
-def create_train_state(config: ml_collections.ConfigDict, model: flax.linen.Module,
-                       rng: jax.Array) -> TrainState:
+def create_train_state(train: TrainConfig, model: flax.linen.Module, rng: jax.Array,
+                       max_length: int) -> TrainState:
   """Initialises parameters and optimizer state (unreplicated).
 
   Args:
-    config: the run config.
+    train: the run's :class:`TrainConfig` (the optimizer and ``lora``).
     model: a :class:`simpletron_jax.model.encoders.ClassificationEncoder`.
     rng: the parameter-init key.
+    max_length: ``model.max_length`` (tokens); the init input has at most 16.
 
   Returns:
-    A TrainState at step 0. With ``config.lora.rank > 0`` its params are the LoRA tree
+    A TrainState at step 0. With ``train.lora.rank > 0`` its params are the LoRA tree
     ``{"base", "lora"}`` and its ``apply_fn`` merges them (:mod:`simpletron_jax.model.lora`).
   """
-  length = min(config.model.max_length, 16)
-  tokens = jnp.ones((1, length), jnp.int32)
+  tokens = jnp.ones((1, min(max_length, 16)), jnp.int32)
   second = (tokens, None) if isinstance(model, encoders.DualEncoderClassifier) else ()
   params = jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
                                         deterministic=True))(rng)["params"]
-  apply_fn, rank = model.apply, config.get("lora", {}).get("rank", 0)
+  apply_fn, rank = model.apply, train.lora.rank
   if rank > 0:
-    params = lora.wrap(params, config.lora.targets, rank, jax.random.fold_in(rng, 0x10A))
-    apply_fn = lora.wrap_apply(model.apply, lora.scale_of(rank, config.lora.alpha))
-  return TrainState.create(apply_fn=apply_fn, params=params, tx=make_optimizer(config))
+    params = lora.wrap(params, train.lora.targets, rank, jax.random.fold_in(rng, 0x10A))
+    apply_fn = lora.wrap_apply(model.apply, lora.scale_of(rank, train.lora.alpha))
+  return TrainState.create(apply_fn=apply_fn, params=params, tx=make_optimizer(train))
 
 
 def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
@@ -96,16 +96,15 @@ def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
                                    dual=isinstance(data.train, PairedExamples))
 
 
-def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
-                    workdir: str) -> TrainState:
-  """Starts ``state`` from ``config.init_from``'s best checkpoint (weight surgery).
+def apply_init_from(train: TrainConfig, state: TrainState, workdir: str) -> TrainState:
+  """Starts ``state`` from ``train.init_from``'s best checkpoint (weight surgery).
 
   Copies every parameter whose path and shape the source run shares with this model (only
-  those matching ``config.init_include`` when set; :func:`transfer.transfer_params`) and
+  those matching ``train.init_include`` when set; :func:`transfer.transfer_params`) and
   writes what was copied, newly initialised and dropped to ``workdir/transfer.json``.
 
   Returns:
-    ``state`` unchanged when ``config.init_from`` is empty, else with the new params.
+    ``state`` unchanged when ``train.init_from`` is empty, else with the new params.
 
   The source's parameters are checked as a resumed or evaluated checkpoint is: they load,
   match their CRC-32 and are finite (:func:`params_checkpoints.load_params`).
@@ -117,13 +116,12 @@ def apply_init_from(config: ml_collections.ConfigDict, state: TrainState,
     errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
     errors.WriteError: ``transfer.json`` could not be written (named).
   """
-  if not config.get("init_from"):
+  if not train.init_from:
     return state
-  source = params_checkpoints.load_params(config.init_from)
-  params, report = transfer.init_from_config(config, state.params, source)
-  print(f"init_from {config.init_from}: {report.summary()}", file=sys.stderr)
+  source = params_checkpoints.load_params(train.init_from)
+  params, report = transfer.init_from_params(state.params, source, train.init_include)
+  print(f"init_from {train.init_from}: {report.summary()}", file=sys.stderr)
   if jax.process_index() == 0:
     atomic_io.write_json_atomic(os.path.join(workdir, "transfer.json"),
-                                {"init_from": config.init_from, **report.to_dict()})
+                                {"init_from": train.init_from, **report.to_dict()})
   return state.replace(params=params)
-

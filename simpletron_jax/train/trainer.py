@@ -7,8 +7,8 @@ seeded data order, batches padded to a length bucket instead of to
 killed run resumes from, and test evaluations of both the final parameters
 (LRA's protocol) and the best-validation checkpoint (SimpleTRON's).
 
-Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
-``config.grad_accum_steps = A`` it is made of A *micro-steps* of
+Units: a *step* is one optimizer update on ``batch_size`` examples; with
+``grad_accum_steps = A`` it is made of A *micro-steps* of
 ``batch_size / A`` examples each (``optax.MultiSteps``).
 
 The parts a run is made of have a module each: :mod:`simpletron_jax.train.train_state`
@@ -17,8 +17,9 @@ step, the train window and the periodic actions), :mod:`simpletron_jax.train.fin
 final and best-validation tests, ``results.json``, and ``evaluate_checkpoint`` for eval.py),
 :mod:`simpletron_jax.train.steps` (loss, metrics, pmapped steps, replication),
 :mod:`simpletron_jax.data.batches` (data order), :mod:`simpletron_jax.train.evaluation`,
-:mod:`simpletron_jax.train.checkpoints`, :mod:`simpletron_jax.train.config_checks`
-(:func:`config_checks.validate_config`) and :mod:`simpletron_jax.train.run_record`
+:mod:`simpletron_jax.train.checkpoints`, :mod:`simpletron_jax.train.run_config` (the typed
+config, built once here; the data layer, the run record and the logs keep the ConfigDict)
+and :mod:`simpletron_jax.train.run_record`
 (``config.json``, :func:`run_record.load_run_config`); import their names from them.
 """
 
@@ -50,6 +51,7 @@ from simpletron_jax.train import (
     train_state,
 )
 from simpletron_jax.data.common import report_split_truncation
+from simpletron_jax.train.run_config import RunConfig
 from simpletron_jax.train.steps import JitParallel, PmapParallel, TrainState, make_parallel
 
 
@@ -72,21 +74,21 @@ def make_workdir(workdir: str) -> None:
                   f"({e.filename or workdir}); pass a folder in a writable place") from e
 
 
-def _check_start(config: ml_collections.ConfigDict, workdir: str, precompile_workers: int) -> None:
-  """The checks a run passes before it takes ``workdir``, which is created here.
+def _check_start(config: ml_collections.ConfigDict, workdir: str,
+                 precompile_workers: int) -> RunConfig:
+  """The checks a run passes before it takes ``workdir``, which is created here; returns the
+  run's typed config, built once here.
 
   Raises:
     ValueError: ``precompile_workers < 0`` or an inconsistent config
-      (:func:`config_checks.validate_config`, :func:`checkpoints.check_async_supported`,
-      :func:`config_checks.check_settings`).
+      (:meth:`RunConfig.from_config_dict`).
     NotADirectoryError, OSError: ``workdir`` cannot be a folder (:func:`make_workdir`).
   """
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
-  config_checks.validate_config(config, jax.device_count(), jax.process_count())
-  checkpoints.check_async_supported(config.get("async_checkpoints", False), jax.process_count())
-  config_checks.check_settings(config)
+  run = RunConfig.from_config_dict(config, jax.device_count(), jax.process_count())
   make_workdir(workdir)
+  return run
 
 
 def _load_data(config: ml_collections.ConfigDict, data: tasks.TaskData | None) -> tasks.TaskData:
@@ -137,11 +139,11 @@ class _Start:
             else "none (nothing saved yet)")
 
 
-def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData,
-            allow_resume_changes: bool) -> _Start:
+def _resume(config: ml_collections.ConfigDict, run: RunConfig, workdir: str,
+            data: tasks.TaskData, allow_resume_changes: bool) -> _Start:
   """Builds the model and its state, then restores the newest intact checkpoint of
   ``workdir/checkpoints`` (a damaged one is moved to ``workdir/damaged``), or for a new run
-  applies ``config.init_from`` (:func:`train_state.apply_init_from`), and checks that the best
+  applies ``init_from`` (:func:`train_state.apply_init_from`), and checks that the best
   step is still kept (:func:`checkpoints.check_best`).
 
   A checkpoint is resumed only if it was computed with this config's settings, data and
@@ -154,11 +156,11 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
     errors.CheckpointError: no checkpoint is intact.
   """
   model = train_state.build_model(config, data)
-  init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(config.seed)))
-  state = train_state.create_train_state(config, model, init_rng)
-  async_save = config.get("async_checkpoints", False)
-  ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), config.max_to_keep,
-                                         async_save=async_save)
+  init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(run.train.seed)))
+  state = train_state.create_train_state(run.train, model, init_rng, run.model.max_length)
+  ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"),
+                                         run.checkpoint.max_to_keep,
+                                         async_save=run.checkpoint.async_checkpoints)
   distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
   meta = {"best_score": None, "best_step": -1, "best_val_accuracy": -1.0, "train_seconds": 0.0}
   start_step = 0
@@ -184,7 +186,7 @@ def _resume(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskDat
       print(f"Settings changed since the checkpoint (recorded in {config_path}): "
             + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
   else:
-    state = train_state.apply_init_from(config, state, workdir)
+    state = train_state.apply_init_from(run.train, state, workdir)
   meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
               model_config=checkpoints.model_config_dict(config.model),
               **{run_record.RECORD_KEY: record})
@@ -212,7 +214,7 @@ def _write_config(start: _Start) -> dict[str, Any]:
   return software
 
 
-def _open_logs(config: ml_collections.ConfigDict, workdir: str,
+def _open_logs(config: ml_collections.ConfigDict, num_train_steps: int, workdir: str,
                start: _Start) -> metric_logging.MetricLogger:
   """Opens the run's logs at ``start.step`` (:class:`metric_logging.MetricLogger`) and records
   the parameter count and overview; first removes a ``results.json`` that this start trains
@@ -226,7 +228,7 @@ def _open_logs(config: ml_collections.ConfigDict, workdir: str,
   logger = metric_logging.MetricLogger(workdir, resume_step=start.step,
                                        enabled=jax.process_index() == 0, config=config,
                                        run_id=start.meta["run_id"])
-  if (jax.process_index() == 0 and start.step < config.num_train_steps
+  if (jax.process_index() == 0 and start.step < num_train_steps
       and os.path.exists(results_path)):
     try:
       os.remove(results_path)
@@ -244,7 +246,8 @@ def _open_logs(config: ml_collections.ConfigDict, workdir: str,
   return logger
 
 
-def _compile(config: ml_collections.ConfigDict, data: tasks.TaskData, state_repl: TrainState,
+def _compile(config: ml_collections.ConfigDict, run: RunConfig, data: tasks.TaskData,
+             state_repl: TrainState,
              parallel: PmapParallel | JitParallel, start_step: int, workers: int,
              guard: preemption.PreemptionGuard) -> tuple[Callable, Callable, dict, dict]:
   """The run's train and eval steps; with ``workers > 0``, every batch shape the run will
@@ -263,8 +266,9 @@ def _compile(config: ml_collections.ConfigDict, data: tasks.TaskData, state_repl
     return p_train, p_eval, {}, {}
   try:
     train_steps, eval_fn, precompiled = precompile.precompile_steps(
-        p_train, p_eval, state_repl, data, config, start_step * config.grad_accum_steps,
-        workers, parallel, should_stop=guard.requested_locally)
+        p_train, p_eval, state_repl, data, config, run.eval,
+        start_step * run.train.grad_accum_steps, workers, parallel,
+        should_stop=guard.requested_locally)
   except precompile.Stopped:   # nothing trained since the checkpoint: nothing to save
     raise preemption.PreemptedError(start_step, guard.cause) from None
   print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
@@ -305,8 +309,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   ``workdir/config.json``, ``workdir/parameter_overview.txt`` (also printed to stderr) and, at
   the end, ``workdir/results.json``. The loop is :mod:`simpletron_jax.train.loop`'s.
 
-  Before any work every field is validated (:func:`config_checks.validate_config`,
-  :func:`config_checks.check_settings`), and truncation by ``model.max_length`` is reported once
+  Before any work every field is validated (:meth:`RunConfig.from_config_dict`), and
+  truncation by ``model.max_length`` is reported once
   per split. A resumed checkpoint must have been computed with this config's settings, data,
   vocabulary and class count, and device and host counts (:func:`run_record.check_resume`;
   the checkpoint meta holds them as ``run_record``); the changes let through
@@ -366,8 +370,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   ``metrics.jsonl`` are strict JSON (non-finite values are ``null``).
 
   Raises:
-    ValueError: for an inconsistent config (see :func:`config_checks.validate_config` and
-      :func:`config_checks.check_settings`) or an empty split (:func:`config_checks.check_splits`).
+    ValueError: for an inconsistent config (see :meth:`RunConfig.from_config_dict`) or an
+      empty split (:func:`config_checks.check_splits`).
     errors.WorkdirLockedError: another run holds the workdir.
     errors.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
     errors.CheckpointError: a save failed, or no checkpoint is intact.
@@ -388,15 +392,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       ``CheckpointError``).
   """
   wall_start = time.time()
-  _check_start(config, workdir, precompile_workers)
+  run = _check_start(config, workdir, precompile_workers)
+  train = run.train
   lock = run_guard.acquire_lock(workdir) if jax.process_index() == 0 else None
   logger = profiler = None
   guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save (if trained) and stop
   try:   # from here on every exit releases the lock (the `finally` below)
     data = _load_data(config, data)
     guard.install()   # a signal from here on stops the run where it can stop cleanly
-    start = _resume(config, workdir, data, allow_resume_changes)
-    if start.step >= config.num_train_steps and not start.new_forced:
+    start = _resume(config, run, workdir, data, allow_resume_changes)
+    if start.step >= train.num_train_steps and not start.new_forced:
       finished = final_test.finished_results(workdir, config, start.step)   # a finished rerun
       if finished is not None:
         return finished
@@ -406,40 +411,39 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     earlier = final_test.earlier_records(os.path.join(workdir, "metrics.jsonl"), start.step)
     if guard.requested_locally():   # a signal while building or restoring: nothing to save
       raise preemption.PreemptedError(start.step, guard.cause)
-    logger = _open_logs(config, workdir, start)
+    logger = _open_logs(config, train.num_train_steps, workdir, start)
     profiler = profiling.StepProfiler(
         os.path.join(workdir, "profile"),
-        profiling.check_profile_steps(profile_steps, config.num_train_steps), start.step,
+        profiling.check_profile_steps(profile_steps, train.num_train_steps), start.step,
         enabled=jax.process_index() == 0)
-    parallel = make_parallel(config.get("parallelism", "pmap"))
+    parallel = make_parallel(train.parallelism)
     state_repl = parallel.put_state(start.state)
     p_train, eval_fn, programs, precompiled = _compile(
-        config, data, state_repl, parallel, start.step, precompile_workers, guard)
+        config, run, data, state_repl, parallel, start.step, precompile_workers, guard)
     if precompiled:
       logger.write(start.step, precompiled, "info")
-    window = loop.TrainWindow(parallel, train_state.make_schedule(config),
+    window = loop.TrainWindow(parallel, train_state.make_schedule(train),
                               start.meta["train_seconds"])
     micro_steps = loop.MicroSteps(
         p_train, programs, parallel,
-        batches.train_batches(data.train, config, start.step * config.grad_accum_steps),
-        start.dropout_root, config.grad_accum_steps)
-    bar = progress.bar(total=config.num_train_steps, initial=start.step, desc="train",
+        batches.train_batches(data.train, config, start.step * train.grad_accum_steps),
+        start.dropout_root, train.grad_accum_steps)
+    bar = progress.bar(total=train.num_train_steps, initial=start.step, desc="train",
                        disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
     actions = loop.Actions(
-        config, micro_steps, window, logger, bar,
-        final_test.evaluator(eval_fn, data.val, config, config.get("num_eval_steps", -1),
-                             parallel),
+        run.eval, run.checkpoint, run.logging, micro_steps, window, logger, bar,
+        final_test.evaluator(eval_fn, data.val, config, run.eval.num_eval_steps, parallel),
         start.ckpts, start.meta, start.last_good(), step_hook)
-    budget = loop.TimeBudget(config.get("max_train_minutes", 0), wall_start)
-    step, preempted, out_of_time = config.num_train_steps, False, False   # if none is trained
-    for step in range(start.step + 1, config.num_train_steps + 1):
+    budget = loop.TimeBudget(train.max_train_minutes, wall_start)
+    step, preempted, out_of_time = train.num_train_steps, False, False   # if none is trained
+    for step in range(start.step + 1, train.num_train_steps + 1):
       profiler.step_started(step)   # --profile_steps: the trace starts before step A
       state_repl = micro_steps(state_repl, step, window)
       bar.update(1)
       profiler.step_finished(step, state_repl)   # after step B: wait for it, stop the trace
       out_of_time = budget.spent()
       preempted = guard.should_stop(step)   # every host at the same step
-      final = step == config.num_train_steps or out_of_time   # validates, as a straight run
+      final = step == train.num_train_steps or out_of_time   # validates, as a straight run
       actions(step, state_repl, stop=final or preempted, final=final)
       if preempted or out_of_time:
         break
@@ -451,18 +455,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       logger.close()
       raise preemption.PreemptedError(step, guard.cause)
     if out_of_time:
-      bar.write(f"max_train_minutes={config.max_train_minutes} reached after step {step}; "
+      bar.write(f"max_train_minutes={train.max_train_minutes} reached after step {step}; "
                 "rerun with the same workdir to continue")
     tests = final_test.final_and_best_tests(
-        config, start, earlier, logger,
-        final_test.evaluator(eval_fn, data.test, config, config.get("num_test_steps", -1),
-                             parallel),
+        start, earlier, logger,
+        final_test.evaluator(eval_fn, data.test, config, run.eval.num_test_steps, parallel),
         state_repl.params, parallel, step)
     val_majority = start.meta.get("val_majority_rate")
     if val_majority is None:   # this lineage has not validated yet
       val_majority = final_test.last_val_majority(earlier, step, data.val)
-    results = final_test.run_results(config, data, start, tests, val_majority, step, window,
-                                     precompiled, wall_start, software)
+    results = final_test.run_results(run, run_record.config_fingerprint(config), data, start,
+                                     tests, val_majority, step, window, precompiled,
+                                     wall_start, software)
     if jax.process_index() == 0:   # never a half-written file
       atomic_io.write_json_atomic(os.path.join(workdir, "results.json"), results)
     logger.close()

@@ -162,7 +162,7 @@ def inherited_options(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
   A config file writes its attention's options, defaults included, into
   ``model.attention_kwargs`` so that each can be overridden; switched to another attention with
   ``--config.model.attention=NAME``, it still holds them. :meth:`AttentionSpec.build` drops
-  these entries, and :func:`simpletron_jax.train.config_checks.validate_config` names them in a
+  these entries, and :func:`simpletron_jax.train.config_checks.check_model_and_data` names them in a
   warning. An option that is not at another variant's default stays, and ``build`` refuses it.
 
   Args:
