@@ -199,8 +199,9 @@ def test_killed_processes_resume_to_the_uninterrupted_parameters(straight, singl
   codes, records, logs = _run_pair(tmp_path, workdir, "killed", "--kill_at=4")
   assert codes[0] == worker.KILLED_EXIT_CODE and codes[1] != 0, logs
   ckpt_dir = workdir / "checkpoints"
-  assert sorted(os.listdir(ckpt_dir)) == ["2", "4"], "only committed checkpoints are visible"
-  assert all((ckpt_dir / s / "commit_success.txt").exists() for s in ("2", "4"))
+  # Kept: the newest two saves (the step-3 validation's best, the step-4 checkpoint).
+  assert sorted(os.listdir(ckpt_dir)) == ["3", "4"], "only committed checkpoints are visible"
+  assert all((ckpt_dir / s / "commit_success.txt").exists() for s in ("3", "4"))
   # A save cut short leaves orbax's temporary folder, which is never read as a step.
   (ckpt_dir / "6.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
   # A host that does not see the shared workdir would start over: refused.
