@@ -30,7 +30,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from simpletron_jax.runtime import cli, errors, platforms, xla_cache
-from simpletron_jax.train import metric_logging, profiling
+from simpletron_jax.run import metric_logging, profiling
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 INTERRUPTED_EXIT_CODE = 130   # 128 + SIGINT, as a shell reports a process that SIGINT ended
@@ -150,7 +150,8 @@ def _train(fl):
   platforms.skip_absent_tpu()   # no libtpu start-up errors on a machine without a TPU
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax.runtime import distributed  # pylint: disable=import-outside-toplevel
-  from simpletron_jax.train import preemption, trainer  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.run import preemption
   xla_cache.enable(fl.xla_cache_dir)
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,

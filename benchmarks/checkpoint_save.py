@@ -48,7 +48,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from simpletron_jax.runtime import cli  # noqa: E402
-from simpletron_jax.train import checkpoints, run_config, run_guard, train_state  # noqa: E402
+from simpletron_jax.train import checkpoints, run_config, train_state  # noqa: E402
+from simpletron_jax.run import run_guard
 from step_time import load_config  # noqa: E402  (benchmarks/step_time.py)
 
 # The vocabulary size and class count of each task, as tasks.load_task reports them.

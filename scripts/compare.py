@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 from simpletron_jax.data import tasks as task_registry  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.tools import published, reporting  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.run import run_record  # noqa: E402  pylint: disable=C0413
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
 # Folders a run writes that hold no run of their own (not searched).

@@ -287,7 +287,7 @@ def compare(cell: Cell, workdir: str, overrides: Sequence[str] = (),
       ``run_record.workdir_results_problem``).
   """
   from simpletron_jax.tools import reporting  # pylint: disable=import-outside-toplevel
-  from simpletron_jax.train import run_record  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.run import run_record  # pylint: disable=import-outside-toplevel
   config = cell_config(cell, overrides)
   problem = run_record.workdir_results_problem(workdir, config)
   if problem is not None:
@@ -398,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       return status
     if status != 0:
       raise CellError(f"train.py exited {status} (its last lines above name the cause)")
-    from simpletron_jax.train import run_record  # pylint: disable=import-outside-toplevel
+    from simpletron_jax.run import run_record  # pylint: disable=import-outside-toplevel
     problem = run_record.workdir_results_problem(workdir, config)
     if problem is not None:
       print(f"reproduce.py: {cell.name} is not finished ({problem}); rerun the same command "

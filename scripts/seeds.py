@@ -49,8 +49,8 @@ sys.path.insert(0, ROOT)
 from simpletron_jax.runtime import cli, errors  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.runtime import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import preemption  # noqa: E402
+from simpletron_jax.run import run_record  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.run import preemption  # noqa: E402
 
 RUN_FILES = ("config.json", "metrics.jsonl", "results.json")
 # The lines of train.py's output that are also printed while a seed trains: progress

@@ -29,7 +29,7 @@ and ``--config.<field>=<value>`` (the syntax of ``train.py``, parsed by
 the two arms still fine-tune with the same recipe.
 A run is not trained again when its ``results.json`` is a finished run of its very config:
 complete, at its step count, and with its ``config_fingerprint``
-(:func:`simpletron_jax.train.run_record.workdir_results_problem`, as ``scripts/seeds.py`` checks);
+(:func:`simpletron_jax.run.run_record.workdir_results_problem`, as ``scripts/seeds.py`` checks);
 any other resumes from its checkpoints (the reason is printed). The runs go to
 ``--workdir_root`` (default ``runs/spt_<size>``). After each seed the script writes
 ``table.md`` and ``table.json`` in the root; nothing under ``results/`` changes unless
@@ -60,7 +60,7 @@ sys.path.insert(0, ROOT)
 
 from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.runtime import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.run import run_record  # noqa: E402  pylint: disable=C0413
 
 STAGES = ("spt", "ft", "scratch")
 SPT_PREFIX = "--spt_config."
@@ -108,7 +108,7 @@ def stage_config(task: str, attention: str, size: str, stage: str, seed: int,
 def run_problem(workdir: str, config) -> str | None:
   """Why ``workdir/results.json`` is not a finished run of ``config`` (missing, incomplete,
   another step count or config fingerprint), or None when it is
-  (:func:`simpletron_jax.train.run_record.workdir_results_problem`)."""
+  (:func:`simpletron_jax.run.run_record.workdir_results_problem`)."""
   return run_record.workdir_results_problem(workdir, config)
 
 

@@ -12,7 +12,7 @@ Each run is ``python train.py --config configs/<task>/<model>.py:<variant>`` wit
 ``train.py``, :mod:`simpletron_jax.runtime.overrides`), in ``<runs>/<model>`` (``--runs``, default
 ``runs/<task>_<variant>_table``). A run is reused only when its ``results.json`` is a finished
 run of this very config: complete, at this step count, and with this config's
-``config_fingerprint`` (:func:`simpletron_jax.train.run_record.workdir_results_problem`, as
+``config_fingerprint`` (:func:`simpletron_jax.run.run_record.workdir_results_problem`, as
 ``scripts/seeds.py`` checks). Any other run is trained again in its folder, which resumes from
 its checkpoint (``train.py`` refuses a checkpoint of other settings, naming them; choose
 another ``--runs`` then); the reason it did not count is printed. With ``--jobs 2`` two runs
@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 from simpletron_jax.model import attention  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.runtime import cli, overrides  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import run_record  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.run import run_record  # noqa: E402  pylint: disable=C0413
 
 RUN_FILES = ("results.json", "config.json", "metrics.jsonl")
 TABLE_FILES = ("table.md", "table.json")

@@ -29,7 +29,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from simpletron_jax.runtime import errors
-from simpletron_jax.train import checkpoints, run_guard, trainer
+from simpletron_jax.train import checkpoints, trainer
+from simpletron_jax.run import run_guard
 from tests.test_faults import fault_config
 from tests.test_faults_lifecycle import SmallDisk, deadline
 from tests.test_train import _state

@@ -30,8 +30,9 @@ from simpletron_jax.data import image, listops, retrieval, text
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.runtime import atomic_io, errors
-from simpletron_jax.train import checkpoints, run_config, run_guard, trainer
-from simpletron_jax.train.metric_logging import MetricLogger, read_records
+from simpletron_jax.train import checkpoints, run_config, trainer
+from simpletron_jax.run import run_guard
+from simpletron_jax.run.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
 from tests.test_train import Killed, _state, tiny_config
 
@@ -376,7 +377,7 @@ def test_the_best_metric_is_a_config_field(presence_task, tmp_path, metric, mode
 def _lock_holder(workdir):
   """A process that takes ``workdir``'s lock with :func:`run_guard.acquire_lock` and holds it
   until killed; returned once the lock is held."""
-  code = ("import time; from simpletron_jax.train import run_guard; "
+  code = ("import time; from simpletron_jax.run import run_guard; "
           f"run_guard.acquire_lock({str(workdir)!r}); print('held', flush=True); time.sleep(300)")
   holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                             text=True)

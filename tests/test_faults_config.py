@@ -24,8 +24,8 @@ from ml_collections import config_flags
 from configs import lra
 from simpletron_jax.data import common, listops, retrieval, tasks, text
 from simpletron_jax.runtime import cli, errors
-from simpletron_jax.train import (checkpoints, config_checks, final_test, run_config,
-                                  run_record, trainer)
+from simpletron_jax.train import checkpoints, config_checks, final_test, run_config, trainer
+from simpletron_jax.run import run_record
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
 

@@ -29,8 +29,9 @@ import time
 import chex
 import pytest
 
-from simpletron_jax.train import run_guard, trainer
-from simpletron_jax.train.metric_logging import read_records
+from simpletron_jax.train import trainer
+from simpletron_jax.run import run_guard
+from simpletron_jax.run.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _params, fault_config
 

@@ -35,10 +35,12 @@ import orbax.checkpoint as ocp
 import pytest
 
 from simpletron_jax.data import batches
-from simpletron_jax.train import run_guard, trainer
+from simpletron_jax.train import trainer
+from simpletron_jax.run import run_guard
 from simpletron_jax.runtime import atomic_io, errors
-from simpletron_jax.train import checkpoints, metric_logging, preemption, run_record
-from simpletron_jax.train.metric_logging import MetricLogger, read_records
+from simpletron_jax.train import checkpoints
+from simpletron_jax.run import metric_logging, preemption, run_record
+from simpletron_jax.run.metric_logging import MetricLogger, read_records
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
 from tests.test_faults import _params, fault_config
@@ -485,7 +487,7 @@ def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, small_disk, monke
   fills, so the event writer meets ENOSPC. Where no tmpfs can be mounted, the event file's
   writes are made to fail as they do then. Every event before the failure stays readable,
   and no torn record is left behind."""
-  from simpletron_jax.train import tensorboard_writer  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.run import tensorboard_writer  # pylint: disable=import-outside-toplevel
   workdir = tmp_path / "run"
   os.makedirs(workdir)
   os.makedirs(os.path.join(small_disk.path, "tb"))

@@ -34,9 +34,16 @@ from configs import lra
 from simpletron_jax.data import text
 from simpletron_jax.runtime import errors, progress
 from simpletron_jax.tools import reporting
-from simpletron_jax.train import (checkpoints, final_test, params_checkpoints, precompile,
-                                  preemption, run_guard, run_record, train_state, trainer)
-from simpletron_jax.train.metric_logging import read_records
+from simpletron_jax.train import (
+    checkpoints,
+    final_test,
+    params_checkpoints,
+    precompile,
+    train_state,
+    trainer,
+)
+from simpletron_jax.run import preemption, run_guard, run_record
+from simpletron_jax.run.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _kill_at, _params, fault_config
 from tests.test_train import Killed

@@ -225,7 +225,7 @@ def test_explain_without_matplotlib(tmp_path):
 def test_gpu_software_reads_cuda_cudnn_and_driver(tmp_path, monkeypatch):
   import types  # pylint: disable=import-outside-toplevel
   from jax._src import lib as jax_lib  # pylint: disable=import-outside-toplevel
-  from simpletron_jax.train import software_record  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.run import software_record  # pylint: disable=import-outside-toplevel
   fake = types.SimpleNamespace(cuda_runtime_get_version=lambda: 12040,
                                cudnn_get_version=lambda: 90100,
                                cuda_driver_get_version=lambda: 12080)

@@ -23,7 +23,8 @@ import chex
 import orbax.checkpoint as ocp
 import pytest
 
-from simpletron_jax.train import final_test, loop, run_guard, trainer
+from simpletron_jax.train import final_test, loop, trainer
+from simpletron_jax.run import run_guard
 from tests.test_faults import (KilledBySignal, _kill_at, _kill_inside_save, _params,
                                fault_config)
 

@@ -27,8 +27,9 @@ import pytest
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from simpletron_jax.runtime import errors
-from simpletron_jax.train import metric_logging, profiling, tensorboard_writer, trainer
-from simpletron_jax.train.metric_logging import MetricLogger, read_records
+from simpletron_jax.train import trainer
+from simpletron_jax.run import metric_logging, profiling, tensorboard_writer
+from simpletron_jax.run.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
 from tests.test_faults import _params, fault_config
 
@@ -96,7 +97,7 @@ def test_resumed_run_shows_one_value_per_step_in_tensorboard(tmp_path):
 
 
 def test_a_disabled_logger_writes_nothing_and_imports_no_tensorflow(tmp_path):
-  code = ("import sys; from simpletron_jax.train.metric_logging import MetricLogger, read_records; "
+  code = ("import sys; from simpletron_jax.run.metric_logging import MetricLogger, read_records; "
           f"MetricLogger({str(tmp_path)!r}, enabled=False).write(1, {{'loss': 1.0}}, 'train'); "
           "print('tensorflow' in sys.modules, 'wandb' in sys.modules)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -139,7 +140,7 @@ def test_scalars_and_texts_are_tensorboards_own_records(tmp_path):
 def test_the_writers_are_clus_metric_writers():
   """The interface is loaded without TensorFlow; a later ``import clu.metric_writers`` (here
   TensorFlow is installed) sees the same class, so clu's helpers accept the writers."""
-  code = ("import sys; from simpletron_jax.train import tensorboard_writer as t; "
+  code = ("import sys; from simpletron_jax.run import tensorboard_writer as t; "
           "assert 'clu.metric_writers' not in sys.modules and 'tensorflow' not in sys.modules; "
           "from clu import metric_writers; "
           "print(metric_writers.MetricWriter is t.MetricWriter, "

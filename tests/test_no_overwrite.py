@@ -25,7 +25,7 @@ import sys
 import pytest
 
 from simpletron_jax.runtime import overrides
-from simpletron_jax.train import run_record
+from simpletron_jax.run import run_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = ("results", os.path.join("benchmarks", "results"))

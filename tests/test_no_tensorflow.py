@@ -118,7 +118,7 @@ def test_train_py_runs_without_tensorflow_and_tensorboard_reads_its_scalars(trai
     results = json.load(f)
   assert results["complete"] and results["final_step"] == 4
 
-  from simpletron_jax.train.metric_logging import \
+  from simpletron_jax.run.metric_logging import \
       read_records  # pylint: disable=import-outside-toplevel
   expected = {}
   for record in read_records(os.path.join(workdir, "metrics.jsonl")):
@@ -207,7 +207,7 @@ print(json.dumps({"failures": failures, "skipped": skipped}))
 
 def test_every_module_the_entry_points_import_imports_without_tensorflow(no_tf_env):
   imports = _imported(_entry_files())
-  assert ("simpletron_jax.train.tensorboard_writer", ("TensorBoardWriter",)) in imports
+  assert ("simpletron_jax.run.tensorboard_writer", ("TensorBoardWriter",)) in imports
   env = dict(no_tf_env)
   # The scripts import their neighbours (exp_common, seeds, torch_step, ...) by name.
   env["PYTHONPATH"] = os.pathsep.join(

@@ -14,7 +14,8 @@ import pytest
 from simpletron_jax.data import tasks
 from simpletron_jax.model import attention
 from simpletron_jax.tools import published, reporting
-from simpletron_jax.train import checkpoints, evaluation, software_record, steps, trainer
+from simpletron_jax.train import checkpoints, evaluation, steps, trainer
+from simpletron_jax.run import software_record
 from tests.test_train import Killed, _state, tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))

@@ -43,8 +43,9 @@ from simpletron_jax.runtime import cli, overrides  # noqa: E402  pylint: disable
 from simpletron_jax.train import (  # noqa: E402  pylint: disable=C0413
     evaluation, run_config, steps, train_state)
 from simpletron_jax.data import tasks  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import run_record, trainer  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.train import trainer  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.run import run_record
+from simpletron_jax.run.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
 
 
 OUTPUT_EXTENSIONS = ("json", "md", "png")
@@ -204,13 +205,13 @@ class DataCache:
 
 def finished(workdir: str, config: ml_collections.ConfigDict | None = None) -> bool:
   """Whether ``workdir/results.json`` is a finished run (of ``config`` when given):
-  :func:`simpletron_jax.train.run_record.workdir_results_problem` finds nothing wrong with it."""
+  :func:`simpletron_jax.run.run_record.workdir_results_problem` finds nothing wrong with it."""
   return run_record.workdir_results_problem(workdir, config) is None
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData) -> dict:
   """Trains with ``trainer.train_and_evaluate``, or reads a finished run's results (one
-  that :func:`simpletron_jax.train.run_record.results_problem` accepts for ``config``; any other
+  that :func:`simpletron_jax.run.run_record.results_problem` accepts for ``config``; any other
   run resumes from its last checkpoint).
 
   Returns:
@@ -219,7 +220,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
 
   Raises:
     ValueError: if ``workdir`` holds a run of another config: its ``config.json`` has another
-      :func:`simpletron_jax.train.run_record.config_fingerprint` (choose another ``--runs``).
+      :func:`simpletron_jax.run.run_record.config_fingerprint` (choose another ``--runs``).
   """
   path = os.path.join(workdir, "results.json")
   saved = os.path.join(workdir, "config.json")

@@ -3,7 +3,7 @@
 :class:`RunError` and its subclasses are the errors a user can act on: ``train.py`` and
 ``eval.py`` print their one-line message and exit with status 1, without a traceback
 (:func:`simpletron_jax.runtime.cli.user_error_message`); a preemption exits 75
-(:class:`simpletron_jax.train.preemption.PreemptedError`). :func:`warn` reports what start-up
+(:class:`simpletron_jax.run.preemption.PreemptedError`). :func:`warn` reports what start-up
 repaired or ignored (a stale lock, a damaged checkpoint) as a :class:`RunWarning`.
 
 No JAX here: the command-line front ends import this module before JAX starts.

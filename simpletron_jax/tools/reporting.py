@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from simpletron_jax.tools import published
-from simpletron_jax.train import software_record
+from simpletron_jax.run import software_record
 
 PROTOCOL_KEYS = {"best_val": "test_accuracy_best_val", "final": "test_accuracy_final"}
 """``results.json`` key of each protocol's test accuracy (a fraction)."""

@@ -26,7 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from simpletron_jax.runtime import distributed, errors
-from simpletron_jax.train import run_guard, run_record
+from simpletron_jax.run import run_guard, run_record
 from simpletron_jax.train.steps import TrainState
 
 # The checkpoint layout, in each meta under FORMAT_KEY. 3: the newest and the best in one folder.

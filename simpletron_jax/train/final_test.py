@@ -20,15 +20,8 @@ import ml_collections
 
 from simpletron_jax.data import tasks
 from simpletron_jax.runtime import distributed, errors
-from simpletron_jax.train import (
-    checkpoints,
-    evaluation,
-    loop,
-    metric_logging,
-    precompile,
-    run_record,
-    train_state,
-)
+from simpletron_jax.train import checkpoints, evaluation, loop, precompile, train_state
+from simpletron_jax.run import metric_logging, run_record
 from simpletron_jax.data.common import report_split_truncation
 from simpletron_jax.train.run_config import RunConfig
 from simpletron_jax.train.steps import JitParallel, PmapParallel, make_parallel

@@ -34,9 +34,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from simpletron_jax.runtime import distributed, errors
-from simpletron_jax.train import run_guard, steps
+from simpletron_jax.train import steps
+from simpletron_jax.run import run_guard
 from simpletron_jax.train.checkpoints import best_score, finish_saves, save_checkpoint, step_dir
-from simpletron_jax.train.metric_logging import MetricLogger
+from simpletron_jax.run.metric_logging import MetricLogger
 from simpletron_jax.train.run_config import CheckpointConfig, EvalConfig, LoggingConfig
 from simpletron_jax.train.steps import InFlightLimit, JitParallel, PmapParallel, TrainState
 

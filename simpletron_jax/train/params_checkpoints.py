@@ -11,7 +11,7 @@ import orbax.checkpoint as ocp
 
 from simpletron_jax.model import lora
 from simpletron_jax.runtime import errors
-from simpletron_jax.train import run_guard
+from simpletron_jax.run import run_guard
 from simpletron_jax.train.checkpoints import (
     BEST_KEY,
     FORMAT,

@@ -16,7 +16,7 @@ in some epochs only), and the batches of a validation (``num_eval_steps``) and o
 test (``num_test_steps``). A shape met later still compiles in the loop, as usual.
 
 A stop requested while the threads compile (``should_stop``: SIGTERM or SIGINT, through
-:class:`simpletron_jax.train.preemption.PreemptionGuard`) cancels the compilations not yet started,
+:class:`simpletron_jax.run.preemption.PreemptionGuard`) cancels the compilations not yet started,
 waits for the ones running (XLA cannot be interrupted) and raises :class:`Stopped`; the
 caller then stops as a preempted run does, with no traceback.
 """

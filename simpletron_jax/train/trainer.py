@@ -19,7 +19,7 @@ final and best-validation tests, ``results.json``, and ``evaluate_checkpoint`` f
 :mod:`simpletron_jax.data.batches` (data order), :mod:`simpletron_jax.train.evaluation`,
 :mod:`simpletron_jax.train.checkpoints`, :mod:`simpletron_jax.train.run_config` (the typed
 config, built once here; the data layer, the run record and the logs keep the ConfigDict)
-and :mod:`simpletron_jax.train.run_record`
+and :mod:`simpletron_jax.run.run_record`
 (``config.json``, :func:`run_record.load_run_config`); import their names from them.
 """
 
@@ -41,14 +41,16 @@ from simpletron_jax.train import (
     config_checks,
     final_test,
     loop,
-    metric_logging,
     precompile,
+    train_state,
+)
+from simpletron_jax.run import (
+    metric_logging,
     preemption,
     profiling,
     run_guard,
     run_record,
     software_record,
-    train_state,
 )
 from simpletron_jax.data.common import report_split_truncation
 from simpletron_jax.train.run_config import RunConfig

@@ -5,11 +5,11 @@
 Every record is written in the caller's thread and flushed before :meth:`MetricLogger.write`
 returns, so a failed write (a full disk, a read-only folder) stops the run at once with a
 :class:`simpletron_jax.runtime.errors.WriteError` naming the file. TensorBoard's event file
-is written by :class:`simpletron_jax.train.tensorboard_writer.TensorBoardWriter`, which needs no
+is written by :class:`simpletron_jax.run.tensorboard_writer.TensorBoardWriter`, which needs no
 TensorFlow and has no writer thread; nothing here imports TensorFlow.
 
 The writers are imported only when a logger is created, so ``from
-simpletron_jax.train.metric_logging import read_records`` stays cheap (no JAX, no TensorBoard).
+simpletron_jax.run.metric_logging import read_records`` stays cheap (no JAX, no TensorBoard).
 """
 
 from __future__ import annotations
@@ -183,9 +183,9 @@ def write_parameter_overview(workdir: str, params: Any) -> str:
 class MetricLogger:
   """Writes ``{"step", "split", "time", **metrics}`` lines to ``workdir/metrics.jsonl``, the
   same scalars as ``split/name`` to TensorBoard under ``workdir/tb``
-  (:class:`simpletron_jax.train.tensorboard_writer.TensorBoardWriter`) and, when
+  (:class:`simpletron_jax.run.tensorboard_writer.TensorBoardWriter`) and, when
   ``config.wandb.project`` is set, to Weights & Biases
-  (:class:`simpletron_jax.train.wandb_writer.WandbWriter`, files under ``workdir/wandb``).
+  (:class:`simpletron_jax.run.wandb_writer.WandbWriter`, files under ``workdir/wandb``).
 
   On a resumed run, records with ``step > resume_step`` (written after the
   checkpoint the run resumes from) and the ``info`` record at ``resume_step`` (the run
@@ -238,12 +238,12 @@ class MetricLogger:
     except OSError as e:
       raise atomic_io.write_error(self.path, e) from e
     try:
-      from simpletron_jax.train.tensorboard_writer import TensorBoardWriter  # pylint: disable=C0415
+      from simpletron_jax.run.tensorboard_writer import TensorBoardWriter  # pylint: disable=C0415
       tensorboard = TensorBoardWriter(os.path.join(workdir, "tb"), start_step=resume_step + 1)
       self._writers.append(tensorboard)
       self.tb_path = tensorboard.path
       if wandb_on is not None:
-        from simpletron_jax.train.wandb_writer import WandbWriter  # pylint: disable=C0415
+        from simpletron_jax.run.wandb_writer import WandbWriter  # pylint: disable=C0415
         self._writers.append(WandbWriter(
             project=wandb_on["project"], entity=wandb_on["entity"], mode=wandb_on["mode"],
             run_id=wandb_run_id(workdir, run_id), directory=workdir,

@@ -240,7 +240,7 @@ class TensorBoardWriter(ScalarWriter):
 
   def write_hparams(self, hparams: Mapping[str, Any]) -> None:
     """Writes ``hparams`` (a flat mapping of bool, int, float or str values, e.g.
-    :func:`simpletron_jax.train.metric_logging.flat_config`) as the HParams plugin's session start
+    :func:`simpletron_jax.run.metric_logging.flat_config`) as the HParams plugin's session start
     at step 0.
 
     Raises:

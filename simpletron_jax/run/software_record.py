@@ -1,11 +1,11 @@
 """What a run was computed with besides its config: versions, devices, hosts, git commit.
 
 :func:`software` is the flat record that ``config.json`` (under
-:data:`simpletron_jax.train.run_record.SOFTWARE_KEY`) and ``results.json`` carry: the
+:data:`simpletron_jax.run.run_record.SOFTWARE_KEY`) and ``results.json`` carry: the
 versions of Python and the packages of :data:`SOFTWARE_PACKAGES`, the device kind and counts,
 the CUDA stack on a GPU (:func:`gpu_software`) and the project's git commit.
 :func:`software_line` writes such a record as one line for the reports. Never part of a
-fingerprint or a resume check (:mod:`simpletron_jax.train.run_record`).
+fingerprint or a resume check (:mod:`simpletron_jax.run.run_record`).
 
 No JAX import here (the caller passes the device facts; the backend is read from ``jax`` only
 when it is already imported).

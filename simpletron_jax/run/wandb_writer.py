@@ -1,6 +1,6 @@
 """A ``clu.metric_writers.MetricWriter`` that logs to Weights & Biases.
 
-:class:`simpletron_jax.train.metric_logging.MetricLogger` adds it to its writers when
+:class:`simpletron_jax.run.metric_logging.MetricLogger` adds it to its writers when
 ``config.wandb.project`` is set, on process 0 only. Scalars are logged with the optimizer step
 as their x-axis (``define_metric``: W&B's own ``_step`` only counts calls, and would drop a
 record whose step is lower than an earlier one, such as the ``test`` record at the
@@ -9,7 +9,7 @@ best-validation step); hyperparameters go to the run's config. Its files go unde
 ``wandb sync``). A resumed run passes the same run id, so W&B continues the same run.
 
 Importing this module imports clu's ``MetricWriter`` interface without TensorFlow
-(:func:`simpletron_jax.train.tensorboard_writer.clu_interface`); ``wandb`` is imported when a writer
+(:func:`simpletron_jax.run.tensorboard_writer.clu_interface`); ``wandb`` is imported when a writer
 is created.
 """
 
@@ -19,7 +19,7 @@ import os
 from typing import Any, Mapping
 
 from simpletron_jax.runtime import errors
-from simpletron_jax.train.tensorboard_writer import ScalarWriter
+from simpletron_jax.run.tensorboard_writer import ScalarWriter
 
 STEP_KEY = "step"   # the x-axis of every logged metric
 
@@ -34,7 +34,7 @@ class WandbWriter(ScalarWriter):
     mode: ``"online"`` or ``"offline"`` (``config.wandb.mode``); ``""`` or None: W&B's own
       choice (its ``WANDB_MODE`` environment variable, online when unset).
     run_id: the W&B run id: the same on every start of a run (see
-      :func:`simpletron_jax.train.metric_logging.wandb_run_id`), so a resumed run continues it.
+      :func:`simpletron_jax.run.metric_logging.wandb_run_id`), so a resumed run continues it.
     directory: the run directory; W&B's files go under ``directory/wandb``.
     name: the run's display name; None: W&B picks one.
 

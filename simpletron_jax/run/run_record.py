@@ -12,7 +12,7 @@
   (:func:`workdir_results_problem`: the same for a run folder's file); a run resumed with
   ``--allow_resume_changes`` lists those changes (:func:`forced_changes`) and is not one.
 * :data:`SOFTWARE_KEY`: ``config.json``'s record of the versions, devices and git commit
-  (:func:`simpletron_jax.train.software_record.software`), never part of a fingerprint or a
+  (:func:`simpletron_jax.run.software_record.software`), never part of a fingerprint or a
   resume check.
 
 No JAX here (the caller passes the device facts).

@@ -9,8 +9,8 @@
 
 The other guards have a module each: the errors a run stops with
 (:mod:`simpletron_jax.runtime.errors`), atomic writes (:mod:`simpletron_jax.runtime.atomic_io`),
-SIGTERM handling (:mod:`simpletron_jax.train.preemption`) and what a run was computed with
-(:mod:`simpletron_jax.train.run_record`). The start-up checks of the config are in
+SIGTERM handling (:mod:`simpletron_jax.run.preemption`) and what a run was computed with
+(:mod:`simpletron_jax.run.run_record`). The start-up checks of the config are in
 :mod:`simpletron_jax.train.config_checks`.
 """
 
