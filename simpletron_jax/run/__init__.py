@@ -1,7 +1,3 @@
-"""What surrounds a training run: its safety and its logs.
-
-The workdir lock, finiteness checks and state CRCs (``run_guard``), SIGTERM handling
-(``preemption``), what a run was computed with (``run_record``, ``software_record``), and its
-logs: ``metrics.jsonl``, TensorBoard and W&B (``metric_logging``, ``tensorboard_writer``,
-``wandb_writer``) and profiler traces (``profiling``). It imports the runtime package only.
-"""
+"""What surrounds a training run: the workdir lock and state checks, SIGTERM handling, the run
+record, and its logs (metrics.jsonl, TensorBoard, W&B, profiler traces). It imports only
+``simpletron_jax.runtime``."""

@@ -1,16 +1,6 @@
-"""Metrics to a JSONL file (one record per line, easy to plot), to TensorBoard and, when
-``config.wandb.project`` is set, to Weights & Biases, through writers with clu's
-``MetricWriter`` interface; and the run's parameter table (``clu.parameter_overview``).
-
-Every record is written in the caller's thread and flushed before :meth:`MetricLogger.write`
-returns, so a failed write (a full disk, a read-only folder) stops the run at once with a
-:class:`simpletron_jax.runtime.errors.WriteError` naming the file. TensorBoard's event file
-is written by :class:`simpletron_jax.run.tensorboard_writer.TensorBoardWriter`, which needs no
-TensorFlow and has no writer thread; nothing here imports TensorFlow.
-
-The writers are imported only when a logger is created, so ``from
-simpletron_jax.run.metric_logging import read_records`` stays cheap (no JAX, no TensorBoard).
-"""
+"""Metrics to ``metrics.jsonl``, TensorBoard and (with ``config.wandb.project``) W&B, through
+writers with clu's ``MetricWriter`` interface, and the parameter table (docs/runs.md). The
+writers are imported only when a logger is created: importing this module needs no JAX."""
 
 from __future__ import annotations
 
@@ -25,20 +15,16 @@ from typing import Any, Mapping
 
 from simpletron_jax.runtime import atomic_io, errors
 
-# config.wandb.mode: "" leaves the mode to W&B (its WANDB_MODE variable, else online).
 WANDB_MODES = ("", "online", "offline")
 PARAMETER_OVERVIEW_FILE = "parameter_overview.txt"
 
 
 def read_records(path: str) -> list[dict[str, Any]]:
-  """The records of a ``metrics.jsonl`` file.
-
-  A torn last line (no newline after it: a run killed while writing it) is dropped with a
-  warning.
+  """The records of a ``metrics.jsonl`` file; a torn last line (no newline: a run killed while
+  writing it) is dropped with a warning.
 
   Raises:
-    ValueError: ``{path}:{line}: ...`` for any other line that is not a JSON object with an
-      integer ``step``.
+    ValueError: ``{path}:{line}: ...``, a line that is not a JSON object with an int ``step``.
   """
   with open(path) as f:
     lines = f.read().split("\n")
@@ -51,7 +37,7 @@ def read_records(path: str) -> list[dict[str, Any]]:
       if not isinstance(record, dict) or not isinstance(record.get("step"), int):
         raise ValueError("not a JSON object with an integer 'step'")
     except ValueError as e:
-      if i == len(lines) - 1:  # no newline after it: the write was cut short
+      if i == len(lines) - 1:
         warnings.warn(f"{path}:{i + 1}: dropping a torn last record ({e})", stacklevel=2)
         continue
       raise ValueError(f"{path}:{i + 1}: {e}") from None
@@ -66,15 +52,9 @@ def _strict(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def flat_config(config: Any) -> dict[str, bool | int | float | str]:
-  """``config`` as hyperparameters: ``{"model.num_layers": 4, ...}``.
-
-  Args:
-    config: an ``ml_collections.ConfigDict`` or a nested mapping.
-
-  Returns:
-    One entry per leaf, keyed by its dotted path; bools, ints, floats and strings are kept,
-    ``None`` becomes ``""`` and anything else (tuples, lists) its JSON text, since TensorBoard's
-    hparams plugin takes only those four types.
+  """``config`` (a ``ConfigDict`` or nested mapping) as hyperparameters, one per leaf by dotted
+  path: ``{"model.num_layers": 4, ...}``. Bools, ints, floats and strings are kept, None is ""
+  and anything else its JSON text (TensorBoard's hparams plugin takes only those four types).
   """
   tree = config.to_dict() if hasattr(config, "to_dict") else config
   flat = {}
@@ -95,23 +75,13 @@ def flat_config(config: Any) -> dict[str, bool | int | float | str]:
 
 
 def wandb_settings(config: Any) -> dict[str, str] | None:
-  """The checked ``config.wandb`` fields, or None when W&B logging is off.
-
-  Args:
-    config: the run config; ``config.wandb.project`` ("" or missing: off), ``.entity`` ("":
-      the W&B account's default) and ``.mode`` (``""``, the default: W&B's own ``WANDB_MODE``
-      environment variable decides, online when unset; ``"online"`` or ``"offline"``
-      override it).
-
-  Returns:
-    ``{"project", "entity", "mode"}`` (entity "" for the default, mode "" for W&B's choice)
-    when ``project`` is set.
+  """The checked ``config.wandb`` fields, ``{"project", "entity", "mode"}``, or None when
+  ``project`` is "" or missing. ``entity`` "": the account's default; ``mode`` "" (the
+  default): W&B's ``WANDB_MODE`` decides (online when unset); "online", "offline" override it.
 
   Raises:
-    ValueError: ``config.wandb.mode`` is not ``""``, ``"online"`` or ``"offline"`` (checked
-      even when the project is empty, so a typo shows before a run relies on it).
-    errors.RunError: a project is set but ``wandb`` is not installed; says
-      ``pip install -e ".[wandb]"``.
+    ValueError: ``config.wandb.mode`` is not "", online or offline (even with no project).
+    errors.RunError: a project is set but ``wandb`` is not installed.
   """
   section = config.get("wandb", None) if config is not None else None
   if section is None:
@@ -136,17 +106,9 @@ def wandb_settings(config: Any) -> dict[str, str] | None:
 
 
 def wandb_run_id(workdir: str, run_id: str | None = None) -> str:
-  """The W&B run id of ``workdir``: the same on every start, so a resumed run continues it.
-
-  Args:
-    workdir: the run directory.
-    run_id: the run's lineage id (the trainer's ``meta["run_id"]``, ``workdir/run_id``);
-      used when given.
-
-  Returns:
-    ``run_id``, else the id in ``workdir/run_id`` if that file exists, else the first 32 hex
-    digits of the sha256 of the workdir's absolute path.
-  """
+  """The W&B run id of ``workdir``, the same on every start, so a resumed run continues it:
+  ``run_id`` (the run's lineage id) if given, else ``workdir/run_id``'s, else the first 32 hex
+  digits of the sha256 of the workdir's absolute path."""
   if run_id:
     return run_id
   path = os.path.join(workdir, "run_id")
@@ -160,15 +122,8 @@ def wandb_run_id(workdir: str, run_id: str | None = None) -> str:
 
 def write_parameter_overview(workdir: str, params: Any) -> str:
   """Prints ``clu.parameter_overview``'s table of ``params`` to stderr and writes it to
-  ``workdir/parameter_overview.txt`` (whole or not at all, :func:`atomic_io.write_text_atomic`).
-
-  Args:
-    workdir: the run directory (exists).
-    params: the parameter tree (arrays on one device or on the host).
-
-  Returns:
-    The table: one row per parameter (path ``a/b/kernel``, shape, dtype, size, mean, std),
-    then ``Total: N -- B bytes`` (N with thousands separators).
+  ``workdir/parameter_overview.txt`` (atomically); returns it: one row per parameter (path,
+  shape, dtype, size, mean, std), then ``Total: N -- B bytes``.
 
   Raises:
     errors.WriteError: the file could not be written (named).
@@ -181,41 +136,25 @@ def write_parameter_overview(workdir: str, params: Any) -> str:
 
 
 class MetricLogger:
-  """Writes ``{"step", "split", "time", **metrics}`` lines to ``workdir/metrics.jsonl``, the
-  same scalars as ``split/name`` to TensorBoard under ``workdir/tb``
-  (:class:`simpletron_jax.run.tensorboard_writer.TensorBoardWriter`) and, when
-  ``config.wandb.project`` is set, to Weights & Biases
-  (:class:`simpletron_jax.run.wandb_writer.WandbWriter`, files under ``workdir/wandb``).
+  """Writes ``{"step", "split", "time", **metrics}`` lines to ``workdir/metrics.jsonl``
+  (``path``) and the same scalars as ``split/name`` to TensorBoard (``workdir/tb``; this
+  start's event file is ``tb_path``, None when disabled) and W&B (``workdir/wandb``).
 
-  On a resumed run, records with ``step > resume_step`` (written after the
-  checkpoint the run resumes from) and the ``info`` record at ``resume_step`` (the run
-  writes it again) are dropped from the JSONL file first (written aside, then renamed over
-  it), so a killed-and-resumed run leaves one record per step and split.
-
-  Each start writes a new TensorBoard event file, ``tb/events.out.tfevents.<time>.<host>.
-  <pid>.<n>.v2``, which starts with TensorBoard's restart marker (a ``SessionLog.START``
-  event at ``resume_step + 1``): TensorBoard then hides a killed run's events after its
-  checkpoint, so a killed-and-resumed run shows one value per step, the resumed run's. With
-  ``config``, the flattened config (:func:`flat_config`) is written as hyperparameters to
-  every writer.
+  On a resume the JSONL file drops the records after ``resume_step`` and the ``info`` record
+  at it (rewritten atomically), and the new event file starts with TensorBoard's restart
+  marker at ``resume_step + 1``: a resumed run shows one value per step and split.
 
   Args:
     workdir: run directory; must exist.
     resume_step: the optimizer step the run restarts from (0 for a new run).
-    enabled: False on non-zero hosts of a multi-host run; then nothing is
-      written and nothing (TensorBoard's protos, wandb) is imported.
+    enabled: False on non-zero hosts: nothing is written or imported.
     config: the run config, for the hyperparameters and ``config.wandb``; None: neither.
-    run_id: the run's lineage id, the W&B run id (see :func:`wandb_run_id`).
-
-  Attributes:
-    path: the JSONL file. tb_path: this start's event file (None when disabled).
+    run_id: the run's lineage id, the W&B run id (:func:`wandb_run_id`).
 
   Raises:
-    ValueError: ``metrics.jsonl`` holds a damaged record (see :func:`read_records`), or
-      ``config.wandb.mode`` is not '', online or offline (:func:`wandb_settings`).
+    ValueError: a damaged ``metrics.jsonl`` record, or a bad ``config.wandb.mode``.
     errors.RunError: W&B is asked for but not installed, or its run cannot start.
-    errors.WriteError: a file could not be written; here and in :meth:`write` and
-      :meth:`close`, naming it.
+    errors.WriteError: naming a file not written, here or in :meth:`write`, :meth:`close`.
   """
 
   def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True,
@@ -258,16 +197,12 @@ class MetricLogger:
       raise
 
   def write(self, step: int, metrics: Mapping[str, float], split: str) -> None:
-    """Logs scalar ``metrics`` of ``split`` ("train", "val", "test", "info") at ``step``.
-
-    The JSONL line and the TensorBoard events are on disk (handed to the OS) before this
-    returns (W&B's own service process writes its files). A NaN or infinite value is
-    written as JSON ``null`` (the file stays strict JSON) and as the float itself to
-    TensorBoard and W&B.
+    """Logs scalar ``metrics`` of ``split`` ("train", "val", "test", "info") at ``step``; the
+    JSONL line and the TensorBoard events are handed to the OS before it returns. NaN and inf
+    are JSON ``null`` (the file stays strict JSON) and floats for TensorBoard and W&B.
 
     Raises:
-      errors.WriteError: naming ``metrics.jsonl`` or the event file that could not be
-        written; what was written before is kept.
+      errors.WriteError: naming the file not written; the records before are kept.
     """
     if not self.enabled:
       return
@@ -285,8 +220,7 @@ class MetricLogger:
       writer.flush()
 
   def write_parameter_overview(self, params: Any) -> str | None:
-    """:func:`write_parameter_overview` of ``params`` into this logger's workdir; nothing
-    (None) when the logger is disabled (a non-zero host)."""
+    """:func:`write_parameter_overview` into this workdir; None when disabled."""
     return write_parameter_overview(self.workdir, params) if self.enabled else None
 
   def close(self) -> None:
@@ -318,4 +252,4 @@ class MetricLogger:
         if handle is not None:
           handle.close()
       except Exception:  # pylint: disable=broad-except
-        pass   # the failure being reported is the one that matters
+        pass

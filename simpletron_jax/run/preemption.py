@@ -1,10 +1,7 @@
-"""Preemption-safe training: SIGTERM or SIGINT saves the step and exits 75.
+"""SIGTERM or SIGINT saves the current step and exits 75 (docs/faults.md).
 
-A preemptible VM or a cluster scheduler sends SIGTERM shortly before it stops a job.
-:class:`PreemptionGuard` turns that signal (and Ctrl-C) into a request to stop after the
-current step, agreed on by every host; ``trainer.train_and_evaluate`` then saves that
-step, releases the workdir lock and raises :class:`PreemptedError`, and ``train.py`` exits
-with :data:`PREEMPTED_EXIT_CODE`, so that a scheduler reruns the same command, which resumes.
+:class:`PreemptionGuard` turns the signal into a stop after the current step, agreed on by
+every host; ``trainer.train_and_evaluate`` then saves and raises :class:`PreemptedError`.
 """
 
 from __future__ import annotations
@@ -27,12 +24,11 @@ PREEMPTED_EXIT_CODE = 75
 
 
 class PreemptedError(RunError):
-  """The run stopped on SIGTERM or SIGINT after saving a checkpoint of ``step``; rerunning
-  the same command continues it. ``train.py`` exits with :data:`PREEMPTED_EXIT_CODE`.
+  """The run stopped on a signal after saving ``step``; rerunning the command continues it.
 
   Attributes:
     step: the optimizer step saved.
-    cause: what stopped it (``"SIGTERM"``, ``"SIGINT"``, ``"a preemption notice"``).
+    cause: ``"SIGTERM"``, ``"SIGINT"`` or ``"a preemption notice"``.
   """
 
   def __init__(self, step: int, cause: str):
@@ -41,32 +37,21 @@ class PreemptedError(RunError):
 
 
 class PreemptionGuard:
-  """Turns SIGTERM (what a preemptible VM or a cluster scheduler sends) and SIGINT (Ctrl-C)
-  into a request to stop after the current training step.
+  """Turns SIGTERM and SIGINT (Ctrl-C) into a stop after the current step, on every host.
 
-  Enter it around a training loop and call :meth:`should_stop` once after every step, on
-  every host, with that step; when it returns True, save and stop. How the hosts agree:
+  Call :meth:`should_stop` after every step, on every host. The modes (:meth:`install`):
 
-  * one process (``jax.process_count() == 1``): Python handlers for both signals set a
-    flag, which :meth:`should_stop` returns;
-  * several processes with JAX's preemption service (``jax.distributed`` with
-    ``jax_enable_preemption_service``, the default): ``jax.distributed.initialize``
-    installed the service's own SIGTERM handler, which tells every host; it is left in place,
-    and SIGINT is forwarded to it as a SIGTERM. :meth:`should_stop` is
-    ``multihost_utils.reached_preemption_sync_point(step)``: True on every host at the same
-    step, one past the largest step any host had reached when the notice spread; no
-    collective per step;
-  * several processes without that service: Python handlers, and :meth:`should_stop` ORs
-    the flags of all hosts (one small collective per step).
+  * ``local`` (one process): Python handlers set a flag.
+  * ``jax`` (several processes, ``jax_enable_preemption_service``): JAX's own SIGTERM handler
+    stays, SIGINT is forwarded to it, and :meth:`should_stop` is
+    ``multihost_utils.reached_preemption_sync_point`` (one step for all hosts, no collective).
+  * ``any_host`` (several processes, no service): Python handlers; one allgather per step.
 
-  A second signal while a stop is pending restores the previous handlers and passes the
-  signal on (a second Ctrl-C raises ``KeyboardInterrupt``; a second SIGTERM with the default
-  handler ends the process). Python installs handlers only from the main thread; in other
-  threads none is installed (the hosts still agree). Leaving the ``with`` block (or
-  :meth:`restore`) puts the previous handlers back.
+  A second signal restores the previous handlers and passes the signal on. Handlers are
+  installed from the main thread only; leaving the ``with`` block restores the previous ones.
 
   Attributes:
-    signal_name: the first signal received through this guard's handlers, or None.
+    signal_name: the first signal received, or None.
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -83,10 +68,7 @@ class PreemptionGuard:
     self.restore()
 
   def install(self) -> "PreemptionGuard":
-    """Installs the handlers (what entering the ``with`` block does); returns the guard.
-
-    The mode depends only on the host count and JAX's config, so every host picks the same.
-    """
+    """Installs the handlers (as entering ``with`` does); every host picks the same mode."""
     handled = self.SIGNALS
     if jax.process_count() == 1:
       self.mode = "local"
@@ -108,7 +90,7 @@ class PreemptionGuard:
 
   def _handle(self, signum: int, frame) -> None:
     name = signal.Signals(signum).name
-    if self.signal_name is not None:   # the second one: stop at once
+    if self.signal_name is not None:
       handler = self._previous.get(signum)
       self.restore()
       os.write(2, f"\n{name} again: stopping at once, without saving\n".encode())
@@ -124,10 +106,8 @@ class PreemptionGuard:
       os.kill(os.getpid(), signal.SIGTERM)   # to JAX's preemption notifier
 
   def should_stop(self, step: int) -> bool:
-    """Whether to save and stop after optimizer ``step``; the same answer on every host.
-
-    A collective call on several hosts: every host calls it after every step.
-    """
+    """Whether to save and stop after optimizer ``step``; the same answer on every host (a
+    collective on several hosts: each calls it after every step)."""
     if self.mode == "jax":
       from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
       return bool(multihost_utils.reached_preemption_sync_point(int(step)))
@@ -138,8 +118,7 @@ class PreemptionGuard:
     return self.signal_name is not None
 
   def requested_locally(self) -> bool:
-    """A signal arrived on this single-process run (after its last :meth:`should_stop`, for
-    example); always False on several hosts, which must agree through :meth:`should_stop`."""
+    """A signal arrived on this single-process run; always False on several hosts."""
     return self.mode == "local" and self.signal_name is not None
 
   @property

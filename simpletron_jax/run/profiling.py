@@ -1,17 +1,6 @@
-"""A JAX profiler trace of chosen optimizer steps: ``train.py --profile_steps=A:B``.
-
-:func:`parse_profile_steps` reads the flag; :class:`StepProfiler` starts
-``jax.profiler.start_trace`` before step A's first micro-step and stops it after step B, once
-B's outputs are computed (``jax.block_until_ready``), so the trace holds the device work of
-steps A..B and not only their dispatch. Each traced step is marked with
-``jax.profiler.StepTraceAnnotation("train", step_num=step)``, which the profile viewer uses
-as step boundaries. The trace goes to ``<logdir>/plugins/profile/<time>/``:
-``<host>.xplane.pb`` for TensorBoard's profile plugin (XProf) and ``perfetto_trace.json.gz``
-for https://ui.perfetto.dev.
-
-This module imports JAX only when a trace starts, so ``train.py`` checks the flag before JAX
-starts.
-"""
+"""A JAX profiler trace of steps A..B, ``train.py --profile_steps=A:B`` (docs/runs.md): JAX
+writes ``<logdir>/plugins/profile/<time>/{<host>.xplane.pb,perfetto_trace.json.gz}``. JAX is
+imported only when a trace starts."""
 
 from __future__ import annotations
 
@@ -25,14 +14,7 @@ FLAG = "--profile_steps"
 
 def check_profile_steps(steps: tuple[int, int] | None, num_train_steps: int
                         ) -> tuple[int, int] | None:
-  """Checks a ``(first, last)`` pair of optimizer steps to trace (both included).
-
-  Args:
-    steps: ``(A, B)``, or None for no trace.
-    num_train_steps: the run's last step (``config.num_train_steps``).
-
-  Returns:
-    ``(A, B)`` as ints, or None.
+  """``steps`` (``(A, B)`` optimizer steps, both traced; None: no trace) as ints.
 
   Raises:
     ValueError: naming ``--profile_steps``, unless ``1 <= A <= B <= num_train_steps``.
@@ -50,18 +32,10 @@ def check_profile_steps(steps: tuple[int, int] | None, num_train_steps: int
 
 
 def parse_profile_steps(text: str | None, num_train_steps: int) -> tuple[int, int] | None:
-  """Reads ``--profile_steps``: ``"A:B"``, two optimizer steps (both traced).
-
-  Args:
-    text: the flag's value; None or "" for no trace.
-    num_train_steps: the run's last step (``config.num_train_steps``).
-
-  Returns:
-    ``(A, B)``, or None.
+  """Reads ``text``, ``--profile_steps``'s ``"A:B"`` (None or "": no trace): ``(A, B)`` or None.
 
   Raises:
-    ValueError: naming ``--profile_steps``, when ``text`` is not ``A:B`` with integers
-      ``1 <= A <= B <= num_train_steps``.
+    ValueError: naming ``--profile_steps``, unless ``A:B`` with 1 <= A <= B <= num_train_steps.
   """
   if not text:
     return None
@@ -77,12 +51,9 @@ def parse_profile_steps(text: str | None, num_train_steps: int) -> tuple[int, in
 
 
 def check_profiler_can_run() -> None:
-  """Refuses the case where JAX's profiler crashes the process instead of tracing.
-
-  With libtpu installed (the ``test`` and ``tpu`` extras) on a machine without a TPU, JAX
-  still loads libtpu's PJRT plugin unless ``JAX_PLATFORMS`` leaves TPUs out, and with
-  libtpu 0.0.52 and jax 0.10.2 ``jax.profiler.start_trace`` then ends the process with a
-  segmentation fault ("Unexpected PLUGIN_Profiler_Api size").
+  """Refuses libtpu without a TPU (when ``JAX_PLATFORMS`` does not leave TPUs out), where
+  ``jax.profiler.start_trace`` segfaults ("Unexpected PLUGIN_Profiler_Api size"; libtpu 0.0.52,
+  jax 0.10.2).
 
   Raises:
     ValueError: naming ``--profile_steps`` and the fix (``JAX_PLATFORMS=cpu`` or ``cuda``).
@@ -98,21 +69,14 @@ def check_profiler_can_run() -> None:
 
 
 class StepProfiler:
-  """Traces optimizer steps ``first..last`` of a run into ``logdir``.
-
-  Call :meth:`step_started` before a step's first micro-step and :meth:`step_finished`
-  after its last; :meth:`close` (in a ``finally``) stops a trace that a failure or a
-  preemption left running, keeping what it holds.
+  """Traces optimizer steps ``first..last`` into ``logdir``, each marked with
+  ``jax.profiler.StepTraceAnnotation("train", step_num=step)``.
 
   Args:
-    logdir: the trace folder (``workdir/profile``); created when the trace starts.
-    steps: ``(first, last)`` from :func:`check_profile_steps`, or None: nothing is traced.
-    start_step: the step the run resumes from (0 for a new run). A run resumed at or past
-      ``first`` (``start_step >= first``) traces nothing: the trace would miss steps.
-    enabled: False on the other hosts of a multi-host run (process 0 traces).
-
-  Attributes:
-    trace_dir: after the trace stopped, its folder ``logdir/plugins/profile/<time>``.
+    logdir: the trace folder (``workdir/profile``), created when the trace starts.
+    steps: ``(first, last)`` from :func:`check_profile_steps`; None: no trace.
+    start_step: the step the run resumes from; at or past ``first``: no trace.
+    enabled: False on hosts other than process 0.
 
   Raises:
     ValueError: see :func:`check_profiler_can_run` (only when a trace will be taken).
@@ -133,7 +97,7 @@ class StepProfiler:
       check_profiler_can_run()
 
   def step_started(self, step: int) -> None:
-    """Starts the trace at step ``first``; marks each traced step's start."""
+    """Call before a step's first micro-step: starts the trace at ``first``, marks the step."""
     if self.steps is None:
       return
     import jax  # pylint: disable=import-outside-toplevel
@@ -147,8 +111,8 @@ class StepProfiler:
       self._annotation.__enter__()
 
   def step_finished(self, step: int, outputs: Any) -> None:
-    """Ends a traced step's mark; after step ``last``, waits for ``outputs`` (the step's
-    results, e.g. the train state) to be computed, then stops the trace."""
+    """Call after a step's last micro-step; after ``last``, waits for ``outputs`` (e.g. the
+    train state) to be computed (``jax.block_until_ready``), then stops the trace."""
     if not self.active:
       return
     if step >= self.steps[1]:
@@ -160,9 +124,8 @@ class StepProfiler:
       self._end_annotation()
 
   def close(self) -> None:
-    """Stops a running trace (a run that stopped inside ``first..last``: the trace keeps
-    the steps it reached); else nothing. Meant for a ``finally``: a failure to stop is a
-    :class:`simpletron_jax.runtime.errors.RunWarning`, so it cannot hide the error being raised."""
+    """Stops a trace left running (by a failure, a preemption), keeping its steps; for a
+    ``finally``: a failure to stop only warns (:class:`errors.RunWarning`)."""
     if not self.active:
       return
     try:
@@ -179,7 +142,7 @@ class StepProfiler:
       annotation.__exit__(None, None, None)
 
   def _stop(self) -> None:
-    """Stops the trace, which JAX writes now, and reports its folder on stderr."""
+    """Stops the trace (JAX writes it now); sets ``trace_dir`` and reports it on stderr."""
     import jax  # pylint: disable=import-outside-toplevel
     self.active = False
     jax.profiler.stop_trace()

@@ -1,17 +1,9 @@
-"""Guards that keep a training run from failing silently.
+"""Guards that keep a training run from failing silently (docs/faults.md).
 
-* The workdir lock (:func:`acquire_lock`, a ``filelock.FileLock``): one ``train.py`` per workdir.
-* Finiteness checks (:func:`tree_is_finite`, :func:`first_nonfinite`) and a CRC and layout of a
-  state (:func:`state_crc32`, :func:`state_structure`) that checkpoints carry, so a damaged
+* The workdir lock (:func:`acquire_lock`, ``filelock.FileLock``): one ``train.py`` per workdir.
+* Finiteness checks, and a CRC and layout of a state that checkpoints carry, so a damaged
   checkpoint is never restored.
-* The run lineage (:func:`lineage_id`): a random id shared by every checkpoint of one run,
-  and its W&B run id, so every start of a run logs to one W&B run.
-
-The other guards have a module each: the errors a run stops with
-(:mod:`simpletron_jax.runtime.errors`), atomic writes (:mod:`simpletron_jax.runtime.atomic_io`),
-SIGTERM handling (:mod:`simpletron_jax.run.preemption`) and what a run was computed with
-(:mod:`simpletron_jax.run.run_record`). The start-up checks of the config are in
-:mod:`simpletron_jax.train.config_checks`.
+* The run lineage (:func:`lineage_id`): one random id shared by every checkpoint of a run.
 """
 
 from __future__ import annotations
@@ -37,8 +29,7 @@ RUN_ID_FILE = "run_id"
 _HELD: dict[str, filelock.BaseFileLock] = {}   # lock path -> the lock this process holds
 
 
-# ----------------------------------------------------------------------------
-# The workdir lock.
+# ---------------------------------------------------------------- The workdir lock.
 
 
 def _read_lock(path: str) -> dict[str, Any] | None:
@@ -62,20 +53,11 @@ def _locked_error(path: str, workdir: str, holder: dict[str, Any] | None):
 
 
 def acquire_lock(workdir: str) -> filelock.BaseFileLock:
-  """Takes ``workdir/run.lock`` with ``filelock.FileLock`` (``flock``, which the kernel lets go
-  when its process dies) and writes ``{"pid", "host", "time"}`` into it.
+  """Takes ``workdir/run.lock`` with ``filelock.FileLock`` (``flock``: freed when its process
+  dies) and writes ``{"pid", "host", "time"}`` (JSON) into it; returns the lock.
 
-  A file whose holder is gone (a killed run's; unreadable ones too) is taken over with a
-  :class:`errors.RunWarning`; one this process took in an earlier call that did not finish is
-  taken over silently. A file naming another host is never taken over (``flock`` does not
-  reach across hosts on every shared filesystem). On a multi-host job only process 0 should
-  call this.
-
-  Args:
-    workdir: the run directory; must exist.
-
-  Returns:
-    The held lock, for :func:`release_lock` (its file is ``.lock_file``).
+  A lock whose holder is gone is taken over with a warning; one naming another host never is
+  (``flock`` does not reach across every shared filesystem). Only process 0 calls this.
 
   Raises:
     errors.WorkdirLockedError: naming the holder's pid and host, when it may still be running.
@@ -108,8 +90,7 @@ def acquire_lock(workdir: str) -> filelock.BaseFileLock:
 
 
 def release_lock(lock: filelock.BaseFileLock | None) -> None:
-  """Removes the file of ``lock`` (from :func:`acquire_lock`) and lets it go (None: nothing
-  to do)."""
+  """Removes the file of ``lock`` (from :func:`acquire_lock`) and releases it; None: no-op."""
   if lock is None or not lock.is_locked:
     return
   _HELD.pop(lock.lock_file, None)
@@ -120,8 +101,7 @@ def release_lock(lock: filelock.BaseFileLock | None) -> None:
   lock.release()
 
 
-# ----------------------------------------------------------------------------
-# Finiteness and integrity.
+# ---------------------------------------------------------------- Finiteness and integrity.
 
 
 @jax.jit
@@ -181,8 +161,7 @@ def state_structure(tree: Any) -> str:
   return digest.hexdigest()
 
 
-# ----------------------------------------------------------------------------
-# Run lineage.
+# ---------------------------------------------------------------- Run lineage.
 
 
 def lineage_id(workdir: str, resumed: str | None) -> str:

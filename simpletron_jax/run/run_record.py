@@ -1,21 +1,8 @@
-"""What a run was computed with, so that nothing resumes or reports silently.
+"""What a run was computed with, so that nothing resumes or reports silently (docs/runs.md).
 
-* The :func:`run_record` a checkpoint carries in its meta under :data:`RECORD_KEY` (the config,
-  a digest of the data, the vocabulary size and class count, the device and host counts) and
-  :func:`check_resume`, which refuses to resume a checkpoint computed with other settings
-  (only :data:`RESUME_ALLOWED_FIELDS` may change, or any but ``model.*`` with
-  ``--allow_resume_changes``); :func:`flat_diff` lists ``model.*`` differences.
-* ``config.json``: :func:`read_config_json`, :func:`config_with_history` (the changes let
-  through at each resume, under :data:`CONFIG_HISTORY_KEY`) and :func:`load_run_config`.
-* :func:`config_fingerprint`, which ``results.json`` carries, and :func:`results_problem`,
-  which says whether a ``results.json`` is a finished run of a config
-  (:func:`workdir_results_problem`: the same for a run folder's file); a run resumed with
-  ``--allow_resume_changes`` lists those changes (:func:`forced_changes`) and is not one.
-* :data:`SOFTWARE_KEY`: ``config.json``'s record of the versions, devices and git commit
-  (:func:`simpletron_jax.run.software_record.software`), never part of a fingerprint or a
-  resume check.
-
-No JAX here (the caller passes the device facts).
+:func:`run_record` (in each checkpoint's meta) and :func:`check_resume` refuse a resume with
+other settings; :func:`config_fingerprint` (in ``results.json``) and :func:`results_problem`
+tell whether a ``results.json`` is a finished run of a config. No JAX here.
 """
 
 from __future__ import annotations
@@ -32,29 +19,22 @@ import ml_collections
 from simpletron_jax.runtime.errors import ConfigMismatchError
 
 
-# Config fields that a resumed run may change: they change what is reported or when, not the
-# parameters a step computes. The data paths may move; the data themselves are compared
-# (the ``data_sha256`` of :func:`run_record`). ``num_train_steps`` only upward, and only when
-# the schedule does not depend on it (a factor in SCHEDULE_LENGTH_FACTORS). Every other field
-# (seed, task, data.*, the optimizer and schedule, batch_size, grad_accum_steps, model.*, the
-# evaluation sizes num_eval_steps / num_test_steps / eval_batch_size, weight surgery) and the
-# device and host counts are refused unless train.py gets --allow_resume_changes.
+# Config fields a resumed run may change: what is reported or when, not what a step computes
+# (the data are compared by ``data_sha256``). ``num_train_steps`` only upward, and not under a
+# factor of SCHEDULE_LENGTH_FACTORS. Any other change needs --allow_resume_changes.
 RESUME_ALLOWED_FIELDS = ("eval_frequency", "num_train_steps", "max_train_minutes", "log_every",
                          "checkpoint_every", "max_to_keep", "data.data_dir", "data.cache_dir",
                          "data.tfds_data_dir", "parallelism", "async_checkpoints",
                          "wandb.project", "wandb.entity", "wandb.mode")
-# Fields added after runs were fingerprinted, left out of computed_fields at these defaults
-# so that a run's config_fingerprint stays what it was.
+# Left out of computed_fields at these defaults, so older runs keep their config_fingerprint.
 FINGERPRINT_DEFAULTS = {"best_metric": "accuracy", "best_mode": "max"}
 # Learning-rate factors whose rate depends on num_train_steps (their period).
 SCHEDULE_LENGTH_FACTORS = ("cosine_decay",)
 # The checkpoint meta key holding :func:`run_record`, and config.json's list of changes.
 RECORD_KEY = "run_record"
 CONFIG_HISTORY_KEY = "config_history"
-# config.json's record of the software and devices (:func:`software_record.software`); not a
-# config field.
+# config.json's record of the software and devices (:func:`software_record.software`).
 SOFTWARE_KEY = "software"
-# config.json's keys that are not config fields.
 NOT_CONFIG_KEYS = (CONFIG_HISTORY_KEY, SOFTWARE_KEY)
 # results.json's list of the changes --allow_resume_changes let through (:func:`forced_changes`).
 FORCED_KEY = "forced_resume_changes"
@@ -69,13 +49,8 @@ RECORD_LABELS = {
 
 
 def flatten_config(config: Any) -> dict[str, Any]:
-  """``{"model.emb_dim": 64, ...}``: every leaf of a config as plain JSON values.
-
-  Args:
-    config: an ``ml_collections.ConfigDict`` (references resolved) or a nested dict as read
-      from ``config.json``; tuples become lists either way. The ``config_history`` and
-      ``software`` keys (:data:`NOT_CONFIG_KEYS`) are left out.
-  """
+  """``{"model.emb_dim": 64, ...}``: every leaf of ``config`` (a ``ConfigDict`` or the dict of
+  ``config.json``) as plain JSON values (tuples as lists), without :data:`NOT_CONFIG_KEYS`."""
   if hasattr(config, "to_json_best_effort"):
     config = json.loads(config.to_json_best_effort())
   out: dict[str, Any] = {}
@@ -118,17 +93,14 @@ def config_fingerprint(config: Any) -> str:
 
 def run_record(config: Any, *, vocab_size: int, num_classes: int, num_devices: int,
                num_hosts: int, data_sha256: str | None = None) -> dict[str, Any]:
-  """What a checkpoint's numbers depend on, stored in its meta under :data:`RECORD_KEY`.
+  """What a checkpoint's numbers depend on, stored in its meta under :data:`RECORD_KEY`: a
+  JSON-ready dict of ``config`` (nested, as ``config.json``) and the other arguments.
 
   Args:
-    config: the run config.
     vocab_size, num_classes: the task data's sizes (the model's embedding and output).
     num_devices, num_hosts: ``jax.device_count()`` and ``jax.process_count()``.
     data_sha256: a digest of the loaded splits
       (:func:`simpletron_jax.runtime.distributed.data_fingerprint`); None: not compared.
-
-  Returns:
-    A JSON-ready dict: ``config`` (nested, as ``config.json``) and the other arguments.
   """
   tree = (json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort")
           else dict(config))
@@ -141,20 +113,15 @@ def run_record(config: Any, *, vocab_size: int, num_classes: int, num_devices: i
 
 def resume_changes(saved: Mapping[str, Any], current: Mapping[str, Any],
                    skip_prefixes: tuple[str, ...] = ("model.",)) -> list[dict[str, Any]]:
-  """Every difference between two :func:`run_record`\\ s, in field order.
+  """Every difference between two :func:`run_record`\\ s, as ``{"field", "old", "new",
+  "allowed"}``: the record's own entries first, then the config fields by name; ``allowed``
+  follows :data:`RESUME_ALLOWED_FIELDS`.
 
   Args:
-    saved: the record of the checkpoint, or only a ``config`` read from ``config.json``
-      (what is missing is not compared).
-    current: the record of this start.
-    skip_prefixes: config fields compared elsewhere (``model.*``: by the checkpoint's
-      ``model_config``).
-
-  Returns:
-    ``[{"field", "old", "new", "allowed"}]``, the record's own entries (sizes, devices,
-    data) first, then the config fields in name order; ``allowed`` is True for the
-    :data:`RESUME_ALLOWED_FIELDS` (``num_train_steps`` only upward and when the schedule
-    does not depend on it).
+    saved: the checkpoint's record, or only a ``config`` from ``config.json`` (what is
+      missing is not compared).
+    current: this start's record.
+    skip_prefixes: config fields compared elsewhere (``model.*``: by ``model_config``).
   """
   changes = []
   for key in RECORD_LABELS:
@@ -197,17 +164,15 @@ def check_resume(where: str, saved: Mapping[str, Any], current: Mapping[str, Any
 
   Args:
     where: the checkpoint folder, for the message.
-    saved: the checkpoint's :func:`run_record`.
-    current: this start's record.
+    saved, current: the checkpoint's and this start's :func:`run_record`.
     model_diff: the ``model.*`` differences (:func:`flat_diff` lines); never allowed.
-    allow_changes: train.py's ``--allow_resume_changes``: continue despite the other changes.
+    allow_changes: ``--allow_resume_changes``: continue despite the other changes.
 
   Returns:
     Every change (:func:`resume_changes`), allowed or forced, for the config history.
 
   Raises:
-    ConfigMismatchError: one line listing each refused field with both values, and what
-      to do.
+    ConfigMismatchError: one line listing each refused field with both values.
   """
   model_diff = list(model_diff)
   changes = resume_changes(saved, current)
@@ -254,16 +219,15 @@ def config_with_history(config: ml_collections.ConfigDict, history: list,
   """``config`` as the nested dict of ``config.json``, with its history of changes.
 
   Args:
-    config: this start's config.
-    history: the ``config_history`` of the previous ``config.json`` (a list, maybe empty).
-    changes: :func:`check_resume`'s changes at this start (empty: none).
+    history: the previous ``config.json``'s ``config_history`` (a list, maybe empty).
+    changes: :func:`check_resume`'s changes at this start.
     step: the optimizer step this start resumes from.
 
   Returns:
-    The config's fields, plus under :data:`CONFIG_HISTORY_KEY` (when any start
-    changed a setting) one entry per such start: ``{"step", "time"`` (ISO 8601, local),
-    ``"changes": {field: {"old", "new", "allowed"}}, "forced"`` (True when a change that
-    alters what is computed was let through by ``--allow_resume_changes``)``}``.
+    The config's fields and, when any start changed a setting, under
+    :data:`CONFIG_HISTORY_KEY` one entry per such start: ``{"step", "time"`` (ISO 8601,
+    local), ``"changes": {field: {"old", "new", "allowed"}}, "forced"}`` (a refused change
+    was let through).
   """
   tree = json.loads(config.to_json_best_effort())
   history = list(history) if isinstance(history, list) else []
@@ -284,8 +248,8 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a run saved in ``workdir/config.json``.
 
   Raises:
-    FileNotFoundError: if the file is missing (not a train.py workdir).
-    ValueError: if it is not a JSON object.
+    FileNotFoundError: the file is missing.
+    ValueError: it is not a JSON object.
   """
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
@@ -301,16 +265,9 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def forced_changes(history: Any) -> list[dict[str, Any]]:
-  """The starts of a run that ``--allow_resume_changes`` let change what is computed.
-
-  Args:
-    history: ``config.json``'s ``config_history`` (:func:`config_with_history`); anything
-      but a list counts as empty.
-
-  Returns:
-    ``[{"step": N, "fields": [the refused fields that were forced, in order]}]``, one per
-    ``forced`` entry; empty for a run computed with one config throughout.
-  """
+  """The starts that ``--allow_resume_changes`` let change what is computed, from ``history``
+  (``config.json``'s ``config_history``; not a list: empty): ``[{"step": N, "fields": [the
+  forced fields]}]``, empty for a run of one config."""
   out = []
   for entry in history if isinstance(history, list) else []:
     if isinstance(entry, Mapping) and entry.get("forced"):
@@ -337,23 +294,18 @@ def results_problem(results: Any, config: Any = None,
                     count_forced: bool = False) -> str | None:
   """Why a ``results.json`` does not count as a finished run (of ``config``); None if it does.
 
-  ``trainer.train_and_evaluate`` writes ``complete``, ``final_step``,
-  ``config_fingerprint`` (:func:`config_fingerprint`) and :data:`FORCED_KEY`; files written
-  before those keys existed count when their ``last_step`` reached ``num_train_steps`` (or
-  records neither).
+  Files older than the ``complete``, ``final_step`` and ``config_fingerprint`` keys count when
+  their ``last_step`` reached ``num_train_steps``.
 
   Args:
     results: the parsed ``results.json``.
     config: the config the run should have (a ConfigDict or ``config.json``'s dict); None:
       only completeness, finiteness and forced changes are checked.
-    count_forced: count a run resumed with ``--allow_resume_changes`` (a non-empty
-      :data:`FORCED_KEY`): its numbers were computed partly with other settings, and its
-      ``config_fingerprint`` is the last start's config.
+    count_forced: count a run with a non-empty :data:`FORCED_KEY` (``--allow_resume_changes``).
 
   Returns:
-    One line: incomplete (with the step and why), a missing or non-finite test accuracy
-    (NaN is stored as ``null``), changes forced by ``--allow_resume_changes`` (with the fields
-    and steps), another step count, or another config fingerprint.
+    One line: incomplete, no or a non-finite test accuracy, forced changes, another step
+    count, or another config fingerprint.
   """
   if not isinstance(results, Mapping):
     return "it is not a JSON object"
@@ -390,11 +342,8 @@ def results_problem(results: Any, config: Any = None,
 
 def workdir_results_problem(workdir: str, config: Any = None,
                             count_forced: bool = False) -> str | None:
-  """Why ``workdir/results.json`` does not count as a finished run of ``config`` (one line
-  naming the file: missing, unreadable, or :func:`results_problem`'s reason), or None when
-  it does. ``config``, ``count_forced``: as :func:`results_problem` (``config`` None: only
-  completeness, finiteness and forced changes are checked). Never raises for a missing or
-  damaged file: the caller resumes or reruns."""
+  """Why ``workdir/results.json`` does not count (missing, unreadable, or
+  :func:`results_problem`'s reason, naming the file), or None. Never raises."""
   path = os.path.join(workdir, "results.json")
   if not os.path.exists(path):
     return "no results.json"

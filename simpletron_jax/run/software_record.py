@@ -1,14 +1,7 @@
 """What a run was computed with besides its config: versions, devices, hosts, git commit.
 
-:func:`software` is the flat record that ``config.json`` (under
-:data:`simpletron_jax.run.run_record.SOFTWARE_KEY`) and ``results.json`` carry: the
-versions of Python and the packages of :data:`SOFTWARE_PACKAGES`, the device kind and counts,
-the CUDA stack on a GPU (:func:`gpu_software`) and the project's git commit.
-:func:`software_line` writes such a record as one line for the reports. Never part of a
-fingerprint or a resume check (:mod:`simpletron_jax.run.run_record`).
-
-No JAX import here (the caller passes the device facts; the backend is read from ``jax`` only
-when it is already imported).
+:func:`software` is the flat record in ``config.json`` (under ``run_record.SOFTWARE_KEY``) and
+``results.json``, never part of a fingerprint or a resume check. JAX is not imported here.
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ SOFTWARE_PACKAGES = (("jax", "jax_version"), ("jaxlib", "jaxlib_version"),
                      ("numpy", "numpy_version"), ("clu", "clu_version"),
                      ("grain", "grain_version"), ("tensorboard", "tensorboard_version"),
                      ("ml-collections", "ml_collections_version"))
-# The GPU stack :func:`gpu_software` records on a CUDA GPU (None elsewhere), with its names in
-# :func:`software_line`.
+# The CUDA stack of :func:`gpu_software`, with its names in :func:`software_line`.
 GPU_KEYS = (("cuda_version", "CUDA"), ("cudnn_version", "cuDNN"),
             ("cuda_driver_version", "CUDA driver API"),
             ("nvidia_driver_version", "NVIDIA driver"))
@@ -82,12 +74,8 @@ def gpu_software(backend: str | None) -> dict[str, Any]:
   loaded), ``cudnn_version``, ``cuda_driver_version`` (the CUDA API version the driver
   supports) and ``nvidia_driver_version`` (``nvidia-smi``'s, e.g. ``"550.54.15"``).
 
-  Args:
-    backend: ``jax.default_backend()`` (``"cpu"``, ``"gpu"``, ``"tpu"``).
-
-  Returns:
-    Every key of :data:`GPU_KEYS`; each is None off a GPU, and where it cannot be read (no
-    ``nvidia-smi``, a ROCm GPU, a plugin without the query). Never raises.
+  ``backend``: ``jax.default_backend()``. Each key is None off a GPU or where it cannot be
+  read (no ``nvidia-smi``, a ROCm GPU, a plugin without the query). Never raises.
   """
   out: dict[str, Any] = {key: None for key, _ in GPU_KEYS}
   if backend != "gpu":
@@ -124,12 +112,10 @@ def software(device_kind: str | None, device_count: int | None,
     process_count: ``jax.process_count()``.
 
   Returns:
-    A flat JSON-ready dict: ``python_version`` and the versions of jax, jaxlib, flax, optax,
-    orbax-checkpoint, numpy, clu, grain, tensorboard and ml-collections (``<name>_version``,
-    ``-`` as ``_``; None when not installed), ``device_kind``, ``device_count``,
-    ``process_count``, the CUDA stack on a GPU (:func:`gpu_software`; None elsewhere), and
-    ``git_commit`` (the project's ``HEAD``, None outside a git checkout) with ``git_dirty``
-    (tracked files changed since that commit). Flat, so ``results.json`` stays a flat record.
+    A flat JSON-ready dict: ``python_version``, the versions of :data:`SOFTWARE_PACKAGES`
+    (None when not installed), ``device_kind``, ``device_count``, ``process_count``, the CUDA
+    stack (:func:`gpu_software`), ``git_commit`` (the project's ``HEAD``; None outside a git
+    checkout) and ``git_dirty`` (tracked files changed since that commit).
   """
   backend = None
   if "jax" in sys.modules:   # the run's own backend; JAX is not started here for it

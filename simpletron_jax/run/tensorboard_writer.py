@@ -1,18 +1,9 @@
-"""TensorBoard event files written without TensorFlow, behind clu's ``MetricWriter`` interface.
+"""TensorBoard event files without TensorFlow, behind clu's ``MetricWriter`` interface.
 
-Everything in the file is tensorboard's own: the summaries are built by its plugins'
-``scalar_pb``, ``text_pb`` and ``hparams_pb``, and each ``Event`` is framed (length, masked
-CRC-32C) by its ``tensorboard.summary.writer.record_writer.RecordWriter``. Its
-``EventFileWriter`` is not used: it reaches the file through ``tensorboard.compat.tf``, which
-imports TensorFlow where it is installed, and writes from a thread. Here every call writes in
-the calling thread and hands its records to the OS before it returns, so a failed write (a
-full disk, a read-only folder) is raised at once as a one-line
-:class:`simpletron_jax.runtime.errors.WriteError` naming the file, and the file is cut back to
-its last whole record.
-
-``clu.metric_writers``' package ``__init__`` imports its TensorFlow ``SummaryWriter``, so
-``import clu.metric_writers.interface`` fails without TensorFlow (clu 0.0.12);
-:func:`clu_interface` loads that one submodule on its own (it needs only JAX and numpy).
+The summaries are built by tensorboard's plugins (``scalar_pb``, ``text_pb``, ``hparams_pb``)
+and framed (length, masked CRC-32C) by its ``RecordWriter``. Its ``EventFileWriter`` is not
+used (it imports TensorFlow where installed, and writes from a thread): each call here writes
+in the calling thread, so a failed write raises :class:`errors.WriteError` at once.
 """
 
 from __future__ import annotations
@@ -42,13 +33,10 @@ _CLU_INTERFACE = "clu.metric_writers.interface"
 
 
 def clu_interface() -> types.ModuleType:
-  """``clu.metric_writers.interface`` (the ``MetricWriter`` base class), without TensorFlow.
-
-  Returns:
-    The module. If ``clu.metric_writers`` or the submodule is already imported (with
-    TensorFlow present), that one; otherwise ``clu/metric_writers/interface.py`` executed
-    on its own and registered under its own name, so a later ``import clu.metric_writers``
-    reuses it and ``MetricWriter`` stays one class.
+  """``clu.metric_writers.interface`` (``MetricWriter``) without TensorFlow: clu 0.0.12's
+  ``clu/metric_writers/__init__.py`` imports its TensorFlow ``SummaryWriter``, so this runs
+  ``interface.py`` alone, registered under its own name (a later ``import clu.metric_writers``
+  reuses it: one ``MetricWriter`` class); a module already imported is returned as is.
 
   Raises:
     ImportError: clu is not installed, or its layout lacks ``metric_writers/interface.py``.
@@ -79,9 +67,8 @@ MetricWriter = clu_interface().MetricWriter
 
 
 class ScalarWriter(MetricWriter):
-  """A ``MetricWriter`` of scalars and hparams only, the kinds this project writes: tensor
-  summaries, images, videos, audio and histograms are skipped, with one warning per kind and
-  writer. Subclasses implement ``write_scalars``, ``write_hparams``, ``flush`` and ``close``."""
+  """A ``MetricWriter`` of scalars and hparams; tensor summaries, images, videos, audio and
+  histograms are skipped with one warning per kind and writer."""
 
   def _skip(self, kind: str) -> None:
     """Warns, once per kind and writer, that ``kind`` is not written."""
@@ -122,29 +109,21 @@ _file_counter = itertools.count()
 
 
 class TensorBoardWriter(ScalarWriter):
-  """Writes one new TensorBoard event file in ``logdir``; synchronous, no TensorFlow.
+  """Writes one new TensorBoard event file in ``logdir``; synchronous, not thread-safe.
 
-  The file is ``events.out.tfevents.<10-digit unix time>.<host>.<pid>.<n>.v2`` (the name
-  ``tf.summary`` gives; TensorBoard orders a folder's files by name). It starts with the
-  ``file_version`` event and, when ``start_step`` is given, TensorBoard's restart marker: a
-  ``SessionLog.START`` event at ``start_step``, after which TensorBoard drops the events at
-  that step or later that it read earlier (``plugin_event_accumulator``), so a resumed run's
-  values replace those a killed run logged after its checkpoint. Each ``write_*`` call
-  appends its events and hands them to the OS before returning; a call whose write fails
-  cuts the file back to its previous end (no torn record stays) and raises.
-
-  Not thread-safe: one thread writes (``MetricLogger``'s).
+  The file ``path``, ``events.out.tfevents.<10-digit time>.<host>.<pid>.<n>.v2`` (the name
+  ``tf.summary`` gives; TensorBoard orders files by name), starts with the ``file_version``
+  event and, given ``start_step``, TensorBoard's restart marker: ``SessionLog.START`` at
+  ``start_step``, after which TensorBoard drops the events it read at that step or later
+  (``plugin_event_accumulator``). A failed write cuts the file back to its previous end.
 
   Args:
     logdir: the folder (created if missing).
     start_step: the step of the restart marker; None: no marker.
 
-  Attributes:
-    path: the event file.
-
   Raises:
-    errors.WriteError: the folder or the file could not be created or written (one line
-      naming it and the OS error); here and in every ``write_*`` and :meth:`close`.
+    errors.WriteError: naming the folder or file that could not be created or written; here
+      and in every ``write_*`` and :meth:`close`.
   """
 
   def __init__(self, logdir: str, *, start_step: int | None = None):
@@ -175,12 +154,10 @@ class TensorBoardWriter(ScalarWriter):
       raise
 
   def _write(self, events: list, kept: str) -> None:
-    """Appends ``events`` (``Event`` protos), framed by tensorboard's ``RecordWriter``, and
-    hands them to the OS.
+    """Appends ``events`` (``Event`` protos), framed by ``RecordWriter``, and hands them to the OS.
 
     Raises:
-      errors.WriteError: the write failed; the file is cut back to its previous end (when
-        the OS allows) and ``kept`` ends the message.
+      errors.WriteError: ending with ``kept``; the file is cut back to its previous end.
     """
     if self._file is None:
       raise ValueError(f"{self.path}: the TensorBoard writer is closed")
@@ -198,7 +175,7 @@ class TensorBoardWriter(ScalarWriter):
       self._file.flush()
     except OSError as e:
       try:
-        os.ftruncate(self._file.fileno(), self._size)   # no torn record after the last event
+        os.ftruncate(self._file.fileno(), self._size)
       except OSError:
         pass
       raise atomic_io.write_error(self.path, e, kept) from e
@@ -209,8 +186,7 @@ class TensorBoardWriter(ScalarWriter):
     return event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    """Writes ``scalars`` (tag -> number, e.g. ``{"train/loss": 0.5}``) at ``step`` as
-    float32 scalar summaries of the ``scalars`` plugin (``scalar_pb``), in one event.
+    """Writes ``scalars`` (tag -> number) at ``step``: float32 ``scalar_pb`` summaries, one event.
 
     Raises:
       errors.WriteError: the write failed; the events before these are kept.
@@ -229,8 +205,7 @@ class TensorBoardWriter(ScalarWriter):
     self._write([self._summary_event(step, summary)], "the events before these are kept")
 
   def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-    """Writes ``texts`` (tag -> string) at ``step`` as summaries of the ``text`` plugin
-    (``text_pb``), in one event.
+    """Writes ``texts`` (tag -> string) at ``step``: ``text_pb`` summaries, in one event.
 
     Raises:
       errors.WriteError: the write failed; the events before these are kept.
@@ -239,13 +214,12 @@ class TensorBoardWriter(ScalarWriter):
                                  for tag, text in texts.items()])
 
   def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-    """Writes ``hparams`` (a flat mapping of bool, int, float or str values, e.g.
-    :func:`simpletron_jax.run.metric_logging.flat_config`) as the HParams plugin's session start
-    at step 0.
+    """Writes ``hparams`` (flat; bool, int, float or str values: ``metric_logging.flat_config``)
+    as the HParams plugin's session start (``hparams_pb``) at step 0.
 
     Raises:
       errors.WriteError: the write failed; the events before these are kept.
-      TypeError: a value of another type (raised by ``hparams_pb``).
+      TypeError: a value of another type.
     """
     summary = hparams_summary.hparams_pb(dict(hparams))
     self._write([self._summary_event(0, summary)], "the events before these are kept")
