@@ -1,10 +1,7 @@
-"""The tests of trained parameters and what a run leaves as its result.
+"""A run's final tests and ``results.json``, and :func:`evaluate_checkpoint` (eval.py).
 
-At the end of :func:`simpletron_jax.train.trainer.train_and_evaluate`: the test metrics of the
-final parameters (LRA's ``--test_only`` protocol, ``listops/train.py``; Tay et al., 2020) and of
-the best-validation checkpoint (SimpleTRON's), a test an earlier start recorded in
-``metrics.jsonl`` reused rather than repeated, and the contents of ``results.json``. Also
-:func:`evaluate_checkpoint` (eval.py): one saved checkpoint evaluated on one split.
+The final parameters are tested as LRA's ``--test_only`` (``listops/train.py``; Tay et al.,
+2020), the best-validation checkpoint as SimpleTRON's protocol.
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ from simpletron_jax.train.steps import JitParallel, PmapParallel, make_parallel
 
 
 def earlier_records(path: str, start_step: int) -> dict[tuple[int, str], dict[str, Any]]:
-  """``{(step, split): record}`` of the ``val``, ``test`` and ``test_final`` records of
-  ``metrics.jsonl`` at or before ``start_step`` (the last of each), which a start resumed at
-  ``start_step`` keeps; empty for a fresh start or a missing file.
+  """``{(step, split): record}`` of ``metrics.jsonl``'s ``val``, ``test`` and ``test_final``
+  records at or before ``start_step`` (the last of each); empty for a fresh start.
 
   Raises:
     ValueError: ``path:line:`` for a damaged line (:func:`metric_logging.read_records`).
@@ -44,14 +40,8 @@ def earlier_records(path: str, start_step: int) -> dict[tuple[int, str], dict[st
 def recorded_test(earlier: dict, logger: metric_logging.MetricLogger, step: int, split: str,
                   compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
   """The ``split`` (``test`` or ``test_final``) metrics of ``step``: the record an earlier
-  start wrote (:func:`earlier_records`), or ``compute()`` written as a new record.
-
-  The parameters of a step are the same at every start (a resumed run is bit-identical), so
-  a recorded test is the one ``compute`` would give; reusing it keeps ``metrics.jsonl`` free
-  of a second record of the same ``(step, split)``. On several hosts the evaluation is a
-  collective that every host must join, so it always runs there, and only an unrecorded
-  result is written.
-  """
+  start wrote, or ``compute()`` written as a new record. On several hosts ``compute`` always
+  runs (a collective every host joins); only an unrecorded result is written."""
   recorded = earlier.get((step, split))
   if recorded is not None and jax.process_count() == 1:
     return {k: v for k, v in recorded.items() if k not in ("step", "split", "time")}
@@ -62,9 +52,8 @@ def recorded_test(earlier: dict, logger: metric_logging.MetricLogger, step: int,
 
 
 def last_val_majority(earlier: dict, step: int, val: Any) -> float:
-  """The majority-class rate of the last validation at or before ``step`` as recorded in
-  ``metrics.jsonl``, else of the whole validation split (for a start that trains no step from
-  a checkpoint saved before the run's first validation)."""
+  """The majority-class rate of the last validation recorded at or before ``step``, else of
+  the whole validation split."""
   recorded = [r for (s, split), r in sorted(earlier.items()) if split == "val" and s <= step]
   if recorded and recorded[-1].get("majority_rate") is not None:
     return float(recorded[-1]["majority_rate"])
@@ -74,12 +63,10 @@ def last_val_majority(earlier: dict, step: int, val: Any) -> float:
 def finished_results(workdir: str, config: ml_collections.ConfigDict,
                       start_step: int) -> dict[str, Any] | None:
   """``workdir/results.json`` when it is the finished result of ``config``
-  (:func:`run_record.workdir_results_problem`; a run resumed with forced changes counts here,
-  as this start repeats it), said on stderr, else None. Process 0 decides for every host.
+  (:func:`run_record.workdir_results_problem`), else None; process 0 decides for every host.
 
   Raises:
-    OSError, ValueError: another host cannot read the file process 0 found (the workdir
-      must be shared, as the checkpoints are).
+    OSError, ValueError: another host cannot read the file process 0 found.
   """
   problem = (run_record.workdir_results_problem(workdir, config, count_forced=True)
              if jax.process_index() == 0 else None)
@@ -92,11 +79,11 @@ def finished_results(workdir: str, config: ml_collections.ConfigDict,
         "result: nothing to do, nothing rewritten", file=sys.stderr)
   return results
 
+
 def evaluator(eval_fn: Callable, examples: Any, config: ml_collections.ConfigDict,
                limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
-  """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all):
-  :func:`evaluation.evaluate` with the run's eval step ``eval_fn`` and the batches the data
-  layer makes from ``config`` (:func:`simpletron_jax.data.batches.eval_batches`)."""
+  """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all),
+  by :func:`evaluation.evaluate`."""
   return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, config, limit,
                                                  parallel)
 
@@ -105,17 +92,12 @@ def final_and_best_tests(start: Any, earlier: dict,
                          logger: metric_logging.MetricLogger, evaluate_test: Callable,
                          params_repl: Any, parallel: PmapParallel | JitParallel, last_step: int
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The test metrics of the final parameters (LRA's ``--test_only`` protocol) and of the
-  best-validation checkpoint (SimpleTRON's), ``(final, best)``; one evaluation when the last
-  validation was the best. A test an earlier start recorded is reused, not repeated
-  (:func:`recorded_test`).
+  """``(final, best)``: the test metrics of the parameters after ``last_step`` and of the
+  best-validation checkpoint; a test an earlier start recorded is reused (:func:`recorded_test`).
 
   Args:
-    start: the start of the run (``trainer._Start``): its ``meta`` (``best_step``, the
-      ``model_config`` the best checkpoint must match), its ``ckpts`` and ``state`` (the
-      tree the best checkpoint restores into).
+    start: the run's ``trainer._Start`` (``meta``, ``ckpts``, ``state``).
     evaluate_test: ``evaluate_test(params_repl) -> metrics`` of the test split.
-    params_repl: the parameters after ``last_step``, placed as the eval step takes them.
 
   Raises:
     errors.CheckpointError: the best checkpoint cannot be restored intact.
@@ -139,10 +121,7 @@ def run_results(run: RunConfig, fingerprint: str, data: tasks.TaskData, start: A
                 tests: tuple[dict[str, Any], dict[str, Any]], val_majority: float,
                 last_step: int, window: loop.TrainWindow, precompiled: dict[str, Any],
                 wall_start: float, software: dict[str, Any]) -> dict[str, Any]:
-  """The contents of ``results.json`` (see
-  :func:`simpletron_jax.train.trainer.train_and_evaluate`'s Returns); ``fingerprint`` is
-  :func:`run_record.config_fingerprint` of the run's config, ``start`` the run's start
-  (``trainer._Start``: its ``meta`` and ``config_tree``), ``tests``
+  """The contents of ``results.json`` (docs/runs.md); ``tests`` is
   :func:`final_and_best_tests`' ``(final, best)``."""
   final_test, test = tests
   complete = last_step >= run.train.num_train_steps
@@ -174,8 +153,7 @@ def run_results(run: RunConfig, fingerprint: str, data: tasks.TaskData, start: A
 def restore_run(workdir: str, which: str = "best", step: int | None = None,
                 config: ml_collections.ConfigDict | None = None
                 ) -> tuple[ml_collections.ConfigDict, tasks.TaskData, Any, int, str]:
-  """A ``train.py`` run's config, task data and checkpoint, restored and verified: the one
-  loader of eval.py (:func:`evaluate_checkpoint`) and ``scripts/explain.py``.
+  """A ``train.py`` run's config, task data and checkpoint, restored and verified.
 
   Args:
     workdir: the run's folder.
@@ -188,14 +166,10 @@ def restore_run(workdir: str, which: str = "best", step: int | None = None,
     ``folder`` (``workdir/checkpoints``).
 
   Raises:
-    FileNotFoundError: the workdir (which is never created), its checkpoint folder, the
-      checkpoint or its config is missing.
-    ValueError: an unknown ``which``, or a config field that fails its check
-      (:meth:`RunConfig.from_config_dict`, naming it).
-    errors.ConfigMismatchError: ``config`` is of another task than the run's ``config.json``
-      (named before the model configs are compared), or its model config differs from the
-      checkpoint's.
-    errors.CheckpointError: the checkpoint is damaged (:func:`checkpoints.restore_checkpoint`).
+    FileNotFoundError: the workdir, its checkpoints or its config is missing.
+    ValueError: an unknown ``which``, or a config field that fails its check.
+    errors.ConfigMismatchError: ``config`` is of another task or model than the run's.
+    errors.CheckpointError: the checkpoint is damaged.
   """
   config, _, data, state, step, folder = _restore(workdir, which, step, config)
   return config, data, state, step, folder
@@ -203,8 +177,7 @@ def restore_run(workdir: str, which: str = "best", step: int | None = None,
 
 def _restore(workdir: str, which: str, step: int | None,
              config: ml_collections.ConfigDict | None) -> tuple:
-  """:func:`restore_run`'s ``(config, run, data, state, step, folder)``, ``run`` the typed
-  :class:`RunConfig` of ``config``, built once."""
+  """:func:`restore_run`'s tuple with ``run``, the :class:`RunConfig`, after ``config``."""
   if which not in ("best", "latest"):
     raise ValueError(f"which={which!r} not understood: 'best' or 'latest'")
   if not os.path.isdir(workdir):
@@ -242,14 +215,13 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
   Args:
     split: ``"train"``, ``"val"`` or ``"test"``.
     workdir, which, step, config: see :func:`restore_run`.
-    precompile_workers: if > 0, the eval step of every batch shape the split meets is
-      compiled first, in this many threads side by side (:mod:`simpletron_jax.train.precompile`).
+    precompile_workers: threads that compile the split's eval step shapes first; 0: none.
 
   Returns:
     ``{"accuracy", "loss", "count", "step", "split", "checkpoint"}``.
 
   Raises:
-    ValueError: for an unknown split or ``which``, or ``precompile_workers < 0``.
+    ValueError: an unknown split or ``which``, or ``precompile_workers < 0``.
     FileNotFoundError, errors.ConfigMismatchError, errors.CheckpointError: see
       :func:`restore_run`.
   """

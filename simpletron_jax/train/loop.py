@@ -1,25 +1,10 @@
-"""The parts of the training loop: one optimizer step, the train window and the periodic actions.
+"""The training loop's parts: one optimizer step, the train window and the periodic actions.
 
-:func:`simpletron_jax.train.trainer.train_and_evaluate` sets a run up and then, for each optimizer
-step, runs :class:`MicroSteps` and calls :class:`Actions`, whose periodic actions
-(:class:`Periodic`) run in this order after the step:
-
-* a train record of the window since the last one (:class:`TrainWindow`), every
-  ``log_every`` steps (:class:`run_config.LoggingConfig`);
-* a validation, every ``eval_frequency`` steps; a new best (by ``best_metric`` and
-  ``best_mode``; :class:`run_config.EvalConfig`) is saved at once, and kept as the best;
-* a checkpoint in ``checkpoints/``, every ``checkpoint_every`` steps
-  (:class:`run_config.CheckpointConfig`);
-* the caller's step hook, every step (after the step's checkpoints are on disk).
-
-The run's last step (``num_train_steps``, the ``max_train_minutes`` budget, a preemption)
-forces the record and the checkpoint, and the validation unless only a preemption stopped the
-run. Before a record, a validation or a checkpoint, the micro-steps since the last check are
-checked to be finite (:func:`check_finite`), so a non-finite state is never logged or saved.
-
-Units: a *step* is one optimizer update on ``batch_size`` examples, made of
-``grad_accum_steps`` *micro-steps* (see :mod:`simpletron_jax.train.steps`); times are
-seconds.
+After each optimizer step (``grad_accum_steps`` micro-steps), :class:`Actions` runs, in order:
+a train record every ``log_every`` steps, a validation every ``eval_frequency`` steps (a new
+best saved at once), a checkpoint every ``checkpoint_every`` steps, and the step hook. The
+run's last step forces the record and the checkpoint, and the validation unless a preemption
+stopped it; nothing non-finite is logged or saved (:func:`check_finite`). Times are seconds.
 """
 
 from __future__ import annotations
@@ -44,25 +29,17 @@ from simpletron_jax.train.steps import InFlightLimit, JitParallel, PmapParallel,
 
 def check_finite(unchecked: list, state_repl: TrainState, last_good: str,
                  parallel: PmapParallel | JitParallel | None = None) -> None:
-  """Stops a run whose training went non-finite, before anything is logged or saved.
-
-  Args:
-    unchecked: ``(optimizer step, metrics)`` of the micro-steps since the last check, as
-      returned by the train step (its ``Metrics``' loss sum and ``grad_norm`` are checked).
-    state_repl: the state after the last of them, as the steps return it.
-    last_good: the newest checkpoint saved, for the message.
-    parallel: the run's :func:`steps.make_parallel` (default: pmap's).
+  """Checks the loss sums and ``grad_norm`` of ``unchecked`` (``(optimizer step, train step
+  output)`` pairs) and the parameters of ``state_repl``; ``parallel`` defaults to pmap's.
 
   Raises:
-    errors.NonFiniteError: naming the first step whose loss or gradient norm is NaN or
-      inf (or the last step, when only the parameters are), and ``last_good``.
+    errors.NonFiniteError: naming the first non-finite step and ``last_good``.
   """
   parallel = parallel or PmapParallel()
   bad = run_guard.first_nonfinite(
       [(step, parallel.host({"loss": metrics["metrics"].loss.total,
                              "grad_norm": metrics["grad_norm"]})) for step, metrics in unchecked])
-  # On one host the parameters are checked where they are (one flag read back), instead of
-  # being copied to the host and back every record (78 MB each way for paper ListOps).
+  # one host: checked on device, not copied to the host and back (78 MB for paper ListOps)
   params = (state_repl.params if jax.process_count() == 1
             else parallel.host(state_repl.params))
   if bad is None and not run_guard.tree_is_finite(params):
@@ -77,24 +54,14 @@ def check_finite(unchecked: list, state_repl: TrainState, last_good: str,
 
 
 class Periodic:
-  """An action after every ``every_steps``-th optimizer step (a multiple of ``every_steps``),
-  and after any step a call forces (the run's last): clu ``periodic_actions``' step rule.
-
-  clu's ``PeriodicCallback`` itself is not used: clu 0.0.12's ``periodic_actions`` imports
-  ``clu.metric_writers``, whose package imports TensorFlow, and train.py runs without
-  TensorFlow (tests/test_no_tensorflow.py).
-
-  Args:
-    every_steps: the period in optimizer steps (>= 1).
-    callback_fn: called as ``callback_fn(step, **kwargs)``.
-  """
+  """``callback_fn(step, **kwargs)`` at each multiple of ``every_steps`` and when forced: clu
+  ``PeriodicCallback``'s rule, without clu's import of TensorFlow."""
 
   def __init__(self, every_steps: int, callback_fn: Callable[..., None]):
     self.every_steps, self.callback_fn = every_steps, callback_fn
 
   def __call__(self, step: int, force: bool = False, **kwargs) -> bool:
-    """Runs the callback when ``step`` is a multiple of ``every_steps`` or ``force``;
-    returns whether it ran."""
+    """Returns whether the callback ran."""
     if force or step % self.every_steps == 0:
       self.callback_fn(step, **kwargs)
       return True
@@ -102,22 +69,17 @@ class Periodic:
 
 
 class TrainWindow:
-  """The train record of the steps since the last record: metric means and throughput.
-
-  :class:`MicroSteps` adds each micro-step's :data:`steps.Metrics` (``metrics``, device
-  arrays) and the seconds of each call that compiled a new batch shape; :meth:`record` merges
-  them.
+  """The train record of the steps since the last one: metric means and throughput.
 
   Args:
-    parallel: the run's :func:`steps.make_parallel` (reads the metrics to the host).
     schedule: the learning-rate schedule, a function of the optimizer update count.
     train_seconds: the train seconds of the run's earlier starts (a checkpoint's).
 
   Attributes:
-    train_seconds: seconds spent training so far, without validations, checkpoints and the
-      step hook (:meth:`exclude`), at the last record.
-    compile_seconds_this_run: seconds of this start's train calls that compiled a new shape.
-    shapes_compiled: how many train calls of this start compiled a new shape.
+    train_seconds: seconds trained so far over all starts, without validations, checkpoints
+      and the step hook (:meth:`exclude`), at the last record.
+    compile_seconds_this_run, shapes_compiled: this start's train calls that compiled a new
+      batch shape: their seconds and count.
   """
 
   def __init__(self, parallel: PmapParallel | JitParallel, schedule: Callable,
@@ -143,11 +105,8 @@ class TrainWindow:
     self.excluded += seconds
 
   def record(self, step: int) -> dict[str, float]:
-    """The train record of the window ending at optimizer ``step``: every
-    :data:`steps.Metrics` mean over the window's real examples (clu's merge in float64 on the
-    host, in micro-step order), ``learning_rate`` of the step, ``steps_per_sec`` with and
-    without compile time, ``compile_seconds`` and ``new_shapes``. Adds the window to the
-    totals; call :meth:`restart` once the record is written."""
+    """The record of the window ending at ``step``: metric means over real examples (merged
+    in float64 on the host), ``learning_rate``, throughput and compile time."""
     host = jax.tree_util.tree_map(np.float64, (steps.Metrics.empty(),
                                                *self.parallel.host(self.metrics)))
     merged = functools.reduce(lambda a, b: a.merge(b), host)
@@ -163,25 +122,15 @@ class TrainWindow:
 
 
 class MicroSteps:
-  """Runs one optimizer step as ``grad_accum_steps`` micro-steps on the next batches.
-
-  Micro-step ``i`` of the run (counted from 0 over all starts) reads the next batch of
-  ``batches`` and dropout key ``fold_in(dropout_root, i)``, so a resumed run repeats an
-  uninterrupted one. A batch shape met for the first time is compiled inside its call; that
-  call waits for the queued calls first, so its time (:meth:`TrainWindow.compiled`) is the
-  compile's alone. At most :data:`steps.CALLS_IN_FLIGHT` calls are unfinished at once.
+  """One optimizer step as ``accum`` micro-steps; micro-step ``i`` of the run (from 0, over
+  all starts) takes the next of ``batches`` and dropout key ``fold_in(dropout_root, i)``. At
+  most :data:`steps.CALLS_IN_FLIGHT` calls are unfinished at once.
 
   Args:
-    p_train: the train step of ``parallel.steps``.
-    programs: ``{steps.batch_shape_key: compiled train step}`` (precompiled shapes; may be
-      empty).
-    parallel: the run's :func:`steps.make_parallel`.
-    batches: the host micro-batches from the run's start (:func:`batches.train_batches`).
-    dropout_root: the run's dropout key.
-    accum: micro-steps per optimizer step.
+    programs: ``{steps.batch_shape_key: compiled train step}`` (may be empty).
 
   Attributes:
-    unchecked: ``(optimizer step, metrics)`` of the micro-steps not yet checked to be finite.
+    unchecked: ``(optimizer step, output)`` of the micro-steps not yet checked to be finite.
   """
 
   def __init__(self, p_train: Callable, programs: dict, parallel: PmapParallel | JitParallel,
@@ -193,8 +142,7 @@ class MicroSteps:
     self.unchecked: list = []
 
   def __call__(self, state_repl: TrainState, step: int, window: TrainWindow) -> TrainState:
-    """Optimizer ``step`` (from 1) on ``state_repl``; returns the new state and adds the
-    micro-steps' metrics to ``window``."""
+    """Optimizer ``step`` (from 1); returns the new state, its metrics added to ``window``."""
     for a in range(self.accum):
       batch = self.parallel.put_batch(next(self.batches))
       rng = jax.random.fold_in(self.dropout_root, (step - 1) * self.accum + a)
@@ -215,8 +163,7 @@ class MicroSteps:
     return state_repl
 
   def check_finite(self, state_repl: TrainState, last_good: str) -> None:
-    """:func:`check_finite` of the unchecked micro-steps (none: nothing to do, the state is
-    the one checked last); raises ``errors.NonFiniteError``."""
+    """:func:`check_finite` of the unchecked micro-steps, if any."""
     if self.unchecked:
       check_finite(self.unchecked, state_repl, last_good, self.parallel)
       self.unchecked = []
@@ -235,27 +182,12 @@ class TimeBudget:
 
 
 class Actions:
-  """What a run does after each optimizer step (see the module docstring), in order.
+  """The actions after each optimizer step (the module docstring's order).
 
   Args:
-    eval_config: the run's :class:`run_config.EvalConfig` (``eval_frequency``,
-      ``best_metric``, ``best_mode``).
-    checkpoint: its :class:`run_config.CheckpointConfig` (``checkpoint_every``).
-    logging: its :class:`run_config.LoggingConfig` (``log_every``).
-    micro_steps: the run's :class:`MicroSteps` (the finiteness check).
-    window: the run's :class:`TrainWindow`.
-    logger: the run's :class:`MetricLogger`.
-    bar: the progress bar (:func:`simpletron_jax.runtime.progress.bar`).
-    validate: ``validate(params_repl) -> metrics`` of the validation split
-      (:func:`simpletron_jax.train.evaluation.evaluate`).
-    ckpts: the manager of ``checkpoints/``.
-    meta: the checkpoint meta (``best_score``, ``best_step``, ``best_val_accuracy``, ``train_seconds``,
-      ``val_majority_rate``, the run id and record), updated in place.
+    validate: ``validate(params_repl) -> metrics`` of the validation split.
+    meta: the checkpoint meta, updated in place (``best_step``, ``train_seconds``, ...).
     last_good: the newest checkpoint's folder (or a phrase saying there is none).
-    step_hook: called with the step after its checkpoints are on disk, or None.
-
-  Attributes:
-    meta, last_good: as updated by the actions.
   """
 
   def __init__(self, eval_config: EvalConfig, checkpoint: CheckpointConfig,
@@ -273,13 +205,10 @@ class Actions:
     self.checkpoint_action = Periodic(checkpoint.checkpoint_every, self._checkpoint)
 
   def __call__(self, step: int, state_repl: TrainState, stop: bool, final: bool) -> None:
-    """The actions after optimizer ``step``. ``stop``: the run's last step of this start
-    (record and checkpoint); ``final``: it ends training (validate too). A new best is saved
-    at its step. The time after the record is left out of the train window's.
+    """``stop``: this start's last step (record, checkpoint); ``final``: also validate.
 
     Raises:
-      errors.NonFiniteError: the step's metrics, the parameters or the validation loss are
-        not finite (nothing of it logged, except the validation, or saved).
+      errors.NonFiniteError: the step's metrics, parameters or validation loss.
       errors.CheckpointError, errors.WriteError: a save or a record failed.
     """
     self.log_action(step, force=stop, state_repl=state_repl)
@@ -304,8 +233,7 @@ class Actions:
       raise errors.NonFiniteError(
           f"step {step}: the validation loss is {val['loss']}; the run stopped without "
           f"saving this state. The last good checkpoint is {self.last_good}.")
-    # The majority rate of the examples the last validation read: saved with each checkpoint,
-    # so a start that trains no step reports the same figure as the start that validated.
+    # saved with each checkpoint: a start that trains no step reports the same figure
     self.meta["val_majority_rate"] = val["majority_rate"]
     self.bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
     score = best_score(val, self.best_metric, self.best_mode)

@@ -1,11 +1,8 @@
 """The typed run config of the training core: a frozen dataclass per section, in :class:`RunConfig`.
 
-:meth:`RunConfig.from_config_dict` builds it once at the entry points (``trainer``,
-``final_test.restore_run``) from the ConfigDict of ``configs/``: each field read once, the
-defaults below for the fields a config lacks, every field checked (one line naming it). The
-ConfigDict stays with the data layer (``tasks.load_task``, ``data.batches``, fed through
-``evaluation`` and ``precompile``), ``run_record`` (``config.json``, fingerprint, resume checks),
-``MetricLogger`` (hyperparameters, ``wandb``) and ``train_state.build_model`` (``pretrain``).
+Built once from the ConfigDict of ``configs/`` (:meth:`RunConfig.from_config_dict`), with the
+defaults below for the fields a config lacks; the data layer and the run record keep the
+ConfigDict.
 """
 
 from __future__ import annotations
@@ -34,8 +31,8 @@ def _section(cls):
 
 
 def _read(cls, holder: Any, prefix: str = "") -> Any:
-  """``cls`` with each field read once from ``holder``, or its default where ``holder`` lacks
-  it; raises ValueError naming a missing field that has no default."""
+  """``cls`` read from ``holder`` (defaults where it lacks a field); raises ValueError naming a
+  missing field that has no default."""
   values = {}
   for f in dataclasses.fields(cls):
     section = f.metadata.get("section")
@@ -93,9 +90,8 @@ class LoraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """The optimizer, its schedule, the batches and the weight surgery (LRA's recipe,
-  ``utils/train_utils.py``; configs/lra.py ``_common`` sets every field). A *step* is one
-  optimizer update on ``batch_size`` examples, ``grad_accum_steps`` micro-steps.
+  """The optimizer, its schedule, the batches and the weight surgery (LRA's
+  ``utils/train_utils.py``; configs/lra.py ``_common`` sets every field).
 
   Attributes:
     batch_size: examples per optimizer step, over all devices and hosts.
@@ -138,9 +134,8 @@ class TrainConfig:
   from_config_dict = classmethod(_from_config_dict)
 
   def validate(self) -> None:
-    """Raises ValueError, one line naming the field, for a value outside the ranges above,
-    a regex that does not compile, or an unknown name in ``factors`` (or ``warmup`` 0 for
-    a warmup factor, :func:`schedules.create_learning_rate_schedule`)."""
+    """Raises ValueError naming the field: a value outside the ranges above, a bad regex, or
+    bad ``factors`` (:func:`schedules.create_learning_rate_schedule`)."""
     if self.parallelism not in PARALLELISMS:
       raise ValueError(f"parallelism={self.parallelism!r} is not 'pmap' (LRA's) or 'jit' "
                        "(jax.jit over a device mesh; docs/scaling.md)")
@@ -248,14 +243,8 @@ class LoggingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  """A run's config, typed and checked (:meth:`from_config_dict`).
-
-  Attributes:
-    task: the task name (:func:`simpletron_jax.data.tasks.names`).
-    train, eval, checkpoint, logging: the sections above.
-    model: the encoder's :class:`ModelConfig`.
-    data: the ``data`` section as it is (the data layer's ConfigDict).
-  """
+  """A run's config, typed and checked: the task name, the sections above, the encoder's
+  :class:`ModelConfig` and the ``data`` section as it is (the data layer's ConfigDict)."""
   task: str
   train: TrainConfig
   eval: EvalConfig
@@ -267,24 +256,20 @@ class RunConfig:
   @classmethod
   def from_config_dict(cls, config: ml_collections.ConfigDict, n_devices: int | None = None,
                        n_hosts: int = 1) -> RunConfig:
-    """The typed config of ``config``, every field checked.
+    """The typed config of ``config`` (``configs/``, overrides applied), every field checked.
 
     Args:
-      config: the run config (``configs/``, overrides applied).
-      n_devices: devices over all hosts (``jax.device_count()``) of a run that trains: the
-        batch must divide over them, and doubtful settings are warned about. None (a saved
-        run evaluated): neither.
-      n_hosts: processes (``jax.process_count()``), for the message and the asynchronous
-        checkpoints.
+      n_devices: ``jax.device_count()`` of a run that trains: the batch must divide over
+        them, and doubtful settings are warned about; None (evaluation): neither.
+      n_hosts: ``jax.process_count()``.
 
     Warns (:class:`RunWarning`): ``warmup`` or ``checkpoint_every`` longer than the run
       (training only); stale ``model.attention_kwargs``.
 
     Raises:
-      ValueError: one line naming the field: an unknown ``task``, a missing field without
-        default, a check of a section's ``validate`` or of
-        :func:`config_checks.check_model_and_data`, ``batch_size`` not divisible by
-        ``grad_accum_steps * n_devices``, or ``async_checkpoints`` on several hosts.
+      ValueError: one line naming the field: an unknown ``task``, a missing or bad field,
+        ``batch_size`` not divisible by ``grad_accum_steps * n_devices``, or
+        ``async_checkpoints`` on several hosts.
     """
     tasks.get(config.task)   # an unknown task: the field and the known tasks
     sections = {name: kind.from_config_dict(config) for name, kind in

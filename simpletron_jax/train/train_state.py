@@ -1,11 +1,7 @@
 """What a run starts from: the learning-rate schedule, the optimizer, the model and its train state.
 
-The recipe follows LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al., 2020),
-with optax AdamW instead of flax.optim. Units: a *step* is one optimizer update on
-``batch_size`` examples; with ``grad_accum_steps = A`` it is made of A *micro-steps* of
-``batch_size / A`` examples each (``optax.MultiSteps``). Each function takes the run's
-:class:`run_config.TrainConfig`; :func:`build_model` takes the ConfigDict (the model builder
-of self-pretraining reads its ``pretrain`` section).
+LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al., 2020), with optax AdamW
+instead of flax.optim. A *step* is one optimizer update on ``batch_size`` examples.
 """
 
 from __future__ import annotations
@@ -37,14 +33,9 @@ def make_schedule(train: TrainConfig) -> Callable:
 
 
 def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
-  """AdamW with LRA's decoupled decay ``p -= lr * wd * p`` on every parameter.
-
-  Preceded by global-norm gradient clipping when ``train.grad_clip_norm > 0`` (LRA's
-  Path-X recipe). Parameters matching a ``train.freeze`` regex, and the base parameters
-  of a LoRA run (``train.lora.rank > 0``), get zero updates (:func:`transfer.freeze`).
-  Wrapped in ``optax.MultiSteps`` when ``train.grad_accum_steps > 1``, so the schedule
-  advances once per optimizer update.
-  """
+  """AdamW with LRA's decoupled decay ``p -= lr * wd * p``, after global-norm clipping when
+  ``grad_clip_norm > 0`` (LRA's Path-X recipe); frozen and LoRA base parameters get zero
+  updates; ``optax.MultiSteps`` when ``grad_accum_steps > 1``."""
   tx = optax.adamw(make_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
                    eps=train.adam_eps, weight_decay=train.weight_decay)
   if train.grad_clip_norm > 0:
@@ -59,18 +50,9 @@ def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
 
 def create_train_state(train: TrainConfig, model: flax.linen.Module, rng: jax.Array,
                        max_length: int) -> TrainState:
-  """Initialises parameters and optimizer state (unreplicated).
-
-  Args:
-    train: the run's :class:`TrainConfig` (the optimizer and ``lora``).
-    model: a :class:`simpletron_jax.model.encoders.ClassificationEncoder`.
-    rng: the parameter-init key.
-    max_length: ``model.max_length`` (tokens); the init input has at most 16.
-
-  Returns:
-    A TrainState at step 0. With ``train.lora.rank > 0`` its params are the LoRA tree
-    ``{"base", "lora"}`` and its ``apply_fn`` merges them (:mod:`simpletron_jax.model.lora`).
-  """
+  """An unreplicated TrainState at step 0, its parameters initialised from ``rng`` on
+  ``min(max_length, 16)`` int32 tokens; with ``train.lora.rank > 0`` they are
+  ``{"base", "lora"}`` and ``apply_fn`` merges them (:mod:`simpletron_jax.model.lora`)."""
   tokens = jnp.ones((1, min(max_length, 16)), jnp.int32)
   second = (tokens, None) if isinstance(model, encoders.DualEncoderClassifier) else ()
   params = jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
@@ -97,22 +79,14 @@ def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
 
 
 def apply_init_from(train: TrainConfig, state: TrainState, workdir: str) -> TrainState:
-  """Starts ``state`` from ``train.init_from``'s best checkpoint (weight surgery).
-
-  Copies every parameter whose path and shape the source run shares with this model (only
-  those matching ``train.init_include`` when set; :func:`transfer.transfer_params`) and
-  writes what was copied, newly initialised and dropped to ``workdir/transfer.json``.
-
-  Returns:
-    ``state`` unchanged when ``train.init_from`` is empty, else with the new params.
-
-  The source's parameters are checked as a resumed or evaluated checkpoint is: they load,
-  match their CRC-32 and are finite (:func:`params_checkpoints.load_params`).
+  """``state`` with the parameters of ``train.init_from``'s best checkpoint that match in path
+  and shape (and ``train.init_include``; :func:`transfer.transfer_params`), the rest kept;
+  the report goes to ``workdir/transfer.json``. Unchanged when ``init_from`` is empty.
 
   Raises:
     FileNotFoundError: the source run has no best checkpoint.
     ValueError: see :func:`transfer.transfer_params`.
-    errors.CheckpointError: the source checkpoint is damaged (named).
+    errors.CheckpointError: the source checkpoint is damaged (CRC-32, non-finite; named).
     errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
     errors.WriteError: ``transfer.json`` could not be written (named).
   """

@@ -1,26 +1,10 @@
-"""Training: ``train_and_evaluate``, a run from its checks and setup through the loop to its tests.
+"""``train_and_evaluate``: a run from its checks and setup through the loop to its tests.
 
-The recipe follows LRA ``utils/train_utils.py`` and ``listops/train.py``
-(Tay et al., 2020), with these changes: optax AdamW instead of flax.optim,
-seeded data order, batches padded to a length bucket instead of to
-``max_length``, metrics as sums over real examples, orbax checkpoints that a
-killed run resumes from, and test evaluations of both the final parameters
-(LRA's protocol) and the best-validation checkpoint (SimpleTRON's).
-
-Units: a *step* is one optimizer update on ``batch_size`` examples; with
-``grad_accum_steps = A`` it is made of A *micro-steps* of
-``batch_size / A`` examples each (``optax.MultiSteps``).
-
-The parts a run is made of have a module each: :mod:`simpletron_jax.train.train_state`
-(schedule, optimizer, model and train state), :mod:`simpletron_jax.train.loop` (one optimizer
-step, the train window and the periodic actions), :mod:`simpletron_jax.train.final_test` (the
-final and best-validation tests, ``results.json``, and ``evaluate_checkpoint`` for eval.py),
-:mod:`simpletron_jax.train.steps` (loss, metrics, pmapped steps, replication),
-:mod:`simpletron_jax.data.batches` (data order), :mod:`simpletron_jax.train.evaluation`,
-:mod:`simpletron_jax.train.checkpoints`, :mod:`simpletron_jax.train.run_config` (the typed
-config, built once here; the data layer, the run record and the logs keep the ConfigDict)
-and :mod:`simpletron_jax.run.run_record`
-(``config.json``, :func:`run_record.load_run_config`); import their names from them.
+The recipe is LRA's ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al., 2020) with
+optax AdamW, seeded data order, batches padded to a length bucket, metrics summed over real
+examples, resumable orbax checkpoints, and tests of the final parameters (LRA's protocol) and
+of the best-validation checkpoint (SimpleTRON's). A *step* is one optimizer update on
+``batch_size`` examples, made of ``grad_accum_steps`` micro-steps (``optax.MultiSteps``).
 """
 
 from __future__ import annotations
@@ -53,7 +37,7 @@ from simpletron_jax.run import (
     software_record,
 )
 from simpletron_jax.data.common import report_split_truncation
-from simpletron_jax.train.run_config import RunConfig
+from simpletron_jax.train.run_config import RunConfig, TrainConfig
 from simpletron_jax.train.steps import JitParallel, PmapParallel, TrainState, make_parallel
 
 
@@ -61,8 +45,8 @@ def make_workdir(workdir: str) -> None:
   """Creates ``workdir`` (and its parents) unless it exists as a folder.
 
   Raises:
-    NotADirectoryError: ``workdir`` (or a folder on its path) is a file; names it.
-    OSError: of the same type, naming ``workdir``, when it cannot be created (permissions).
+    NotADirectoryError: ``workdir`` (or a folder on its path) is a file.
+    OSError: of the same type, naming ``workdir``, when it cannot be created.
     ValueError: its name is not UTF-8 text (:func:`cli.check_path_name`).
   """
   cli.check_path_name(workdir, "--workdir")
@@ -78,14 +62,8 @@ def make_workdir(workdir: str) -> None:
 
 def _check_start(config: ml_collections.ConfigDict, workdir: str,
                  precompile_workers: int) -> RunConfig:
-  """The checks a run passes before it takes ``workdir``, which is created here; returns the
-  run's typed config, built once here.
-
-  Raises:
-    ValueError: ``precompile_workers < 0`` or an inconsistent config
-      (:meth:`RunConfig.from_config_dict`).
-    NotADirectoryError, OSError: ``workdir`` cannot be a folder (:func:`make_workdir`).
-  """
+  """The run's typed config, and ``workdir`` created (:func:`make_workdir`); raises ValueError
+  for ``precompile_workers < 0`` or an inconsistent config."""
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   run = RunConfig.from_config_dict(config, jax.device_count(), jax.process_count())
@@ -94,13 +72,8 @@ def _check_start(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _load_data(config: ml_collections.ConfigDict, data: tasks.TaskData | None) -> tasks.TaskData:
-  """``data``, or the task data of ``config`` when None, checked: every host holds process 0's
-  config and data, no split is empty (:func:`config_checks.check_splits`), and process 0
-  reports truncation by ``model.max_length`` once per split.
-
-  Raises:
-    ValueError: an empty split, or hosts that disagree (:func:`distributed.check_hosts_agree`).
-  """
+  """``data`` (None: loaded from ``config``), checked alike on every host; raises ValueError
+  for an empty split or hosts that disagree (:func:`distributed.check_hosts_agree`)."""
   data = data or tasks.load_task(config)
   distributed.check_hosts_agree(config, data)
   config_checks.check_splits(data, config)
@@ -115,16 +88,10 @@ class _Start:
   """Where one start of a run begins (:func:`_resume`).
 
   Attributes:
-    state: the unreplicated train state at optimizer step ``step`` (0: a new run).
-    meta: the checkpoint meta (``best_score``, ``best_step``, ``best_val_accuracy``, ``train_seconds``,
-      ``run_id``, ``model_config``, the run record, and ``val_majority_rate`` once validated).
-    step: the optimizer step resumed from.
-    ckpts: the manager of ``workdir/checkpoints`` (the newest steps and the best).
-    config_path: ``workdir/config.json``.
-    config_tree: what ``config.json`` gets: the config and its history with this start's
-      changes (:func:`run_record.config_with_history`).
+    state, step: the unreplicated train state at the optimizer step resumed from (0: new).
+    meta: the checkpoint meta (``best_step``, ``train_seconds``, ``run_id``, ...).
+    config_tree: ``config.json``'s contents (:func:`run_record.config_with_history`).
     new_forced: this start forces a change that ``config.json``'s history lacks.
-    dropout_root: the run's dropout key.
   """
   state: TrainState
   meta: dict[str, Any]
@@ -143,18 +110,12 @@ class _Start:
 
 def _resume(config: ml_collections.ConfigDict, run: RunConfig, workdir: str,
             data: tasks.TaskData, allow_resume_changes: bool) -> _Start:
-  """Builds the model and its state, then restores the newest intact checkpoint of
-  ``workdir/checkpoints`` (a damaged one is moved to ``workdir/damaged``), or for a new run
-  applies ``init_from`` (:func:`train_state.apply_init_from`), and checks that the best
-  step is still kept (:func:`checkpoints.check_best`).
-
-  A checkpoint is resumed only if it was computed with this config's settings, data and
-  device and host counts (:func:`run_record.check_resume`, with ``allow_resume_changes``);
-  the changes let through are printed and go into ``config_tree``'s history.
+  """The model and its state, restored from the newest intact checkpoint (a damaged one is
+  moved to ``workdir/damaged``), or for a new run started from ``init_from``.
 
   Raises:
-    errors.ConfigMismatchError: see :func:`run_record.check_resume`; also, in one line, a
-      checkpoint saved by an earlier release (:data:`checkpoints.FORMAT`).
+    errors.ConfigMismatchError: other settings (:func:`run_record.check_resume`), or a
+      checkpoint of an earlier release (:data:`checkpoints.FORMAT`).
     errors.CheckpointError: no checkpoint is intact.
   """
   model = train_state.build_model(config, data)
@@ -202,12 +163,8 @@ def _resume(config: ml_collections.ConfigDict, run: RunConfig, workdir: str,
 
 
 def _write_config(start: _Start) -> dict[str, Any]:
-  """Writes ``config.json`` (process 0; atomic): ``start.config_tree`` and, under
-  ``software``, what computes the run (:func:`software_record.software`), which it returns.
-
-  Raises:
-    errors.WriteError: the file could not be written (named).
-  """
+  """Writes ``config.json`` (process 0) with ``software`` (:func:`software_record.software`),
+  which it returns; raises ``errors.WriteError``."""
   software = software_record.software(jax.devices()[0].device_kind, jax.device_count(),
                                       jax.process_count())
   if jax.process_index() == 0:
@@ -218,14 +175,8 @@ def _write_config(start: _Start) -> dict[str, Any]:
 
 def _open_logs(config: ml_collections.ConfigDict, num_train_steps: int, workdir: str,
                start: _Start) -> metric_logging.MetricLogger:
-  """Opens the run's logs at ``start.step`` (:class:`metric_logging.MetricLogger`) and records
-  the parameter count and overview; first removes a ``results.json`` that this start trains
-  past (it would no longer describe the workdir).
-
-  Raises:
-    errors.WriteError: the logs could not be opened or written, or ``results.json`` could
-      not be removed (named).
-  """
+  """The run's logs opened at ``start.step``, with the parameter count and overview; removes a
+  ``results.json`` this start trains past. Raises ``errors.WriteError`` (the file named)."""
   results_path = os.path.join(workdir, "results.json")
   logger = metric_logging.MetricLogger(workdir, resume_step=start.step,
                                        enabled=jax.process_index() == 0, config=config,
@@ -252,8 +203,8 @@ def _compile(config: ml_collections.ConfigDict, run: RunConfig, data: tasks.Task
              state_repl: TrainState,
              parallel: PmapParallel | JitParallel, start_step: int, workers: int,
              guard: preemption.PreemptionGuard) -> tuple[Callable, Callable, dict, dict]:
-  """The run's train and eval steps; with ``workers > 0``, every batch shape the run will
-  meet compiled first in that many threads (:func:`precompile.precompile_steps`).
+  """The run's train and eval steps; with ``workers > 0``, every batch shape's compiled first
+  (:func:`precompile.precompile_steps`).
 
   Returns:
     ``(p_train, eval_fn, programs, precompiled)``: ``programs`` maps
@@ -261,7 +212,7 @@ def _compile(config: ml_collections.ConfigDict, run: RunConfig, data: tasks.Task
     ``precompile_seconds`` and the shape counts (both empty without ``workers``).
 
   Raises:
-    preemption.PreemptedError: a signal came while compiling (nothing trained to save).
+    preemption.PreemptedError: a signal came while compiling.
   """
   p_train, p_eval = parallel.steps(state_repl.apply_fn)
   if not workers:
@@ -281,9 +232,8 @@ def _compile(config: ml_collections.ConfigDict, run: RunConfig, data: tasks.Task
 
 def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler | None,
              logger: metric_logging.MetricLogger | None, lock: Any) -> None:
-  """What a start holds, let go on every exit (success, error, preemption): the signal
-  handlers, a profiler trace an error or a preemption left running, the logs (a failure to
-  close them after an error would hide that error, so it is dropped) and the workdir lock."""
+  """Lets go, on every exit, of the signal handlers, the profiler, the logs (a failure to close
+  them is dropped, not to hide an error) and the workdir lock."""
   guard.restore()
   if profiler is not None:
     profiler.close()
@@ -295,103 +245,57 @@ def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler
   run_guard.release_lock(lock)
 
 
+def _train_steps(train: TrainConfig, first: int, state_repl: TrainState, actions: loop.Actions,
+                 profiler: profiling.StepProfiler, guard: preemption.PreemptionGuard,
+                 wall_start: float) -> tuple[TrainState, int, bool, bool]:
+  """Optimizer steps from ``first`` until ``num_train_steps``, ``max_train_minutes`` or a
+  signal; returns ``(state_repl, step, preempted, out_of_time)``, ``step`` the last one."""
+  budget = loop.TimeBudget(train.max_train_minutes, wall_start)
+  step, preempted, out_of_time = train.num_train_steps, False, False   # if none is trained
+  for step in range(first, train.num_train_steps + 1):
+    profiler.step_started(step)   # --profile_steps: the trace starts before step A
+    state_repl = actions.micro_steps(state_repl, step, actions.window)
+    actions.bar.update(1)
+    profiler.step_finished(step, state_repl)   # after step B: wait for it, stop the trace
+    out_of_time = budget.spent()
+    preempted = guard.should_stop(step)   # every host at the same step
+    final = step == train.num_train_steps or out_of_time   # validates, as a straight run
+    actions(step, state_repl, stop=final or preempted, final=final)
+    if preempted or out_of_time:
+      break
+  return state_repl, step, preempted, out_of_time
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        step_hook: Callable[[int], None] | None = None,
-                       data: tasks.TaskData | None = None,
-                       precompile_workers: int = 0,
+                       data: tasks.TaskData | None = None, precompile_workers: int = 0,
                        allow_resume_changes: bool = False,
                        profile_steps: tuple[int, int] | None = None) -> dict[str, Any]:
-  """Trains, evaluates every ``eval_frequency`` steps, then tests the final and best parameters.
-
-  Resumes from the newest checkpoint in ``workdir/checkpoints`` if there is
-  one, and continues exactly as an uninterrupted run would (same data order,
-  dropout keys and optimizer state). Writes ``workdir/metrics.jsonl``,
-  TensorBoard events in ``workdir/tb`` (and a W&B run under ``workdir/wandb`` when
-  ``config.wandb.project`` is set; :class:`metric_logging.MetricLogger`),
-  ``workdir/config.json``, ``workdir/parameter_overview.txt`` (also printed to stderr) and, at
-  the end, ``workdir/results.json``. The loop is :mod:`simpletron_jax.train.loop`'s.
-
-  Before any work every field is validated (:meth:`RunConfig.from_config_dict`), and
-  truncation by ``model.max_length`` is reported once
-  per split. A resumed checkpoint must have been computed with this config's settings, data,
-  vocabulary and class count, and device and host counts (:func:`run_record.check_resume`;
-  the checkpoint meta holds them as ``run_record``); the changes let through
-  (:data:`run_record.RESUME_ALLOWED_FIELDS`, or any but ``model.*`` with
-  ``allow_resume_changes``) are appended to ``config.json``'s ``config_history`` (see
-  :func:`run_record.config_with_history`) instead of being overwritten. A checkpoint saved by
-  an earlier release (:data:`checkpoints.FORMAT`) is refused in one line.
-
-  A rerun of a finished run changes nothing: when the checkpoint resumed is at
-  ``num_train_steps``, no change was forced and ``results.json`` is the finished result of
-  this config, that ``results.json`` is returned and no file is written. Otherwise a test an
-  earlier start recorded in ``metrics.jsonl`` (a run killed while testing) is reused rather
-  than repeated and recorded twice, and ``val_majority_rate`` is that of the last validation,
-  which checkpoints carry, whichever start reaches the end.
+  """Trains, validates every ``eval_frequency`` steps, then tests the final and best
+  parameters (LRA ``listops/train.py``); resuming and rerunning: docs/runs.md.
 
   Args:
-    config: the run config (see ``configs/``).
-    workdir: output directory; created if missing.
-    step_hook: called with the optimizer step after each step and its
-      checkpoint (tests use it to simulate a kill).
-    data: preloaded task data; loaded from ``config`` when None.
-    precompile_workers: if > 0, the train and eval steps of every batch shape the run will
-      meet are compiled before the loop, in this many threads side by side
-      (:mod:`simpletron_jax.train.precompile`); 0 compiles each shape when the loop first meets it.
-    allow_resume_changes: resume even though settings that change what is computed differ
-      from the checkpoint's (train.py ``--allow_resume_changes``); the changes are recorded
-      in ``config.json``'s ``config_history``. ``model.*`` changes stay refused.
-    profile_steps: ``(A, B)``: a JAX profiler trace of optimizer steps A..B (both included,
-      ``1 <= A <= B <= num_train_steps``) is written to ``workdir/profile`` by process 0
-      (:class:`profiling.StepProfiler`; train.py ``--profile_steps=A:B``); a run resumed at
-      or past step A traces nothing. None: no trace.
+    config: the run config (``configs/``).
+    workdir: the run's folder, created if missing; its newest checkpoint is resumed.
+    step_hook: called with each optimizer step once its checkpoints are on disk (tests).
+    data: preloaded task data; None: loaded from ``config``.
+    precompile_workers: threads that compile every batch shape's steps first; 0: none.
+    allow_resume_changes: resume despite changed settings (never ``model.*``), recorded.
+    profile_steps: ``(A, B)``: a profiler trace of steps A..B to ``workdir/profile``.
 
   Returns:
-    The contents of ``results.json``: test accuracy and loss under two protocols,
-    ``test_{accuracy,loss}_best_val`` for the best-validation checkpoint (its step
-    ``best_step``, its ``best_val_accuracy``; SimpleTRON's protocol; also kept as
-    ``test_accuracy``/``test_loss``) and ``test_{accuracy,loss}_final`` for the
-    parameters after ``final_step`` (LRA's ``--test_only`` protocol), the
-    majority-class rates of the val and test examples evaluated, steps/s and wall time in
-    seconds, the seconds the loop spent compiling train steps (one per batch shape met that
-    had no program yet, ``train_shapes_compiled_in_loop``), and with ``precompile_workers``
-    the ``precompile_seconds`` and counts of :func:`precompile.precompile_steps`. Each train
-    record of ``metrics.jsonl`` has ``compile_seconds`` and ``new_shapes`` of its window and
-    ``steps_per_sec_excluding_compile``. ``final_step``, ``complete`` (False when
-    ``max_train_minutes`` stopped the run before ``num_train_steps``, with ``stopped_by``)
-    and ``config_fingerprint`` (:func:`run_record.config_fingerprint`) say what the numbers
-    describe; a run that trains on past an existing ``results.json`` deletes it first.
-    ``forced_resume_changes`` (:func:`run_record.forced_changes`) lists the starts that
-    ``allow_resume_changes`` let change what is computed (empty: none), and the
-    :func:`software_record.software` fields (versions, ``device_kind``, ``device_count``,
-    ``process_count``, ``git_commit``) what computed it; ``config.json`` holds the latter
-    under ``software``. Neither enters ``config_fingerprint``.
-
-  Faults are never silent (docs/faults.md, "When things go wrong"): ``workdir/run.lock`` keeps a
-  second run out; a checkpoint that fails verification is moved to ``workdir/damaged`` and
-  the run resumes from the newest intact one (its best kept, :func:`checkpoints.check_best`); ``results.json`` and
-  ``metrics.jsonl`` are strict JSON (non-finite values are ``null``).
+    ``results.json``'s contents: ``test_accuracy_best_val``, ``test_accuracy_final``, their
+    ``best_step`` and ``final_step``, ``complete``, ... (all in docs/runs.md).
 
   Raises:
-    ValueError: for an inconsistent config (see :meth:`RunConfig.from_config_dict`) or an
-      empty split (:func:`config_checks.check_splits`).
-    errors.WorkdirLockedError: another run holds the workdir.
-    errors.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
+    ValueError: an inconsistent config or an empty split.
+    NotADirectoryError: ``workdir`` is a file.
+    errors.WorkdirLockedError: another run holds ``workdir``.
+    errors.ConfigMismatchError: the checkpoint was computed with other settings.
     errors.CheckpointError: a save failed, or no checkpoint is intact.
-    errors.ConfigMismatchError: the checkpoint resumed was computed with other settings:
-      ``model.*``, or without ``allow_resume_changes`` any field outside
-      :data:`run_record.RESUME_ALLOWED_FIELDS`, the task data's vocabulary size, class count
-      or contents, or the device or host count (:func:`run_record.check_resume`).
-    NotADirectoryError: ``workdir`` is a file (:func:`make_workdir`).
-    preemption.PreemptedError: SIGTERM or SIGINT came after the data were loaded
-      (:class:`preemption.PreemptionGuard`): in the loop (every host stops at the same step)
-      that step was finished, logged and saved; while building, restoring or precompiling,
-      nothing had been trained since the checkpoint. The lock is released; no test, no
-      ``results.json``. A signal while the data load raises ``KeyboardInterrupt`` (SIGINT)
-      or ends the process (SIGTERM), as Python's defaults do; the lock is released on
-      SIGINT and replaced as stale after SIGTERM.
-    errors.WriteError: ``metrics.jsonl``, the TensorBoard file, ``results.json`` or
-      ``transfer.json`` could not be written (named; a failed checkpoint save is a
-      ``CheckpointError``).
+    errors.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
+    errors.WriteError: a log, ``results.json`` or ``transfer.json`` could not be written.
+    preemption.PreemptedError: SIGTERM or SIGINT: the last step saved, nothing tested.
   """
   wall_start = time.time()
   run = _check_start(config, workdir, precompile_workers)
@@ -408,8 +312,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       if finished is not None:
         return finished
     software = _write_config(start)
-    # The test records an earlier start wrote at or before this start's step (a run killed
-    # while testing, a finished run resumed with forced changes): reused, never written twice.
     earlier = final_test.earlier_records(os.path.join(workdir, "metrics.jsonl"), start.step)
     if guard.requested_locally():   # a signal while building or restoring: nothing to save
       raise preemption.PreemptedError(start.step, guard.cause)
@@ -436,19 +338,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         run.eval, run.checkpoint, run.logging, micro_steps, window, logger, bar,
         final_test.evaluator(eval_fn, data.val, config, run.eval.num_eval_steps, parallel),
         start.ckpts, start.meta, start.last_good(), step_hook)
-    budget = loop.TimeBudget(train.max_train_minutes, wall_start)
-    step, preempted, out_of_time = train.num_train_steps, False, False   # if none is trained
-    for step in range(start.step + 1, train.num_train_steps + 1):
-      profiler.step_started(step)   # --profile_steps: the trace starts before step A
-      state_repl = micro_steps(state_repl, step, window)
-      bar.update(1)
-      profiler.step_finished(step, state_repl)   # after step B: wait for it, stop the trace
-      out_of_time = budget.spent()
-      preempted = guard.should_stop(step)   # every host at the same step
-      final = step == train.num_train_steps or out_of_time   # validates, as a straight run
-      actions(step, state_repl, stop=final or preempted, final=final)
-      if preempted or out_of_time:
-        break
+    state_repl, step, preempted, out_of_time = _train_steps(
+        train, start.step + 1, state_repl, actions, profiler, guard, wall_start)
     guard.restore()   # from here on, a signal ends the process: the last step is saved
     bar.close()
     checkpoints.finish_saves(start.ckpts)   # on disk, or CheckpointError
