@@ -1,12 +1,7 @@
 """Checkpoints a killed run resumes from, verified before use; orbax keeps the newest and the best.
 
-One orbax manager per run folder (:func:`checkpoint_manager`) keeps the newest ``max_to_keep``
-steps and the best validation's. :func:`save_checkpoint` refuses a non-finite state and
-stores a CRC-32 and the arrays' layout with each step; :func:`restore_checkpoint` restores the
-newest intact step (or the one :func:`pick_step` names), setting damaged ones aside, and
-refuses another model config, train-state layout or checkpoint :data:`FORMAT` in one line.
-With ``config.async_checkpoints`` orbax writes in a background thread and :func:`finish_saves`
-reports a failed write naming its step (docs/faults.md).
+Each step stores a CRC-32 and the arrays' layout; a restore sets damaged steps aside and
+refuses another model config, layout or :data:`FORMAT` in one line (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -113,8 +108,7 @@ def pick_step(manager: ocp.CheckpointManager, which: str, what: str) -> int:
 
 
 def finish_saves(*managers: ocp.CheckpointManager) -> None:
-  """Waits until every save started in ``managers`` is written and in place (a no-op for
-  synchronous ones).
+  """Waits until every save started in ``managers`` is written (no-op for synchronous ones).
 
   Raises:
     errors.CheckpointError: naming the step folder whose background save failed or is missing
@@ -145,13 +139,8 @@ def _is_closed_loop_callback(value: BaseException | None, tb) -> bool:
 
 
 def quiet_abandoned_reads() -> None:
-  """Drops the tracebacks of reads that a failed restore abandoned (installed once).
-
-  When an array of a damaged checkpoint fails to load, orbax closes its event loop while
-  tensorstore still reads the others, and each finished read prints an unraisable
-  ``RuntimeError: Event loop is closed`` (docs/faults.md). :func:`restore_checkpoint` reports
-  the damage once; this ``sys.unraisablehook`` wrapper hides exactly those errors.
-  """
+  """Installs, once, a ``sys.unraisablehook`` that hides the ``Event loop is closed`` error of
+  each read a failed restore abandoned (docs/faults.md); the damage is reported once."""
   previous = sys.unraisablehook
   if getattr(previous, "drops_abandoned_reads", False):
     return
@@ -235,8 +224,7 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
-  """The first line of ``error``'s message, at most ``limit`` characters, for one-line
-  messages."""
+  """The first line of ``error``'s message, at most ``limit`` characters."""
   text = str(error).strip().splitlines()
   return (text[0] if text else "")[:limit]
 
@@ -304,8 +292,6 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
   next older one is tried.
 
   Args:
-    manager: the checkpoint folder's manager.
-    state: a TrainState giving the structure, shapes and dtypes.
     step: restore exactly this optimizer step (no fallback).
     model_config: ``config.model``; a checkpoint of another is an error, not damage.
     quarantine_dir: where damaged checkpoints go; None: they stay.

@@ -1,12 +1,5 @@
-"""The checks of the ``model`` and ``data`` fields and of the loaded splits, each refusal one
-line naming the field.
-
-:meth:`simpletron_jax.train.run_config.RunConfig.from_config_dict` (which checks the other
-sections) calls :func:`check_model_and_data` before a run loads data, compiles or touches a
-checkpoint; :func:`simpletron_jax.train.trainer.train_and_evaluate` calls :func:`check_splits`
-once the data are loaded. :func:`check_range` is the shared rule: a finite number, or an int,
-within bounds.
-"""
+"""Checks of the ``model`` and ``data`` fields and of the loaded splits; each refusal is one
+line naming the field."""
 
 from __future__ import annotations
 
@@ -20,36 +13,22 @@ from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.runtime.errors import warn
 
-# The largest position table a run may ask for: ``(model.max_length + 1) x model.emb_dim``
-# float32 values. LRA's longest input, Path-X's 16384 tokens, needs 8 MiB at 128 features; a
-# typo such as max_length=1000000000 would need 256 GB, and would fail deep in XLA with
-# RESOURCE_EXHAUSTED instead of naming the field.
+# Bytes of the largest position table, (model.max_length + 1) x model.emb_dim float32, a run
+# may ask for (Path-X: 8 MiB); past it a typo would fail in XLA with RESOURCE_EXHAUSTED.
 MAX_POSITION_TABLE_BYTES = 4 << 30
 
 
 def check_model_and_data(config: ml_collections.ConfigDict) -> encoders.ModelConfig:
-  """Checks the ``model`` and ``data`` fields of ``config`` before any work; the other
-  sections are checked by :meth:`simpletron_jax.train.run_config.RunConfig.from_config_dict`,
-  which calls this.
-
-  Returns:
-    The typed ``config.model`` (:meth:`encoders.ModelConfig.from_config_dict`).
+  """The typed ``config.model`` (``encoders.ModelConfig``), once ``model`` and ``data`` pass.
 
   Warns:
-    RunWarning: ``model.attention_kwargs`` holds options that the run's attention ignores
-      (:func:`simpletron_jax.model.attention.inherited_options`).
+    RunWarning: ``model.attention_kwargs`` holds options the run's attention ignores.
 
   Raises:
-    ValueError: one line naming the field and its value: ``data.seed`` not an int >= 0; a
-      ``model`` size (``emb_dim``, ``qkv_dim``, ``mlp_dim``, ``num_heads``, ``num_layers``,
-      ``max_length``) not a positive int; ``model.dropout_rate``,
-      ``model.attention_dropout_rate`` or a ``model.attention_kwargs.*dropout*`` rate
-      outside [0, 1); ``data.bucket`` < 0, ``data.group_pool_batches`` < 1,
-      ``data.val_fraction`` outside [0, 1); a position table of ``model.max_length + 1`` rows
-      of ``model.emb_dim`` float32 values over :data:`MAX_POSITION_TABLE_BYTES`; or any
-      ``model.*`` problem found by :meth:`encoders.ModelConfig.from_config_dict` (an unknown
-      attention, pooling or dtype with the known ones, ``qkv_dim`` not divisible by
-      ``num_heads``, ...).
+    ValueError: one line naming the field and value: ``data.seed`` not an int >= 0; a
+      ``model`` size not a positive int; a dropout rate outside [0, 1); ``data.bucket`` < 0,
+      ``data.group_pool_batches`` < 1, ``data.val_fraction`` outside [0, 1); a position
+      table over :data:`MAX_POSITION_TABLE_BYTES`; any ``ModelConfig`` problem.
   """
   check = check_range
   model = config.model
@@ -85,11 +64,7 @@ def check_model_and_data(config: ml_collections.ConfigDict) -> encoders.ModelCon
 
 
 def check_splits(data: Any, config: Any) -> None:
-  """Every split the run reads must hold examples.
-
-  Args:
-    data: a :class:`simpletron_jax.data.tasks.TaskData`.
-    config: the run config (``batch_size``, ``grad_accum_steps``, ``data.data_dir``).
+  """Each split of ``data`` (``TaskData``) must be non-empty, train at least a micro-batch.
 
   Raises:
     ValueError: naming the empty split, the data source and ``data.data_dir``.
@@ -108,13 +83,7 @@ def check_splits(data: Any, config: Any) -> None:
 
 def check_position_table(max_length: int, emb_dim: int,
                          limit: int = MAX_POSITION_TABLE_BYTES) -> None:
-  """Refuses a ``model.max_length`` whose position table alone would not fit in memory.
-
-  Args:
-    max_length: ``model.max_length`` (tokens, CLS excluded; the table has one more row).
-    emb_dim: ``model.emb_dim`` (the table's width).
-    limit: the most bytes the float32 table may take (default
-      :data:`MAX_POSITION_TABLE_BYTES`, 4 GiB).
+  """Refuses a float32 position table of ``max_length + 1`` x ``emb_dim`` over ``limit`` bytes.
 
   Raises:
     ValueError: one line naming ``model.max_length``, the table's size and the fix.
@@ -131,17 +100,8 @@ def check_position_table(max_length: int, emb_dim: int,
 def check_range(field: str, value: Any, *, low: float | None = None, high: float | None = None,
                 high_open: bool = False, integer: bool = False, hint: str = "",
                 low_open: bool = False) -> None:
-  """Refuses a config value that is not a finite number in ``[low, high]`` (``[low, high)``
-  with ``high_open``, ``(low, ...`` with ``low_open``), or not an int when ``integer``.
-
-  Args:
-    field: the dotted config field, for the message (``model.dropout_rate``).
-    value: its value.
-    low, high: the bounds (None: unbounded on that side).
-    high_open: exclude ``high``.
-    low_open: exclude ``low``.
-    integer: require an int (a bool is not one).
-    hint: appended to the message (what the value means).
+  """Refuses ``value`` of ``field`` unless a finite number (an int, not a bool, if ``integer``)
+  in ``[low, high]``: ``*_open`` excludes a bound, None leaves it open; ``hint`` ends the message.
 
   Raises:
     ValueError: one line, ``"<field>=<value> must be ..."``.

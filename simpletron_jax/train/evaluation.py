@@ -1,11 +1,5 @@
-"""Evaluating parameters on a split: accuracy, mean loss and the majority-class rate.
-
-The metrics are LRA's (``utils/train_utils.py``): the eval step's clu ``Collection``
-(:data:`simpletron_jax.train.steps.Metrics`) of each batch, merged on the devices and read once
-at the end, so filler rows never count and a limited evaluation
-(``num_eval_steps``, ``num_test_steps``) reads a fixed seeded subset
-(:func:`simpletron_jax.data.batches.eval_batches`).
-"""
+"""Accuracy, mean loss and majority-class rate of parameters on a split (metrics as LRA
+``utils/train_utils.py``), merged on the devices and read once at the end."""
 
 from __future__ import annotations
 
@@ -25,25 +19,12 @@ _merge = jax.jit(lambda a, b: a.merge(b))   # clu's merge of two Collections, on
 def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.ConfigDict,
              num_batches: int = -1,
              parallel: PmapParallel | JitParallel | None = None) -> dict[str, float]:
-  """Accuracy and mean loss over a split (or ``num_batches`` batches of it, see
-  :func:`eval_batches`). At most :data:`simpletron_jax.train.steps.CALLS_IN_FLIGHT` batches are
-  unfinished at once (:class:`InFlightLimit`).
-
-  Args:
-    p_eval_step: the eval step of ``parallel.steps`` (:func:`simpletron_jax.train.steps.pmap_steps`
-      by default).
-    params_repl: the parameters as that step takes them (``parallel.put_state``).
-    examples: the split.
-    config: the run config (batch size, bucket, max_length).
-    num_batches: batches to read; -1 for the whole split.
-    parallel: :func:`simpletron_jax.train.steps.make_parallel` of the run (default: pmap's).
+  """Metrics of ``p_eval_step`` (of ``parallel``, default pmap's) over ``examples``, or over
+  ``num_batches`` of its batches (a fixed seeded subset; -1: all).
 
   Returns:
-    ``{"accuracy", "loss", "count", "majority_rate"}`` (the
-    :data:`simpletron_jax.train.steps.Metrics` means,
-    :func:`simpletron_jax.train.steps.means`): count in examples, and majority_rate the
-    share of the most frequent label among the examples read (by all hosts), the accuracy of always
-    answering that label. Equal on every host.
+    ``{"accuracy", "loss", "count", "majority_rate"}``, equal on every host: count in examples;
+    majority_rate the accuracy of always answering the most frequent label read by all hosts.
   """
   parallel = parallel or PmapParallel()
   batch_size = eval_batch_size(config)

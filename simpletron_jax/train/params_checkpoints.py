@@ -32,7 +32,6 @@ def load_params(workdir: str, which: str = "best", what: str | None = None) -> A
 
   Args:
     workdir: a ``train.py`` run's folder, or :func:`save_params_checkpoint`'s ``out_dir``.
-    which: ``"best"`` or ``"latest"``.
     what: names the setting in messages (default ``init_from='<workdir>'``).
 
   Raises:
@@ -75,13 +74,9 @@ def load_params(workdir: str, which: str = "best", what: str | None = None) -> A
 
 
 def save_params_checkpoint(out_dir: str, params: Any, meta: dict[str, Any]) -> None:
-  """Writes ``{"params": params}`` and a JSON ``meta`` (with the format and ``params_crc32``)
-  as step 0 of ``out_dir/checkpoints``, kept as its best, for :func:`load_params`.
-
-  Args:
-    out_dir: the folder; ``out_dir/checkpoints`` is created.
-    params: a nested dict of arrays.
-    meta: what to record beside them (JSON-serialisable).
+  """Writes ``{"params": params}`` (a nested dict of arrays) and a JSON ``meta`` (with the
+  format and ``params_crc32``) as step 0, kept as the best, of ``out_dir/checkpoints``
+  (created), for :func:`load_params`.
 
   Raises:
     errors.NonFiniteError: ``params`` hold NaN or inf; nothing is written.

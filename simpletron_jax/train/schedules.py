@@ -19,7 +19,7 @@ def create_learning_rate_schedule(
     steps_per_decay: int = 20000,
     steps_per_cycle: int = 100000,
 ) -> Callable[[jnp.ndarray], jnp.ndarray]:
-  """Builds ``lr(step)`` as the product of the factors named in ``factors``.
+  """``lr(step)`` (int step to float32 rate): the product of the factors ``factors`` names.
 
   Factors (``step`` counts optimizer updates, from 0):
 
@@ -31,24 +31,10 @@ def create_learning_rate_schedule(
   * ``cosine_decay``: ``max(0, 0.5 (1 + cos(pi * (p mod 1))))`` with
     ``p = max(0, (step - warmup_steps) / steps_per_cycle)``.
 
-  The LRA default ``"constant * linear_warmup * rsqrt_decay"`` gives
-  ``base * min(1, step/warmup) / sqrt(max(step, warmup))``, which peaks at
-  ``base / sqrt(warmup)`` (0.05 with warmup 8000 peaks at 5.6e-4).
-
-  Args:
-    factors: factor names joined by ``*``.
-    base_learning_rate: the ``constant`` factor.
-    warmup_steps: warmup length in optimizer steps (config ``warmup``).
-    decay_factor, steps_per_decay: for ``decay_every``.
-    steps_per_cycle: cosine period in steps (the configs pass
-      ``num_train_steps``).
-
-  Returns:
-    A function from an integer step (scalar array or int) to a float32 rate.
+  The LRA default peaks at ``base / sqrt(warmup)`` (0.05, warmup 8000: 5.6e-4).
 
   Raises:
-    ValueError: for an unknown factor name (config field ``factors``) or a
-      non-positive ``warmup_steps`` when a warmup-dependent factor is used.
+    ValueError: an unknown factor name, or ``warmup_steps <= 0`` with a warmup factor.
   """
   names = [n.strip() for n in factors.split("*") if n.strip()]
   unknown = [n for n in names if n not in KNOWN_FACTORS]

@@ -1,19 +1,8 @@
-"""The device steps: loss, data-parallel train and eval steps, placement, and calls in flight.
+"""Loss, metrics, data-parallel train and eval steps, placement, and calls in flight.
 
-The loss and metrics follow LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al.,
-2020), with metrics as a clu ``Collection`` of sums over the real examples of a batch
-(:data:`Metrics`; filler rows weigh 0). Each
-device runs :func:`train_step` on its rows (axis :data:`AXIS`): gradients are ``pmean``ed
-and metrics ``psum``med, so every device holds the same state. ``config.parallelism``
-picks how (:func:`make_parallel`): under ``jax.pmap`` over the local devices
-(:class:`PmapParallel`, LRA's; :func:`replicate`, :func:`unreplicate` and :func:`shard` move
-a state and a batch to and from its layout), or under ``jax.jit`` of ``jax.shard_map`` over a
-``Mesh`` of all devices, with global arrays (:class:`JitParallel`). :class:`InFlightLimit`
-bounds how far the host runs ahead of the devices.
-
-Units: a *step* is one optimizer update on ``config.batch_size`` examples; with
-``config.grad_accum_steps = A`` it is made of A *micro-steps* of ``batch_size / A`` examples
-each (``optax.MultiSteps``); :class:`TrainState` counts micro-steps.
+Loss and metrics follow LRA ``utils/train_utils.py`` and ``listops/train.py`` (Tay et al.,
+2020). A *step* is one optimizer update on ``config.batch_size`` examples, made of
+``config.grad_accum_steps`` *micro-steps* (``optax.MultiSteps``).
 """
 
 from __future__ import annotations
@@ -36,7 +25,7 @@ AXIS = "batch"
 
 
 class TrainState(train_state.TrainState):
-  """flax TrainState; ``step`` counts micro-steps (see the module docstring)."""
+  """flax TrainState; ``step`` counts micro-steps."""
 
 
 def _cross_entropy(logits, targets, weights, **_):
@@ -52,16 +41,12 @@ def _correct(logits, targets, weights, **_):
 
 @struct.dataclass
 class Mean(clu_metrics.Average):
-  """clu's ``Average`` of per-example values under float weights (1: a real example, 0: a
-  filler row): ``total`` = sum of weight * value and ``count`` = sum of weights, float32 on
-  the device; ``merge`` adds both (clu's). Weights multiply, as in LRA's
-  ``compute_weighted_cross_entropy`` (``utils/train_utils.py``), rather than clu's boolean
-  mask selecting, so a non-finite value of a filler row still shows in the sum."""
+  """clu ``Average`` under float32 weights (1 real, 0 filler). Weights multiply, as in LRA
+  ``compute_weighted_cross_entropy`` (``utils/train_utils.py``), so a filler row's NaN shows."""
 
   @classmethod
   def from_model_output(cls, values, weights, **_) -> Mean:
-    """``values`` and ``weights`` float32 ``[B]`` (or ``[B, L]``): their weighted sum and the
-    weights' sum."""
+    """Weighted sum and weight sum of float32 ``values`` and ``weights``, ``[B]`` or ``[B, L]``."""
     return cls(total=jnp.sum(values * weights), count=jnp.sum(weights))
 
   def compute(self) -> float:
@@ -69,45 +54,31 @@ class Mean(clu_metrics.Average):
     return float(self.total) / max(float(self.count), 1.0)
 
 
-# The metrics of every train window, validation and test: a clu Collection built from the
-# float32 logits ``[B, C]``, int labels ``[B]`` and float32 weights ``[B]`` (``from_model_output``
-# of each), merged over batches and devices; a new metric is one line here.
+# Metrics of train windows, validation and test, merged over batches and devices.
 Metrics = clu_metrics.Collection.create(loss=Mean.from_fun(_cross_entropy),
                                         accuracy=Mean.from_fun(_correct))
 
 
 def metrics_of(logits_BxC, targets_B, weights_B):
-  """:data:`Metrics` of one batch: ``logits_BxC`` float (cast to float32 first), ``targets_B``
-  int labels, ``weights_B`` float32 (1 real, 0 filler)."""
+  """:data:`Metrics` of float ``logits_BxC`` (cast to float32), int ``targets_B`` and float32
+  ``weights_B`` (1 real, 0 filler)."""
   return Metrics.single_from_model_output(logits=logits_BxC.astype(jnp.float32),
                                           targets=targets_B, weights=weights_B)
 
 
 def means(metrics) -> dict[str, float]:
-  """``{name: mean}`` of a host :data:`Metrics` (``Collection.compute``) and ``count``, the
-  weight sum (examples read), as Python floats."""
+  """``{name: mean}`` of a host :data:`Metrics` and ``count`` (weight sum), Python floats."""
   return {**metrics.compute(), "count": float(metrics.loss.count)}
 
 
 def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
-  """Mean cross-entropy over the real examples of ``batch``.
+  """``(mean cross-entropy over the real examples, Metrics)`` of ``batch``.
 
-  Args:
-    params: model parameters.
-    apply_fn: ``model.apply``.
-    batch: ``inputs`` ``[B, L]`` int32, ``mask`` ``[B, L]`` bool, ``targets``
-      ``[B]`` int32, ``weights`` ``[B]`` float32; for the dual encoder also
-      ``inputs2`` and ``mask2``.
-    dropout_rng: key for dropout; a key folded from it feeds the
-      ``random_features`` collection (Performer with ``redraw=True``).
-    deterministic: disables dropout.
-
-  Returns:
-    ``(loss scalar, Metrics of the batch)`` (:func:`metrics_of`). A self-pretraining model
-    (:class:`simpletron_jax.train.pretraining.MaskedLMEncoder`) returns a dict of per-token
-    ``logits`` ``[B, L, V]``, ``targets`` and ``weights`` ``[B, L]`` instead of ``[B, C]``
-    logits; the metrics are then over its target tokens (masked or next tokens) of the real
-    rows, so ``count`` is the number of target tokens and the accuracy a per-token one.
+  ``batch``: ``inputs`` int32 and ``mask`` bool ``[B, L]``, ``targets`` int32 and ``weights``
+  float32 ``[B]`` (dual encoder: also ``inputs2``, ``mask2``). A key folded from
+  ``dropout_rng`` feeds ``random_features`` (Performer). A pretraining model
+  (``pretraining.MaskedLMEncoder``) returns ``logits`` ``[B, L, V]``, ``targets`` and
+  ``weights`` ``[B, L]``: the metrics are then per target token.
   """
   second = (batch["inputs2"], batch["mask2"]) if "inputs2" in batch else ()
   logits = apply_fn({"params": params}, batch["inputs"], batch["mask"], *second,
@@ -123,14 +94,10 @@ def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
 
 
 def train_step(state: TrainState, batch: Batch, dropout_rng):
-  """One micro-step on this device's shard; call it under ``pmap(axis_name="batch")``.
+  """One micro-step on this device's rows, mapped over axis :data:`AXIS`.
 
-  Gradients are ``pmean``ed and the :data:`Metrics` ``psum``med over the devices (clu's
-  merge of every device's, in one all-reduce).
-
-  Returns:
-    ``(new_state, {"metrics", "grad_norm"})``: the :data:`Metrics` of the global micro-batch,
-    and the global L2 norm of the averaged gradient (the non-finite guard reads it).
+  Returns ``(new_state, {"metrics", "grad_norm"})``: the ``psum``med :data:`Metrics` and the
+  L2 norm of the ``pmean``ed gradient (read by the non-finite guard).
   """
   dropout_rng = jax.random.fold_in(dropout_rng, jax.lax.axis_index(AXIS))
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -147,13 +114,8 @@ def eval_step(params, apply_fn, batch: Batch):
 
 
 def pmap_steps(apply_fn, devices=None):
-  """Pmapped train and eval steps over ``devices`` (default: all local devices).
-
-  Returns:
-    ``(p_train_step(state, batch, rng), p_eval_step(params, batch))`` taking
-    state and params replicated over the devices and batches of shape
-    ``[n_devices, B / n_devices, ...]``.
-  """
+  """Pmapped ``(train(state, batch, rng), eval(params, batch))`` over ``devices`` (default:
+  local): state and params replicated, batches ``[n_devices, B / n_devices, ...]``."""
   p_train = jax.pmap(train_step, axis_name=AXIS, in_axes=(0, 0, None),
                      donate_argnums=(0,), devices=devices)
   p_eval = jax.pmap(lambda p, b: eval_step(p, apply_fn, b), axis_name=AXIS, devices=devices)
@@ -161,29 +123,12 @@ def pmap_steps(apply_fn, devices=None):
 
 
 def jit_steps(apply_fn, mesh: jax.sharding.Mesh):
-  """The train and eval steps of :func:`pmap_steps` under ``jax.jit`` over ``mesh``.
-
-  Each step is :func:`train_step` / :func:`eval_step` itself, run on every device of the
-  one-axis ``mesh`` (axis :data:`AXIS`) by ``jax.shard_map``: each device computes the loss
-  and gradients of its rows with its own dropout key, and the gradients are ``pmean``ed, so
-  the function computed is the one ``pmap`` computes (JAX's migration guide from ``pmap``:
-  https://docs.jax.dev/en/latest/migrate_pmap.html). Unlike ``pmap``'s, the inputs and
-  outputs are global ``jax.Array`` s: the state once, replicated (``NamedSharding(mesh, P())``),
-  and each batch ``[B, ...]`` split by rows over the devices (``P(AXIS)``), on one or several
-  processes.
-
-  Args:
-    apply_fn: ``model.apply``.
-    mesh: a one-axis mesh named :data:`AXIS` (:class:`JitParallel` builds it).
-
-  Returns:
-    ``(train(state, batch, rng) -> (state, metrics), eval(params, batch) -> metrics)``; the
-    state argument of ``train`` is donated; the metrics are replicated scalars.
+  """:func:`pmap_steps`' function under ``jax.jit`` of ``jax.shard_map`` over the one-axis
+  ``mesh`` (https://docs.jax.dev/en/latest/migrate_pmap.html), on global arrays: the state
+  replicated (``P()``, donated by ``train``), each batch ``[B, ...]`` split by rows (``P(AXIS)``).
   """
   rep, rows = jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec(AXIS)
-  # check_vma=False: with JAX's varying-axes checks on, differentiating the replicated
-  # params inside shard_map already sums the gradients over the devices, and train_step's
-  # pmean would then return twice the mean on 2 devices (docs/scaling.md).
+  # check_vma=False, else train_step's pmean doubles the gradient (docs/scaling.md).
   train = jax.jit(jax.shard_map(train_step, mesh=mesh, in_specs=(rep, rows, rep),
                                 out_specs=(rep, rep), check_vma=False), donate_argnums=(0,))
   evaluate = jax.jit(jax.shard_map(lambda p, b: eval_step(p, apply_fn, b), mesh=mesh,
@@ -192,13 +137,8 @@ def jit_steps(apply_fn, mesh: jax.sharding.Mesh):
 
 
 class PmapParallel:
-  """LRA's data parallelism (``config.parallelism = "pmap"``): :func:`pmap_steps` over the
-  local devices; states carry a leading ``[n_local_devices]`` copy axis and batches are
-  reshaped to ``[n_local_devices, rows / n_local_devices, ...]``.
-
-  The methods move trees between the host and the steps' layout, so the training loop is the
-  same for both parallelisms (:class:`JitParallel`).
-  """
+  """LRA's parallelism, ``"pmap"``: state leaves ``[n_local_devices, ...]``, batches
+  ``[n_local_devices, rows / n_local_devices, ...]``."""
 
   name = "pmap"
 
@@ -207,7 +147,7 @@ class PmapParallel:
     return pmap_steps(apply_fn)
 
   def put_state(self, tree):
-    """A host pytree (a state or params) as the steps take it (:func:`replicate`)."""
+    """A host pytree as the steps take it (:func:`replicate`)."""
     return replicate(tree)
 
   def put_batch(self, batch: Batch) -> Batch:
@@ -220,23 +160,15 @@ class PmapParallel:
             for k, v in self.put_batch(batch).items()}
 
   def host(self, tree):
-    """One copy of a tree the steps returned (state, metrics) as numpy arrays: every leaf's
-    first device copy, copied to the host without running a computation on the devices
-    (indexing, as :func:`unreplicate` does, would launch one per leaf, and the CPU devices
-    of the tests accept only so many unfinished ones: :class:`InFlightLimit`)."""
+    """Every leaf's first device copy as numpy, without a device computation (indexing would
+    launch one per leaf: :class:`InFlightLimit`)."""
     return jax.tree_util.tree_map(
         lambda x: np.asarray(x.addressable_data(0)).reshape(x.shape[1:]), tree)
 
 
 class JitParallel:
-  """Data parallelism under ``jax.jit`` (``config.parallelism = "jit"``): :func:`jit_steps`
-  over a mesh of every device of every process, in ``jax.devices()`` order (so each device's
-  rows and dropout key are those ``pmap`` gives it).
-
-  Same methods as :class:`PmapParallel`: states are global arrays replicated on the mesh,
-  and a batch is a global ``[B, ...]`` array whose rows are split over the devices, each
-  process supplying its own rows (``jax.make_array_from_process_local_data``).
-  """
+  """``"jit"``: :class:`PmapParallel`'s methods for :func:`jit_steps` over a mesh of
+  ``jax.devices()`` (each device gets ``pmap``'s rows and dropout key)."""
 
   name = "jit"
 
@@ -250,15 +182,14 @@ class JitParallel:
     return jit_steps(apply_fn, self.mesh)
 
   def put_state(self, tree):
-    """A host pytree, the same on every process, as one replicated global array per leaf."""
+    """A host pytree, the same on every process, as replicated global arrays."""
     def put(x):
       x = np.asarray(x)
       return jax.make_array_from_callback(x.shape, self.replicated, lambda index: x[index])
     return jax.tree_util.tree_map(put, tree)
 
   def put_batch(self, batch: Batch) -> Batch:
-    """This process's ``[rows, ...]`` numpy batch as its rows of a global
-    ``[rows * process_count, ...]`` array split over the mesh."""
+    """This process's ``[rows, ...]`` batch as its rows of a global ``[rows * processes, ...]``."""
     return {k: jax.make_array_from_process_local_data(self.rows, v) for k, v in batch.items()}
 
   def abstract_batch(self, batch: Batch) -> dict:
@@ -268,8 +199,7 @@ class JitParallel:
                                     sharding=self.rows) for k, v in batch.items()}
 
   def host(self, tree):
-    """This process's first copy of every leaf of a replicated global tree, as numpy
-    arrays (no device computation; works where the array spans other processes)."""
+    """This process's first copy of every leaf, as numpy (no device computation)."""
     return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), tree)
 
 
@@ -280,7 +210,7 @@ def make_parallel(name: str) -> PmapParallel | JitParallel:
   """The data parallelism ``config.parallelism`` names.
 
   Raises:
-    ValueError: ``name`` is not "pmap" or "jit", naming ``config.parallelism``.
+    ValueError: ``name`` is not "pmap" or "jit".
   """
   if name not in PARALLELISMS:
     raise ValueError(f"config.parallelism={name!r} is not one of {sorted(PARALLELISMS)}")
@@ -298,24 +228,8 @@ def _pmapped_identity(devices: tuple | None) -> Callable:
 
 
 def replicate(tree, devices=None):
-  """One copy of every leaf per device, laid out as the pmapped steps return their state.
-
-  ``flax.jax_utils.replicate`` places the copies under a sharding whose mesh axis is not
-  :data:`AXIS`. JAX (0.10) implements ``pmap`` with ``jit``, whose cache key includes the
-  input shardings, so the state the first train step returns differs in sharding from the
-  state it was given, and the second step would build the whole train step again
-  (``benchmarks/results/cpu/replicate_compiles.md``). Passing the copies through a
-  pmapped identity gives them the steps' own output sharding, so each batch shape compiles
-  once. (Called AOT-compiled steps, as in the benchmarks, never recompiled.)
-
-  Args:
-    tree: a pytree of arrays or scalars (e.g. a ``TrainState`` or its ``params``).
-    devices: the devices of :func:`pmap_steps` (default: all local devices).
-
-  Returns:
-    The same pytree with every leaf ``x`` as a ``[n_devices, *x.shape]`` array of the same
-    dtype on those devices.
-  """
+  """Every leaf ``x`` as a ``[n_devices, *x.shape]`` array, same dtype, in the pmapped steps'
+  output sharding (``flax.jax_utils.replicate``'s makes step 2 recompile: docs/scaling.md)."""
   n = len(devices) if devices else jax.local_device_count()
   host = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (n, *np.shape(x))),
                                 tree)
@@ -337,21 +251,11 @@ CALLS_IN_FLIGHT = 4
 
 
 class InFlightLimit:
-  """Keeps at most ``limit`` dispatched device calls unfinished; older ones are waited for.
+  """Keeps at most ``limit`` dispatched device calls unfinished, waiting for the oldest.
 
-  JAX dispatches asynchronously, so a loop over batches can run ahead of the devices. On
-  a host with several XLA CPU devices (``--xla_force_host_platform_device_count``, as in
-  the tests) running ahead far enough deadlocks: each CPU device accepts at most 32
-  unfinished computations, and a launch past that waits for a slot *on one of the client's
-  worker threads* (as many as the cores, at least as many as the devices). When every
-  worker waits like that or in a collective's rendezvous, the computations that would free
-  a slot never run, and XLA aborts the process after 40 s (``Termination timeout ... all
-  reduce``; ``benchmarks/results/cpu/dispatch_deadlock/`` and docs/benchmarks.md). On an
-  accelerator the bound still leaves ``limit`` calls queued.
-
-  Args:
-    limit: calls kept in flight (>= 1). Each call may be several computations (an eval
-      batch and its running sum), so ``limit`` times that must stay under 32.
+  Unbounded run-ahead deadlocks XLA's CPU client with several devices, which accept 32
+  unfinished computations each (docs/faults.md); a call may be several computations, so
+  ``limit`` times that must stay under 32.
 
   Raises:
     ValueError: ``limit`` < 1.
@@ -364,8 +268,7 @@ class InFlightLimit:
     self._pending: collections.deque = collections.deque()
 
   def add(self, outputs) -> None:
-    """Records one call's outputs (a pytree of arrays that are never donated later) and
-    waits for the oldest recorded call while more than ``limit`` are recorded."""
+    """Records one call's outputs (never donated later); waits while over ``limit``."""
     self._pending.append(outputs)
     while len(self._pending) > self.limit:
       jax.block_until_ready(self._pending.popleft())
