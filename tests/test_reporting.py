@@ -72,10 +72,11 @@ def test_results_json_scores_the_final_and_the_best_validation_parameters(seed_r
   config = _config()
   model, fresh = _state(config, presence_task)
   _, p_eval = steps.pmap_steps(model.apply)
-  for sub, key, step_key in (("checkpoints", "final", "final_step"),
-                             ("best", "best_val", "best_step")):
-    manager = checkpoints.checkpoint_manager(os.path.join(workdir, sub), 2)
-    state, _, step = checkpoints.restore_checkpoint(manager, fresh)
+  manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
+  for which, key, step_key in (("latest", "final", "final_step"),
+                               ("best", "best_val", "best_step")):
+    step = checkpoints.pick_step(manager, which, workdir)
+    state, _, step = checkpoints.restore_checkpoint(manager, fresh, step)
     assert step == results[step_key]
     test = evaluation.evaluate(p_eval, steps.replicate(state.params),
                                presence_task.test, config)
