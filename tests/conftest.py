@@ -86,8 +86,31 @@ def pytest_configure(config):
                           "with --paper-cells")
 
 
+def _heavy(item) -> bool:
+  """Whether ``item`` is one of the long tests: marked ``slow`` or ``multihost``."""
+  return any(item.get_closest_marker(mark) for mark in ("slow", "multihost"))
+
+
+def _heavy_modules_first(items) -> None:
+  """Reorders ``items`` in place: the modules holding the most long tests first (most
+  first), then the others, each module's tests kept together and in order.
+
+  pytest-xdist's worksteal hands each worker half of the list and lets an idle worker take
+  the tail of the other's queue: with the long tests at the front, the last tests to run are
+  short ones, and neither worker waits on a long test at the end.
+  """
+  modules: dict[str, list] = {}
+  for item in items:
+    modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+  weight = {name: sum(map(_heavy, group)) for name, group in modules.items()}
+  order = sorted(modules, key=lambda name: -weight[name])   # stable: ties keep file order
+  items[:] = [item for name in order for item in modules[name]]
+
+
 def pytest_collection_modifyitems(config, items):
-  """Skips the ``paper_cells`` tests unless ``--paper-cells`` is given."""
+  """Runs the modules with the most long tests first (:func:`_heavy_modules_first`); skips
+  the ``paper_cells`` tests unless ``--paper-cells`` is given."""
+  _heavy_modules_first(items)
   if config.getoption("--paper-cells"):
     return
   skip = pytest.mark.skip(reason="full-size paper cell: run with --paper-cells")

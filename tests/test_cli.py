@@ -25,6 +25,7 @@ SMALL = ["--config.data.num_train=64", "--config.data.num_val=32", "--config.dat
          "--config.model.num_layers=1", "--config.eval_frequency=2", "--config.num_train_steps=3"]
 
 
+@pytest.mark.slow
 def test_train_then_eval(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

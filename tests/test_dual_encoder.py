@@ -5,6 +5,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.data.common import PairedExamples, RaggedExamples, make_batch
@@ -67,6 +68,7 @@ def test_dual_encoder_logits_and_padding_invariance():
   assert "head_hidden2" in params["params"]
 
 
+@pytest.mark.slow
 def test_dual_encoder_learns_matching(tmp_path):
   task = _matching_task()
   # The marker agreement is u * v in the NLI head; LRA's [u, v] (the default) needs more
