@@ -243,7 +243,8 @@ def _run_two_processes(tmp_path, name, signalled):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=1 "
                        "--xla_backend_optimization_level=0 "
-                       "--xla_llvm_disable_expensive_passes=true")
+                       "--xla_llvm_disable_expensive_passes=true "
+                       "--xla_cpu_use_fusion_emitters=false")
   program = ["-c", _SIGNALLED_WORKER.format(root=ROOT)] if signalled else [worker.__file__]
   procs = [subprocess.Popen(
       [sys.executable, *program, f"--process_id={i}", f"--port={port}",

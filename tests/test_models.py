@@ -97,9 +97,15 @@ def test_gelu_matches_flax_bit_for_bit_with_its_own_gradient(dtype):
   x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 50)) * 3, dtype)
   weights = jnp.asarray(np.random.default_rng(1).normal(size=(3, 50)), dtype)
 
+  # Two different programs compared bit for bit: compiled as train.py compiles them, with XLA's
+  # default fusion emitters, which the suite's flags turn off (tests/conftest.py).
+  options = {"xla_cpu_use_fusion_emitters": True}
+
   def value_and_grad(fn):
     loss = lambda t: jnp.sum((fn(t) * weights).astype(jnp.float32))  # noqa: E731
-    return jax.jit(jax.value_and_grad(loss))(x), jax.jit(fn)(x)
+    compiled = [jax.jit(f).lower(x).compile(compiler_options=options)
+                for f in (jax.value_and_grad(loss), fn)]
+    return compiled[0](x), compiled[1](x)
 
   (loss, grad), y = value_and_grad(layers.gelu)
   (loss_ref, grad_ref), y_ref = value_and_grad(flax.linen.gelu)

@@ -29,10 +29,11 @@ from tests import multihost_worker as worker
 from tests.conftest import ROOT
 
 PAIR_TIMEOUT_S = 300
-# One CPU device per process; the two optimisation flags halve XLA's compile time, which
-# is most of these runs (the comparisons between two-process runs are exact anyway).
+# One CPU device per process and conftest's compile flags, which make XLA's compiles cheap
+# (most of these runs) and the one-process and two-process programs alike.
 WORKER_XLA_FLAGS = ("--xla_force_host_platform_device_count=1 "
-                    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+                    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                    "--xla_cpu_use_fusion_emitters=false")
 TRAIN, STEPS, HALF = "train", 6, 4  # worker_config: 6 steps of 8 examples, 4 per host
 
 

@@ -169,5 +169,5 @@ def eval_batch_size(config: ml_collections.ConfigDict) -> int:
   """Global rows per evaluation batch: ``config.eval_batch_size`` (0: the micro-batch size),
   rounded up to a multiple of the devices of all hosts."""
   n_dev = jax.local_device_count()
-  batch_size = config.get("eval_batch_size") or micro_batch_size(config)
+  batch_size = config.eval_batch_size or micro_batch_size(config)
   return -(-batch_size // (n_dev * jax.process_count())) * n_dev * jax.process_count()

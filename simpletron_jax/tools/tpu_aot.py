@@ -228,8 +228,7 @@ def step_widths(config: ml_collections.ConfigDict, data: tasks.TaskData,
   train = {batches.batch_width(data.train, np.asarray(ds[i]), config) for i in range(count)}
   rows = eval_rows(config, n_devices)
   evals = set()
-  for split, limit in ((data.val, config.get("num_eval_steps", -1)),
-                       (data.test, config.get("num_test_steps", -1))):
+  for split, limit in ((data.val, config.num_eval_steps), (data.test, config.num_test_steps)):
     for idx, _ in batches.eval_index_batches(split, config, rows, limit):
       evals.add(batches.batch_width(split, idx, config))
   return {"train": sorted(train), "eval": sorted(evals)}
@@ -237,7 +236,7 @@ def step_widths(config: ml_collections.ConfigDict, data: tasks.TaskData,
 
 def eval_rows(config: ml_collections.ConfigDict, n_devices: int) -> int:
   """Global rows of an eval batch on ``n_devices`` (:func:`batches.eval_batch_size`'s rule)."""
-  rows = config.get("eval_batch_size") or batches.micro_batch_size(config)
+  rows = config.eval_batch_size or batches.micro_batch_size(config)
   return -(-rows // n_devices) * n_devices
 
 
