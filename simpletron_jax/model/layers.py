@@ -21,17 +21,10 @@ LN_EPSILON = 1e-6
 POS_EMB_INITS = {"normal": nn.initializers.normal(stddev=0.02), "zeros": nn.initializers.zeros}
 
 def sinusoidal_table(max_len: int, dim: int) -> np.ndarray:
-  """The fixed sin/cos position table of Vaswani et al. (2017).
+  """Vaswani et al.'s (2017) sin/cos position table, ``[max_len, dim]`` float32 numpy.
 
-  Even feature ``2i`` of position ``p`` is ``sin(p / 10000^(2i/dim))``, odd
-  feature ``2i+1`` the matching cosine.
-
-  Args:
-    max_len: number of positions.
-    dim: feature width (odd widths drop the last cosine).
-
-  Returns:
-    ``[max_len, dim]`` float32 numpy array.
+  Feature ``2i`` of position ``p`` is ``sin(p / 10000^(2i/dim))``, ``2i+1`` its cosine; an odd
+  ``dim`` drops the last cosine.
   """
   position = np.arange(max_len, dtype=np.float64)[:, None]
   div_term = np.exp(np.arange(0, dim, 2) * -(np.log(10000.0) / dim))
@@ -42,20 +35,15 @@ def sinusoidal_table(max_len: int, dim: int) -> np.ndarray:
 
 
 class AddPositionEmbs(nn.Module):
-  """Adds sinusoidal or learned absolute position embeddings.
+  """Adds absolute positions ``0..L-1``: ``x_BxLxE -> x_BxLxE``.
 
   Attributes:
-    max_len: positions available, in tokens (``max_length + 1`` with CLS).
-    learned: learned table (SimpleTRON, LRA ``learn_pos_emb``) instead of the fixed
-      sinusoidal one (LRA default).
-    init: initialiser of the learned table: ``"normal"`` (normal(0.02), as LRA's
-      ``AddPositionEmbs``) or ``"zeros"`` (the SimpleTRON authors' ``TEmbedding``).
-
-  Call: ``x_BxLxE -> x_BxLxE`` with positions ``0..L-1`` added.
+    max_len: rows of the table, in tokens.
+    learned: a learned table (LRA's ``learn_pos_emb``) instead of the fixed sinusoidal one.
+    init: the learned table's ``"normal"`` (0.02, LRA's ``AddPositionEmbs``) or ``"zeros"``.
 
   Raises:
-    ValueError: if ``L > max_len``, or for an unknown ``init`` (config field
-      ``model.pos_emb_init``).
+    ValueError: if ``L > max_len``, or for an unknown ``init``.
   """
 
   max_len: int
@@ -80,19 +68,10 @@ class AddPositionEmbs(nn.Module):
 
 @jax.custom_vjp
 def gelu(x):
-  """Flax's (tanh-approximate) GELU, whose gradient saves only its input.
+  """``nn.gelu(x)`` (tanh form; same shape and dtype) whose backward pass saves only ``x``.
 
-  Differentiated as it is, ``nn.gelu`` keeps its ``tanh`` for the backward pass: one more
-  ``[B, L, mlp_dim]`` array written in the forward pass and read in the backward one (XLA
-  fuses the rest). Here the backward pass recomputes ``tanh`` from ``x``, which it reads
-  anyway. The values and gradients are those of ``nn.gelu`` (bit for bit on CPU, float32 and
-  bfloat16; tested). Its effect on memory and speed: docs/fast_paths.md.
-
-  Args:
-    x: any float array.
-
-  Returns:
-    ``nn.gelu(x)``, same shape and dtype.
+  The backward pass recomputes ``tanh`` rather than keep a ``[B, L, mlp_dim]`` array; values
+  and gradients equal ``nn.gelu``'s bit for bit (tested). Memory and speed: docs/fast_paths.md.
   """
   return nn.gelu(x)
 
@@ -102,8 +81,7 @@ def _gelu_fwd(x):
 
 
 def _gelu_bwd(x, g):
-  # The barrier keeps XLA from merging this tanh with the forward pass's (CSE), which would
-  # bring the saved tanh back.
+  # The barrier keeps XLA from merging (CSE) this tanh with the forward pass's.
   return jax.vjp(nn.gelu, jax.lax.optimization_barrier(x))[1](g)
 
 
@@ -111,34 +89,17 @@ gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 def gelu_exact(x):
-  """The exact GELU ``x * Phi(x)`` (erf form): torch's ``nn.GELU()``, which the
-  SimpleTRON authors' block MLP uses (``lra/notebooks/listops_setup_simple_2.ipynb``,
-  ``TBlock``).
-
-  Args:
-    x: any float array.
-
-  Returns:
-    ``nn.gelu(x, approximate=False)``, same shape and dtype.
-  """
+  """Exact GELU ``x * Phi(x)``, same shape and dtype: torch's ``nn.GELU()`` in the SimpleTRON
+  authors' ``TBlock`` (``lra/notebooks/listops_setup_simple_2.ipynb``)."""
   return nn.gelu(x, approximate=False)
 
 
-# The block MLP's activation (config field model.mlp_activation): flax's tanh approximation
-# (LRA's ``nn.gelu``, default) or the exact erf form (the SimpleTRON authors' torch code).
 MLP_ACTIVATIONS = {"gelu_tanh": gelu, "gelu_exact": gelu_exact}
 
 
 class MlpBlock(nn.Module):
-  """Dense(mlp_dim) -> GELU -> Dropout -> Dense(E) -> Dropout (LRA ``common_layers.MlpBlock``).
-
-  Attributes:
-    config: the validated :class:`ModelConfig`; read: ``mlp_dim``, ``dropout_rate`` (both
-      Dropouts), ``mlp_activation``, ``dense_init``, ``dtype`` and ``mlp_hidden_dropout``
-      (False: no Dropout after the GELU, as BERT's ``BertIntermediate``).
-
-  Call: ``x_BxLxE -> x_BxLxE``, computed in ``config.dtype``.
-  """
+  """Dense(mlp_dim) -> GELU -> Dropout -> Dense(E) -> Dropout (LRA ``common_layers.MlpBlock``):
+  ``x_BxLxE -> x_BxLxE`` in ``config.dtype``; ``config`` is a :class:`ModelConfig`."""
 
   config: ModelConfig
 
@@ -157,42 +118,28 @@ class MlpBlock(nn.Module):
     return nn.Dropout(c.dropout_rate)(y_BxLxE, deterministic=deterministic)
 
 
-# Where an encoder block puts its LayerNorms (config field model.block_norm): "pre" (LRA's, on
-# each branch's input) or "post" (BERT's, after each residual sum).
 BLOCK_NORMS = ("pre", "post")
 
 
 class EncoderBlock(nn.Module):
-  """One encoder block, pre-LN (LRA ``transformer.py``, default)::
+  """One encoder block, pre-LN (LRA ``transformer.py``) or post-LN (BERT, Hugging Face
+  ``BertLayer``; the SimpleTRON authors' AG News ``ag/layers.py``)::
 
-      x1 = x0 + Dropout(Attn(LN(x0)))
-      out = x1 + MLP(LN(x1))            (+ x0 for SimpleTRON's Simple-Res)
+      pre:  x1 = x0 + Dropout(Attn(LN(x0)));  out = x1 + MLP(LN(x1))
+      post: x1 = LN(x0 + Dropout(Attn(x0)));  out = LN(x1 + MLP(x1))
 
-  or post-LN (``block_norm="post"``: BERT, Devlin et al. 2019, Hugging Face ``BertLayer``;
-  the SimpleTRON authors' AG News blocks, ``ag/layers.py``)::
-
-      x1 = LN(x0 + Dropout(Attn(x0)))
-      out = LN(x1 + MLP(x1))            (LN(x1 + MLP(x1) + x0) for Simple-Res)
-
-  The parameter paths are the same in both: ``LayerNorm_0`` is the attention's LayerNorm
+  Simple-Res (``double_skip``) adds ``x0`` to the last sum. ``LayerNorm_0`` is the attention's
   (BERT's ``attention.output.LayerNorm``), ``LayerNorm_1`` the MLP's (``output.LayerNorm``).
 
   Attributes:
-    config: the validated :class:`ModelConfig`; read: the sizes, dropout rates,
-      ``attention_branch_dropout`` (False: the SimpleTRON authors' ``TBlock``),
-      ``attention_bias``, ``dense_init`` (the MLP's and ``base``'s projections), ``block_norm``,
-      ``layer_norm_epsilon``, ``dtype`` and the MLP's fields (:class:`MlpBlock`).
-    index: the block's place (0-based): its attention is ``config.layer_attentions()[index]``
-      (with ``config.attention_kwargs`` if that is ``config.attention``). The last block under
-      ``last_block_cls_only`` and CLS pooling returns position 0 only, ``[B, 1, E]``: its
-      attention reads every position as keys and values, and variants with a ``num_queries``
-      field compute that one query row (the others compute every row and slice).
+    config: the validated :class:`ModelConfig`.
+    index: the block's place, 0-based; its attention is ``config.layer_attentions()[index]``.
 
-  Call: ``(x_BxLxE, mask_BxL bool, deterministic) -> x_BxLxE`` (``[B, 1, E]`` as above),
-  computed in ``config.dtype``.
+  Call: ``(x_BxLxE, mask_BxL bool) -> x_BxLxE`` in ``config.dtype``; ``x_Bx1xE`` (position 0)
+  from the last block under ``last_block_cls_only`` with CLS pooling.
 
   Raises:
-    ValueError: naming ``model.attention`` or ``model.attention_per_layer`` (unvalidated).
+    ValueError: for an unknown attention (unvalidated config).
   """
 
   config: ModelConfig
@@ -221,7 +168,7 @@ class EncoderBlock(nn.Module):
     x1_BxLxE = x0_BxLxE + y
     if pre:
       y = norm()(x1_BxLxE)
-    else:   # BERT: LayerNorm_0 after the attention's residual sum, LayerNorm_1 after the MLP's
+    else:
       x1_BxLxE = y = norm()(x1_BxLxE)
     out = x1_BxLxE + MlpBlock(c)(y, deterministic=deterministic)
     if spec.double_skip:

@@ -1,19 +1,7 @@
-"""Weight surgery: move trained parameters into a model with another attention, and freeze
-parameter subsets.
-
-The experiments it serves:
-
-* SimpleTRON (Yorsh et al.), section 4.2: the q/k/v projections of a trained Simple model
-  go into a softmax Transformer, where they stay frozen while the rest trains.
-* Chan & Ong's linear-attention study: the attention of a trained softmax model is swapped
-  (all layers, the first k or the last k, via ``model.attention_per_layer``) for linear
-  attention without retraining, then re-aligned with LoRA (:mod:`simpletron_jax.model.lora`) or
-  retrained in full.
-
-Every attention variant names its projections ``query``/``key``/``value``/``out``
-(``attention/base.py``), so parameters are matched by their ``/``-joined path, e.g.
-``encoder/encoderblock_0/attention/query/kernel``, and copied where the shapes agree.
-"""
+"""Weight surgery: copy trained parameters into a model with another attention, matched by
+``/``-joined path (e.g. ``encoder/encoderblock_0/attention/query/kernel``), and freeze subsets.
+For the SimpleTRON paper's section 4.2 (a Simple model's q/k/v, frozen, in a softmax model) and
+Chan & Ong's attention swaps (``model.attention_per_layer``, then LoRA or full retraining)."""
 
 from __future__ import annotations
 
@@ -41,8 +29,8 @@ class SurgeryReport:
 
   Attributes:
     copied: taken from the source (same path and shape).
-    new: kept at the target's initialisation (absent from the source, or not included).
-    dropped: in the source but not used (absent from the target, or not included).
+    new: kept at the target's initialisation.
+    dropped: in the source but not used.
   """
 
   copied: list[str]
@@ -63,21 +51,15 @@ def _matches(path: str, patterns: Sequence[str]) -> bool:
 
 
 def transfer_params(source, target, include: Sequence[str] = ()) -> tuple[Any, SurgeryReport]:
-  """Copies ``source`` parameters into ``target`` wherever the path exists in both.
+  """Copies ``source`` parameters into ``target`` where a path is in both: ``(params, report)``.
 
   Args:
     source: a trained parameter tree.
-    target: the freshly initialised tree of the new model (its structure is kept).
-    include: regexes (``re.search`` on the path); when given, only matching shared paths
-      are copied (e.g. ``("attention/(query|key|value)/",)`` for SimpleTRON's q/k/v
-      transfer). Empty: every shared path.
-
-  Returns:
-    ``(params, report)``: ``params`` has ``target``'s structure and dtypes.
+    target: the new model's initialised tree; ``params`` has its structure and dtypes.
+    include: regexes (``re.search``) of the paths to copy; empty: every shared path.
 
   Raises:
-    ValueError: naming every shared, included path whose source and target shapes differ,
-      or an ``include`` pattern (config field ``init_include``) that matches no shared path.
+    ValueError: for included shared paths whose shapes differ, or an unmatched ``include``.
   """
   src, tgt = flatten(source), flatten(target)
   shared = sorted(set(src) & set(tgt))
@@ -100,22 +82,7 @@ def transfer_params(source, target, include: Sequence[str] = ()) -> tuple[Any, S
 
 
 def init_from_params(params, source, include: Sequence[str] = ()) -> tuple[Any, SurgeryReport]:
-  """Copies ``source`` (``init_from``'s parameters) into freshly initialised params,
-  restricted by ``include`` (the config field ``init_include``).
-
-  Args:
-    params: the new model's parameters, possibly a LoRA ``{"base", "lora"}`` tree (the
-      surgery then goes into ``base``).
-    source: the parameter tree to copy from
-      (:func:`simpletron_jax.train.params_checkpoints.load_params`).
-    include: regexes of the parameter paths to copy; empty: every match.
-
-  Returns:
-    ``(params, report)``.
-
-  Raises:
-    ValueError: see :func:`transfer_params`.
-  """
+  """:func:`transfer_params` (same errors) into ``params``, or a LoRA tree's ``base``."""
   include = tuple(include)
   if lora.is_wrapped(params):
     base, report = transfer_params(source, params[lora.BASE], include)
@@ -124,12 +91,10 @@ def init_from_params(params, source, include: Sequence[str] = ()) -> tuple[Any, 
 
 
 def freeze_labels(params, patterns: Sequence[str]) -> Any:
-  """A tree like ``params`` with ``"frozen"`` where the path matches a pattern, else
-  ``"trained"``.
+  """``params``' tree of labels: ``"frozen"`` where the path matches a pattern, else ``"trained"``.
 
   Raises:
-    ValueError: if a pattern (config field ``freeze``) matches no parameter; the message
-      lists the paths there are.
+    ValueError: if a pattern (config field ``freeze``) matches no parameter.
   """
   flat = flatten(params)
   for pattern in patterns:
@@ -142,11 +107,8 @@ def freeze_labels(params, patterns: Sequence[str]) -> Any:
 
 def freeze(tx: optax.GradientTransformation,
            patterns: Sequence[str]) -> optax.GradientTransformation:
-  """``tx`` on the parameters not matching ``patterns``; zero updates for the rest.
-
-  Frozen parameters stay bit-identical (``optax.set_to_zero``), weight decay included, and
-  gradient clipping inside ``tx`` sees only the trained ones.
-  """
+  """``tx`` on the parameters not matching ``patterns``; the rest get zero updates (weight decay
+  included), and gradient clipping inside ``tx`` sees only the trained ones."""
   patterns = tuple(patterns)
   return optax.multi_transform({TRAINED: tx, FROZEN: optax.set_to_zero()},
                                lambda params: freeze_labels(params, patterns))
