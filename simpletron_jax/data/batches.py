@@ -1,13 +1,8 @@
 """The order in which a run reads its examples: seeded, resumable, padded to a length bucket.
 
-Training reads an endless stream of micro-batches whose order is a pure function of
-``config.seed`` (:func:`train_batches`, :func:`train_index_batches`), so a resumed run reads
-what a straight run would; evaluation reads a split once, sorted by length
-(:func:`eval_batches`, :func:`eval_index_batches`). Each batch is padded to its longest
-example rounded up to ``config.data.bucket`` (:func:`batch_width`) instead of LRA's
-``max_length``; on several hosts each host builds its own rows (:func:`host_batch`), padded to
-the global batch's width. The index functions read no tokens, so
-:mod:`simpletron_jax.train.precompile` finds every batch shape a run will meet before it starts.
+A batch is padded to its longest example rounded up to ``config.data.bucket``, not to LRA's
+``max_length``. The index functions read no tokens, so :mod:`simpletron_jax.train.precompile`
+can list every batch shape before a run starts.
 """
 
 from __future__ import annotations
@@ -31,12 +26,7 @@ def _host_rows(batch_size: int) -> slice:
 
 
 def micro_batch_size(config: ml_collections.ConfigDict) -> int:
-  """Global examples per micro-step: ``config.batch_size // config.grad_accum_steps``.
-
-  One optimizer step reads ``grad_accum_steps`` micro-batches of this many examples (rows of
-  all hosts and devices together);
-  :meth:`simpletron_jax.train.run_config.RunConfig.from_config_dict` refuses a ``batch_size`` that ``grad_accum_steps`` does not divide.
-  """
+  """Global examples per micro-step, all hosts together: ``batch_size // grad_accum_steps``."""
   return config.batch_size // config.grad_accum_steps
 
 
@@ -49,17 +39,15 @@ def batch_width(examples: Split, indices: np.ndarray, config) -> int:
 
 def host_batch(examples: Split, indices: np.ndarray, config, valid=None) -> Batch:
   """This host's rows of the global batch ``indices`` (ints into ``examples``), padded to the
-  global bucket (:func:`batch_width`); ``valid`` (bool, default all True) marks real rows.
-
-  Returns:
-    :func:`simpletron_jax.data.common.make_batch`'s numpy dict, ``[rows, width]`` inputs.
+  global width (:func:`batch_width`); ``valid`` (bool, default all True) marks real rows.
+  Returns :func:`~simpletron_jax.data.common.make_batch`'s numpy dict, inputs ``[rows, width]``.
   """
   width = batch_width(examples, indices, config)
   rows = _host_rows(len(indices))
   batch = make_batch(examples, indices[rows], max_length=config.model.max_length,
                      bucket=config.data.bucket,
                      valid=None if valid is None else valid[rows])
-  if batch["inputs"].shape[1] < width:  # another host's rows set the bucket
+  if batch["inputs"].shape[1] < width:
     pad = width - batch["inputs"].shape[1]
     for key in ("inputs", "mask", "inputs2", "mask2"):
       if key in batch:
@@ -69,18 +57,8 @@ def host_batch(examples: Split, indices: np.ndarray, config, valid=None) -> Batc
 
 def train_batches(examples: Split, config: ml_collections.ConfigDict,
                   start_micro_step: int) -> Iterator[Batch]:
-  """Endless, seeded, resumable stream of training micro-batches.
-
-  The order is a pure function of ``config.seed``: a grain index dataset
-  reshuffled every epoch, batched to ``batch_size / grad_accum_steps``
-  examples. Micro-batch ``i`` is the same whether a run starts at 0 or
-  resumes at ``i``. With ``config.data.group_by_length`` (default False) each
-  epoch's permutation is grouped by length in pools of ``data.group_pool_batches``
-  micro-batches (:mod:`simpletron_jax.data.grouping`), which cuts padding.
-
-  Yields:
-    Host-local batches (see :func:`simpletron_jax.data.common.make_batch`).
-  """
+  """Endless stream of host-local training micro-batches from ``start_micro_step`` on; batch
+  ``i`` is the same whether a run starts at 0 or resumes at ``i``."""
   ds = train_index_batches(examples, config).map(
       lambda idx: host_batch(examples, np.asarray(idx), config))
   ds = ds[start_micro_step:]
@@ -88,11 +66,9 @@ def train_batches(examples: Split, config: ml_collections.ConfigDict,
 
 
 def train_index_batches(examples: Split, config: ml_collections.ConfigDict) -> grain.MapDataset:
-  """The example indices of every training micro-batch, as :func:`train_batches` reads them.
-
-  Returns:
-    An endless ``grain.MapDataset`` whose item ``i`` is micro-batch ``i``'s index array
-    (``batch_size / grad_accum_steps`` int indices into ``examples``).
+  """Endless ``grain.MapDataset`` of each training micro-batch's int indices into ``examples``:
+  reshuffled every epoch from ``config.seed``, or with ``data.group_by_length`` grouped by
+  length in pools of ``data.group_pool_batches`` micro-batches (:mod:`.grouping`).
 
   Raises:
     ValueError: when the split has fewer examples than one micro-batch.
@@ -110,42 +86,25 @@ def train_index_batches(examples: Split, config: ml_collections.ConfigDict) -> g
 
 def eval_batches(examples: Split, config: ml_collections.ConfigDict, batch_size: int,
                  num_batches: int = -1) -> Iterator[Batch]:
-  """The examples of a split once each, sorted by length so buckets stay tight.
-
-  Args:
-    examples: the split.
-    config: the run config (``seed``, ``model.max_length``, ``data.bucket``).
-    batch_size: global rows per batch.
-    num_batches: at most this many batches; -1 or 0: the whole split. A limited
-      evaluation reads a fixed random subset (drawn from ``config.seed``), so it is an
-      unbiased estimate and the same examples at every validation.
-
-  Yields:
-    Host-local batches; the last one is completed with filler rows of weight 0.
-  """
+  """Host-local batches of a split's examples, once each, sorted by length; filler rows of
+  weight 0 complete the last. ``batch_size``: global rows. ``num_batches`` > 0: that many
+  batches of a random subset fixed by ``config.seed``; -1 or 0: the whole split."""
   for idx, valid in eval_index_batches(examples, config, batch_size, num_batches):
     yield host_batch(examples, idx, config, valid)
 
 
 def eval_index_batches(examples: Split, config: ml_collections.ConfigDict, batch_size: int,
                        num_batches: int = -1) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """The ``(indices, valid)`` of each batch :func:`eval_batches` reads (same arguments).
+  """``(indices, valid)`` of each batch :func:`eval_batches` reads: ``batch_size`` int indices
+  into ``examples`` and a bool mask, False for filler rows.
 
-  With ``config.data.drop_last_eval_batch`` (default False) the last ``len % batch_size``
-  examples of the split, in its stored order, are left out, as LRA's
-  ``batch(..., drop_remainder=True)`` does for image, Pathfinder and retrieval
-  (``lra_benchmarks/image/input_pipeline.py``, ``matching/input_pipeline.py``); e.g. 10,000
-  CIFAR-10 test images at batch 256 count 9,984. The count is LRA's; the examples left out
-  are LRA's on image and Pathfinder when the split is in LRA's stored order, while on
-  retrieval LRA drops a random remainder (its unseeded ``shuffle=True`` TSV reader).
-
-  Yields:
-    ``batch_size`` int indices into ``examples`` and a bool mask that is False for the
-    filler rows completing the last batch.
+  ``data.drop_last_eval_batch`` drops the last ``len % batch_size`` examples in stored order, as
+  LRA's ``batch(..., drop_remainder=True)`` does for image, Pathfinder and retrieval
+  (``lra_benchmarks/image/input_pipeline.py``, ``matching/input_pipeline.py``); on retrieval,
+  LRA's unseeded TSV shuffle drops other examples, the same count.
 
   Raises:
-    ValueError: naming ``data.drop_last_eval_batch`` when it is on and the split has fewer
-      examples than one batch (nothing would be evaluated).
+    ValueError: ``data.drop_last_eval_batch`` is on and the split is smaller than one batch.
   """
   order = np.arange(len(examples))
   if config.data.get("drop_last_eval_batch", False):

@@ -1,26 +1,13 @@
-"""LoRA adapters (Hu et al., 2021, "LoRA: Low-Rank Adaptation of Large Language Models")
-as a transform of the parameter tree, so the linen modules stay unchanged.
+"""LoRA adapters (Hu et al., 2021, "LoRA: Low-Rank Adaptation of Large Language Models") as a
+transform of the parameter tree; the linen modules are unchanged.
 
-A kernel ``W`` chosen by a path pattern gets two factors, ``A`` (``[n_in, r]``, normal with
-std ``1/sqrt(n_in)``) and ``B`` (``[r, n_out]``, zeros), and the model runs with::
-
-    W_eff = W + (alpha / r) * reshape(A @ B, W.shape)
-
-so at initialisation (``B = 0``) the adapted model computes exactly the base model. The
-trainable tree is ``{"base": params, "lora": adapters}``; :func:`wrap_apply` merges the two
-before every ``model.apply`` and ``config.freeze``-style freezing of ``base/`` (done by
-``train.train_state.make_optimizer`` when ``config.lora.rank > 0``) trains the adapters only. This
-is how Chan & Ong's linear-attention study re-aligns a swapped model (rank 32 on W_q, W_k,
-W_v and W_o).
-
-Why not a library: ``peft`` is PyTorch only, and ``jax-lorax`` (last release February 2024)
-rewrites the traced function through ``qax`` implicit arrays, which follow JAX internals
-that have changed since; merging a parameter tree needs neither.
-
-A kernel is viewed as a matrix ``[n_in, n_out]``: an attention ``out`` kernel
-(``DenseGeneral`` over the head axes, ``[H, K, E]``) as ``[H*K, E]``, every other kernel
-(``query``/``key``/``value`` ``[E, H, K]``, ``Dense`` ``[in, out]``) as its first axis
-against the rest.
+A targeted kernel ``W``, viewed as ``[n_in, n_out]``, gets ``A`` (``[n_in, r]``, normal with std
+``1/sqrt(n_in)``) and ``B`` (``[r, n_out]``, zeros); the model runs with
+``W_eff = W + (alpha / r) * reshape(A @ B, W.shape)``, the base model at initialisation. An
+attention ``out`` kernel ``[H, K, E]`` is viewed as ``[H*K, E]``, every other kernel
+(``query``/``key``/``value`` ``[E, H, K]``, ``Dense`` ``[in, out]``) as its first axis against
+the rest. The trainable tree is ``{"base": params, "lora": adapters}``; freezing ``base/``
+trains the adapters only (Chan & Ong's re-alignment: rank 32 on W_q, W_k, W_v and W_o).
 """
 
 from __future__ import annotations
@@ -46,8 +33,7 @@ def target_paths(params, targets: Sequence[str]) -> list[str]:
   """The ``/``-joined paths of ``params`` that match any regex in ``targets`` (``re.search``).
 
   Raises:
-    ValueError: if a pattern matches no path (config field ``lora.targets``); the
-      message lists the kernel paths there are.
+    ValueError: if a pattern (``lora.targets``) matches no path; it lists the kernel paths.
   """
   flat = traverse_util.flatten_dict(params, sep="/")
   chosen = []
@@ -62,16 +48,8 @@ def target_paths(params, targets: Sequence[str]) -> list[str]:
 
 
 def init_adapters(params, targets: Sequence[str], rank: int, rng: jax.Array) -> dict:
-  """Adapters ``{path...: {"a": [n_in, r], "b": [r, n_out]}}`` for the targeted kernels.
-
-  Args:
-    params: the base parameter tree.
-    targets: regexes of the kernel paths to adapt.
-    rank: r > 0.
-    rng: key for the ``A`` factors.
-
-  Returns:
-    A nested dict mirroring the targeted paths; ``B`` is zero, dtype float32.
+  """Adapters ``{path...: {"a": [n_in, r], "b": [r, n_out]}}``, float32, for the kernels of
+  ``params`` that ``targets`` match; ``rng`` draws the ``A`` factors, ``B`` is zero.
 
   Raises:
     ValueError: for ``rank <= 0`` (``lora.rank``) or a pattern that matches nothing.
@@ -101,15 +79,8 @@ def is_wrapped(params) -> bool:
 
 
 def merge(wrapped, scale: float) -> Any:
-  """The base tree with ``scale * A @ B`` added to every adapted kernel.
-
-  Args:
-    wrapped: a tree made by :func:`wrap`.
-    scale: ``alpha / rank``.
-
-  Returns:
-    A parameter tree shaped like ``wrapped["base"]``.
-  """
+  """``wrapped["base"]`` (a tree made by :func:`wrap`) with ``scale * A @ B`` (``scale`` is
+  ``alpha / rank``) added to every adapted kernel, cast to the kernel's dtype."""
   flat = traverse_util.flatten_dict(wrapped[BASE], sep="/")
   adapters = traverse_util.flatten_dict(wrapped[ADAPTERS], sep="/")
   for path in {p.rsplit("/", 1)[0] for p in adapters}:

@@ -1,30 +1,13 @@
 """Hugging Face BERT checkpoints into this project's encoder (SimpleTRON section 5.3).
 
-SimpleTRON's blocks have BERT's weights: the q/k/v projections, the attention's output
-projection, both LayerNorms and the MLP. So a pretrained BERT loads into the encoder
-configured as BERT (``model.embedding_type="bert"``, ``model.block_norm="post"``,
-``model.pooler``; ``docs/bert.md``) whatever its attention: softmax computes BERT itself
-(``tests/test_bert.py`` checks it against ``transformers`` to 1e-5), Simple, Simple-Res and
-Simple-ResL compute SimpleTRON with BERT's weights.
+SimpleTRON's blocks have BERT's weights, so a pretrained BERT loads into the encoder configured
+as BERT (``docs/bert.md``) whatever its attention: softmax computes BERT (``tests/test_bert.py``
+checks it against ``transformers`` to 1e-5), the Simple variants compute SimpleTRON.
 
 A checkpoint is a local folder as Hugging Face writes it (nothing is downloaded):
-
-* ``config.json``: ``hidden_size``, ``num_attention_heads``, ``num_hidden_layers``, ...;
-* ``model.safetensors`` (read with the ``safetensors`` library, no torch needed) or
-  ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``; needs torch);
-* ``vocab.txt``, for the tokenizer (:mod:`simpletron_jax.data.agnews`).
-
-Parameters are matched by path (:func:`layout`): :func:`convert` renames BERT's tensors to
-this project's paths (``encoder/encoderblock_3/attention/query/kernel``) and
-:func:`import_bert` copies them into a model's parameters with
-:func:`simpletron_jax.model.transfer.transfer_params`, whose report lists what was copied, what the
-model has that BERT lacks (new: the classifier head, the attention weights of other
-variants) and what BERT has that the model does not use (dropped: the blocks beyond the
-model's depth, the output projection for Simple and Simple-Res, the pre-training heads).
-
-``python -m simpletron_jax.tools.bert_import BERT_DIR OUT_DIR`` writes the converted weights as a
-run's best checkpoint, which ``train.py --config.init_from=OUT_DIR`` starts from
-(``configs/agnews/*.py:from_bert``).
+``config.json``; ``model.safetensors`` (read with ``safetensors``) or ``pytorch_model.bin``
+(``torch.load(weights_only=True)``, needs torch); ``vocab.txt`` for the tokenizer
+(:mod:`simpletron_jax.data.agnews`).
 """
 
 from __future__ import annotations
@@ -64,21 +47,15 @@ def _block_layout(i: int) -> list[tuple[str, str, str]]:
 
 
 def layout(num_layers: int) -> list[tuple[str, str, str]]:
-  """``(our path, Hugging Face module, kind)`` of every BERT weight, for ``num_layers`` blocks.
+  """``(our path, Hugging Face module, kind)`` of every BERT weight for ``num_layers`` blocks,
+  the embeddings first and the pooler last.
 
-  Our paths are those of :class:`simpletron_jax.model.encoders.ClassificationEncoder` built with
-  ``model.embedding_type="bert"`` and ``model.block_norm="post"``; the Hugging Face names
-  are ``BertModel``'s (``transformers/models/bert/modeling_bert.py``). Kinds: ``copy`` (an
-  embedding table, as it is), ``dense`` (``weight [out, in]`` -> ``kernel [in, out]``,
-  ``bias``), ``heads_in`` (q/k/v: ``kernel [E, H, K]``, ``bias [H, K]``), ``heads_out``
-  (the attention's output projection: ``kernel [H, K, E]``), ``norm`` (``weight`` ->
-  ``scale``, ``bias``).
-
-  Args:
-    num_layers: blocks in the checkpoint.
-
-  Returns:
-    The list; the embeddings first, the pooler last.
+  Our paths are :class:`~simpletron_jax.model.encoders.ClassificationEncoder`'s with
+  ``embedding_type="bert"``, ``block_norm="post"``; Hugging Face's are ``BertModel``'s
+  (``transformers/models/bert/modeling_bert.py``). Kinds: ``copy`` (an embedding table),
+  ``dense`` (``weight [out, in]`` -> ``kernel [in, out]``, ``bias``), ``heads_in`` (q/k/v:
+  ``kernel [E, H, K]``, ``bias [H, K]``), ``heads_out`` (attention output: ``kernel [H, K, E]``),
+  ``norm`` (``weight`` -> ``scale``, ``bias``).
   """
   rows = [("encoder/embed/embedding", "embeddings.word_embeddings", "copy"),
           ("encoder/posembed/pos_embedding", "embeddings.position_embeddings", "copy"),
@@ -91,17 +68,10 @@ def layout(num_layers: int) -> list[tuple[str, str, str]]:
 
 @dataclasses.dataclass(frozen=True)
 class BertCheckpoint:
-  """A Hugging Face BERT checkpoint read from disk.
-
-  Attributes:
-    path: the folder.
-    config: ``config.json`` as a dict.
-    tensors: every tensor of the weight file as a float32 numpy array, by Hugging Face name,
-      with a ``bert.`` prefix removed (``BertForPreTraining`` / ``BertForMaskedLM``
-      checkpoints) and the old LayerNorm names ``gamma`` / ``beta`` read as ``weight`` /
-      ``bias``, as ``transformers`` does when it loads them.
-    weight_file: the file the tensors came from.
-  """
+  """A Hugging Face BERT checkpoint read from disk: its folder ``path``, ``config.json`` as a
+  dict, the ``weight_file`` and its ``tensors`` by Hugging Face name, floats as float32 numpy,
+  without a ``bert.`` prefix (``BertForPreTraining``, ``BertForMaskedLM``) and with LayerNorm's
+  old ``gamma``/``beta`` read as ``weight``/``bias``, as ``transformers`` loads them."""
 
   path: str
   config: dict[str, Any]
@@ -130,11 +100,10 @@ def _normalise_name(name: str) -> str:
 
 
 def _read_weights(path: str) -> dict[str, np.ndarray]:
-  """The tensors of a ``.safetensors`` or torch ``.bin`` file, as float32 numpy arrays.
+  """The tensors of a ``.safetensors`` or torch ``.bin`` file as numpy, floats as float32.
 
   Raises:
-    ImportError: naming the package to install (``safetensors``, or ``torch`` for a
-      ``.bin``).
+    ImportError: naming the package to install (``safetensors``, or ``torch`` for a ``.bin``).
     ValueError: naming ``path`` when the file cannot be read.
   """
   if path.endswith(".safetensors"):
@@ -165,20 +134,11 @@ def _read_weights(path: str) -> dict[str, np.ndarray]:
 
 
 def read_checkpoint(directory: str) -> BertCheckpoint:
-  """Reads a Hugging Face BERT folder (see the module docstring); nothing is downloaded.
-
-  Args:
-    directory: the folder (``~`` is expanded); ``model.safetensors`` is read when both
-      weight files are there.
-
-  Returns:
-    The :class:`BertCheckpoint`.
+  """Reads a Hugging Face BERT folder (``~`` expanded), preferring ``model.safetensors``.
 
   Raises:
     FileNotFoundError: naming the folder and the files it lacks.
-    ValueError: for a config that is not a BERT this module can load (``model_type`` other
-      than ``bert``, relative position embeddings, heads that do not divide the width, an
-      unknown ``hidden_act``), or an unreadable file; each names the file and the key.
+    ValueError: an unreadable file, or a config :func:`check_bert_config` refuses.
     ImportError: see :func:`_read_weights`.
   """
   folder = os.path.expanduser(directory)
@@ -201,16 +161,12 @@ def read_checkpoint(directory: str) -> BertCheckpoint:
 
 
 def check_bert_config(config: Mapping[str, Any], where: str = CONFIG_FILE) -> None:
-  """Refuses a ``config.json`` whose model this module cannot load.
-
-  Args:
-    config: the parsed ``config.json``.
-    where: the file, for the message.
+  """Refuses a ``config.json`` (``config``, parsed; ``where``, its file) this module cannot load.
 
   Raises:
-    ValueError: naming ``where`` and the key: a missing size, ``model_type`` other than
-      ``"bert"``, ``position_embedding_type`` other than ``"absolute"``, ``hidden_size`` not
-      divisible by ``num_attention_heads``, a ``hidden_act`` outside :data:`ACTIVATIONS`.
+    ValueError: naming ``where`` and the key: a missing size, ``model_type`` not ``"bert"``,
+      ``position_embedding_type`` not ``"absolute"``, ``hidden_size`` not divisible by
+      ``num_attention_heads``, or a ``hidden_act`` outside :data:`ACTIVATIONS`.
   """
   for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
               "vocab_size"):
@@ -231,15 +187,8 @@ def check_bert_config(config: Mapping[str, Any], where: str = CONFIG_FILE) -> No
 
 
 def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
-  """The ``config.model`` fields that make this project's encoder BERT's model of
-  ``config`` (a ``config.json`` dict; see :func:`check_model_config`).
-
-  Returns:
-    ``{"emb_dim", "qkv_dim", "num_heads", "mlp_dim", "num_layers", "max_positions",
-    "type_vocab_size", "layer_norm_epsilon", "mlp_activation", "embedding_type",
-    "block_norm", "pooler", "attention_bias", "learn_pos_emb", "final_layer_norm",
-    "classifier_pool"}`` with their values.
-  """
+  """The ``config.model`` fields that make this project's encoder the BERT of ``config`` (a
+  ``config.json`` dict); the defaults of a missing key are Hugging Face's ``BertConfig``'s."""
   width = int(config["hidden_size"])
   return {"emb_dim": width, "qkv_dim": width, "num_heads": int(config["num_attention_heads"]),
           "mlp_dim": int(config["intermediate_size"]),
@@ -255,23 +204,15 @@ def model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_model_config(config: Mapping[str, Any],
                        model: encoders.ModelConfig | Mapping[str, Any]) -> list[str]:
-  """Where ``config.model`` differs from the BERT of ``config`` (a ``config.json`` dict).
+  """Where ``model`` (a ``ModelConfig``, or ``config.model`` read with its defaults) differs
+  from the BERT of ``config`` (a ``config.json`` dict).
 
-  Sizes that differ make the copy fail (:func:`import_bert` names the paths) or leave
-  weights out; ``num_layers`` below BERT's takes BERT's first blocks (the SimpleTRON
-  authors' 6-block model), so it is not listed. The other fields change what BERT's weights
-  compute: a model that differs there loads, but is not BERT.
-
-  Args:
-    config: the checkpoint's ``config.json``.
-    model: the :class:`simpletron_jax.model.encoders.ModelConfig`, or ``config.model`` (a
-      ConfigDict or dict, read through
-      :meth:`~simpletron_jax.model.encoders.ModelConfig.from_config_dict`, so a field it lacks has
-      its default).
+  Other sizes make :func:`import_bert` fail or leave weights out; other fields load but do not
+  compute BERT. A ``num_layers`` below BERT's (its first blocks, as the SimpleTRON authors'
+  6-block model) is no difference.
 
   Returns:
-    One ``model.<field>: config <value>, checkpoint <value>`` line per difference, sorted;
-    empty when the model is BERT's (up to its depth).
+    One ``model.<field>: config <value>, checkpoint <value>`` line per difference, sorted.
   """
   if not isinstance(model, encoders.ModelConfig):
     model = encoders.ModelConfig.from_config_dict(model)
@@ -315,15 +256,10 @@ def _convert_one(kind: str, prefix: str, tensors: Mapping[str, np.ndarray], head
 def convert(checkpoint: BertCheckpoint) -> tuple[dict[str, Any], list[str]]:
   """BERT's weights at this project's paths (:func:`layout`).
 
-  Args:
-    checkpoint: from :func:`read_checkpoint`.
-
   Returns:
-    ``(params, unused)``: ``params`` is a nested tree ``{"encoder": {...}}`` of float32
-    numpy arrays, every block of the checkpoint included (a shallower model takes the first
-    ones); a module the checkpoint lacks (e.g. the pooler of a ``BertForMaskedLM``) is left
-    out. ``unused`` lists, sorted, the Hugging Face tensors that have no place in the
-    encoder (the pre-training heads ``cls.*``, the ``position_ids`` buffer).
+    ``(params, unused)``: a nested float32 numpy tree ``{"encoder": {...}}`` with every block of
+    the checkpoint, leaving out modules it lacks (e.g. a ``BertForMaskedLM``'s pooler); the
+    sorted Hugging Face names with no place in the encoder (``cls.*``, ``position_ids``).
   """
   tensors, heads = checkpoint.tensors, checkpoint.num_heads
   flat, used = {}, set()
@@ -339,24 +275,22 @@ def convert(checkpoint: BertCheckpoint) -> tuple[dict[str, Any], list[str]]:
 
 def import_bert(checkpoint: BertCheckpoint | str, params, include: Sequence[str] = ()
                 ) -> tuple[Any, transfer.SurgeryReport]:
-  """Copies a BERT checkpoint into a model's parameters, by path.
+  """Copies a BERT checkpoint (a :class:`BertCheckpoint` or its folder) into ``params``, by path.
 
   Args:
-    checkpoint: a :class:`BertCheckpoint` or its folder.
-    params: the freshly initialised parameters of a
-      :class:`simpletron_jax.model.encoders.ClassificationEncoder` (``{"encoder": ..., "head_*":
-      ...}``) built with BERT's sizes (:func:`model_fields`); any attention.
+    params: freshly initialised parameters of a
+      :class:`~simpletron_jax.model.encoders.ClassificationEncoder` with BERT's sizes
+      (:func:`model_fields`); any attention.
     include: regexes of our paths to copy (empty: all), as ``config.init_include``.
 
   Returns:
-    ``(params, report)``: ``params`` with ``params``' structure and dtypes; ``report`` is
-    :class:`simpletron_jax.model.transfer.SurgeryReport` (copied, new, dropped). ``dropped`` adds
-    the checkpoint's tensors that have no path here, as ``hf:<name>``.
+    ``(params, report)``: ``params`` keeps its structure and dtypes; ``report`` is a
+    :class:`simpletron_jax.model.transfer.SurgeryReport` whose ``dropped`` adds ``hf:<name>``
+    for each checkpoint tensor with no path here.
 
   Raises:
-    FileNotFoundError, ValueError, ImportError: see :func:`read_checkpoint`; ValueError from
-      :func:`simpletron_jax.model.transfer.transfer_params` naming every path whose shapes differ
-      (another width, heads, vocabulary or position table).
+    FileNotFoundError, ImportError, ValueError: as :func:`read_checkpoint`.
+    ValueError: naming each path whose shape differs (:func:`transfer.transfer_params`).
   """
   if not isinstance(checkpoint, BertCheckpoint):
     checkpoint = read_checkpoint(checkpoint)
@@ -370,18 +304,10 @@ def import_bert(checkpoint: BertCheckpoint | str, params, include: Sequence[str]
 def save_as_run(checkpoint: BertCheckpoint, out_dir: str) -> str:
   """Writes BERT's converted weights as a ``train.py`` run's best checkpoint.
 
-  ``out_dir/checkpoints/0`` holds ``{"params": ...}`` and their CRC-32 as a run's best
-  checkpoint does (:func:`simpletron_jax.train.params_checkpoints.save_params_checkpoint`), so that
-  ``train.py --config.init_from=out_dir`` checks it and starts from BERT (copied, new and
-  dropped are then written to the new run's ``transfer.json``). ``out_dir/bert_import.json``
-  records the source folder, its ``config.json`` and the unused tensors.
-
-  Args:
-    checkpoint: from :func:`read_checkpoint`.
-    out_dir: created if missing; must not hold a ``checkpoints/`` folder already.
-
-  Returns:
-    ``out_dir``.
+  ``out_dir/checkpoints/0`` holds ``{"params": ...}`` and their CRC-32
+  (:func:`simpletron_jax.train.params_checkpoints.save_params_checkpoint`), which
+  ``train.py --config.init_from=out_dir`` starts from; ``out_dir/bert_import.json`` records the
+  source folder, weight file, ``config.json`` and unused tensors. Returns ``out_dir``.
 
   Raises:
     FileExistsError: naming ``out_dir/checkpoints`` when it exists.
@@ -413,13 +339,11 @@ def _load_config(spec: str):
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """``python -m simpletron_jax.tools.bert_import BERT_DIR OUT_DIR [--config CFG]``.
 
-  Converts the checkpoint in ``BERT_DIR`` into ``OUT_DIR`` (:func:`save_as_run`). With
-  ``--config``, it also builds that config's model, copies BERT into it and prints the
-  report and every field where the model is not BERT (:func:`check_model_config`), as the
-  run started with ``--config.init_from=OUT_DIR`` will.
+  Converts ``BERT_DIR`` into ``OUT_DIR`` (:func:`save_as_run`); with ``--config``, also copies
+  BERT into that config's model and prints the report and where the model is not BERT.
 
   Returns:
-    ``{"out_dir", "unused", "report" (with --config), "differences" (with --config)}``.
+    ``{"out_dir", "unused"}``, with ``--config`` also ``"report"`` and ``"differences"``.
   """
   parser = argparse.ArgumentParser(prog="python -m simpletron_jax.tools.bert_import",
                                    description=__doc__.split("\n\n")[0])

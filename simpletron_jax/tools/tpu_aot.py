@@ -1,16 +1,9 @@
 """Compiling the train and eval steps for a TPU slice on a machine without a TPU.
 
-``libtpu`` (the ``tpu`` extra of this project) lets JAX describe a TPU topology and compile for
-it on any host: :func:`slice_devices` gives the compile-only devices of a named slice, and
-:func:`compile_report` lowers the same pmapped steps that ``train.py`` runs
-(:func:`simpletron_jax.train.steps.pmap_steps`, the same model, dtype and options) for those
-devices and reads XLA's memory and cost analyses of the TPU executables. MaxText checks its
-training step the same way before a slice is booked (its ``train_compile.py``); the slice
-shapes below (topology, megacore, chips per host) follow its table of accelerators.
-
-What it proves: the step compiles for that TPU generation and slice, and how many bytes one chip
-needs for arguments, outputs, temporaries and code, which is compared with the chip's HBM.
-What it cannot prove: speed (no clock), and input-pipeline or host memory.
+With ``libtpu`` (the ``tpu`` extra), JAX compiles for a described TPU topology on any host:
+:func:`compile_report` lowers ``train.py``'s pmapped steps for a slice's compile-only devices
+and reads XLA's memory and cost analyses, as MaxText's ``train_compile.py`` does. It shows that
+the step compiles and what HBM one chip needs; not speed, input pipeline or host memory.
 """
 
 from __future__ import annotations
@@ -37,24 +30,17 @@ GIB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class SliceSpec:
-  """A TPU slice as ``libtpu`` describes it.
-
-  Attributes:
-    topology: libtpu's topology name, ``"<generation>:<chips per axis>"``.
-    chip_config: ``"megacore"`` (v4, v5p: a chip's two TensorCores are one JAX device) or
-      ``"default"`` (one TensorCore per chip).
-    chips_per_host: chips of one host along each axis (the VM's shape).
-  """
+  """A TPU slice as libtpu describes it: ``topology`` (``"<generation>:<chips per axis>"``),
+  ``chip_config`` (``"megacore"``: v4, v5p, two TensorCores per JAX device; ``"default"``: one)
+  and ``chips_per_host`` along each axis (the VM's shape)."""
 
   topology: str
   chip_config: str
   chips_per_host: tuple[int, int, int]
 
 
-# User-facing slice names (as ``gcloud compute tpus tpu-vm create --accelerator-type`` takes
-# them) -> how libtpu describes them. Chips per host: v4 and v5p hosts have 4 chips (2x2x1),
-# v5e and v6e single-host slices up to 8 (2x4), and 4 per host (2x2) in multi-host slices, as
-# in MaxText's ``accelerator_to_spec_map.py``.
+# ``--accelerator-type`` names -> libtpu's description; chips per host as in MaxText's
+# ``accelerator_to_spec_map.py`` (v4, v5p: 2x2x1; v5e, v6e: 2x4 single-host, 2x2 multi-host).
 SLICES = {
     "v4-8": SliceSpec("v4:2x2x1", "megacore", (2, 2, 1)),
     "v4-16": SliceSpec("v4:2x2x2", "megacore", (2, 2, 1)),
@@ -66,10 +52,9 @@ SLICES = {
     "v6e-16": SliceSpec("v6e:4x4", "default", (2, 2, 1)),
 }
 
-# HBM per JAX device (one chip; v4 and v5p chips are one megacore device), in bytes, by
-# ``device.device_kind``. JAX gives no HBM size for a compile-only device (``memory_stats()``
-# needs an addressable one), so the figures come from Google Cloud's TPU pages
-# (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e: "HBM2 capacity" per chip).
+# HBM per JAX device (one chip; v4 and v5p: one megacore device) by ``device_kind``, in bytes.
+# Compile-only devices have no memory_stats(), so the figures are Google Cloud's per-chip
+# "HBM2 capacity" (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e).
 HBM_BYTES = {
     "TPU v4": 32 * GIB,
     "TPU v5 lite": 16 * GIB,
@@ -84,22 +69,16 @@ class TpuCheckError(ValueError):
 
 
 def slice_devices(name: str) -> list:
-  """The compile-only devices of a TPU slice.
+  """The compile-only devices of a TPU slice, one per chip (platform ``"tpu"``), usable for
+  ``jax.pmap(..., devices=...)`` lowering and compiling, not running.
 
-  Args:
-    name: a key of :data:`SLICES` (``"v5e-8"``) or a libtpu topology name
-      (``"v5e:2x4"``, described with one TensorCore per device and 4 chips per host where the
-      slice has more than 8).
-
-  Returns:
-    The slice's ``jax.Device`` list (one per chip; platform ``"tpu"``), usable as
-    ``jax.pmap(..., devices=...)`` for lowering and compiling, not for running.
+  ``name``: a key of :data:`SLICES` (``"v5e-8"``) or a libtpu topology (``"v5e:2x4"``; one
+  TensorCore per device, 4 chips per host above 8 chips).
 
   Raises:
     TpuCheckError: for an unknown name, or when ``libtpu`` is missing (naming the extra).
   """
-  # libtpu takes a lock file per host (/tmp/libtpu_lockfile) for the process that owns the
-  # chips; compiling needs no chips, so let several checks (and pytest workers) load it.
+  # libtpu locks /tmp/libtpu_lockfile for the process owning the chips; compiling needs no chip.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   spec = SLICES.get(name)
@@ -137,12 +116,10 @@ def hbm_bytes(device) -> int | None:
 
 
 def task_sizes(config: ml_collections.ConfigDict) -> tuple[int, int, bool]:
-  """``(vocab_size, num_classes, dual)`` of ``config.task`` from its record
-  (:func:`simpletron_jax.data.tasks.get`), without loading its data.
+  """``(vocab_size, num_classes, dual)`` of ``config.task`` from its record, without its data.
 
   Raises:
-    TpuCheckError: for an unknown task (naming the config field ``task`` and the known
-      ones), or a task whose vocabulary only its data gives (``agnews``: the tokenizer's).
+    TpuCheckError: an unknown task, or one whose vocabulary its data gives (``agnews``).
   """
   try:
     spec = tasks.get(config.task)
@@ -157,18 +134,13 @@ def task_sizes(config: ml_collections.ConfigDict) -> tuple[int, int, bool]:
 
 
 def abstract_batch(n_devices: int, rows: int, width: int, dual: bool) -> dict[str, Any]:
-  """The sharded batch ``shard(make_batch(...))`` gives, as shapes only.
-
-  Args:
-    n_devices: devices of the pmap.
-    rows: global rows, a multiple of ``n_devices``.
-    width: padded tokens per row (the widest is ``model.max_length``).
-    dual: add the second document (retrieval).
+  """The sharded batch ``shard(make_batch(...))`` gives, as shapes only: ``rows`` global rows
+  over ``n_devices``, ``width`` padded tokens; ``dual`` adds the second document.
 
   Returns:
-    ``{"inputs", "mask", "targets", "weights"[, "inputs2", "mask2"]}`` as
-    ``jax.ShapeDtypeStruct`` of shape ``[n_devices, rows / n_devices(, width)]`` with the
-    dtypes of :func:`simpletron_jax.data.common.make_batch` (int32, bool, int32, float32).
+    ``{"inputs", "mask", "targets", "weights"[, "inputs2", "mask2"]}`` of
+    ``jax.ShapeDtypeStruct`` ``[n_devices, rows / n_devices(, width)]``, dtypes int32, bool,
+    int32, float32 as in :func:`simpletron_jax.data.common.make_batch`.
   """
   per = rows // n_devices
   batch = {"inputs": jax.ShapeDtypeStruct((n_devices, per, width), np.int32),
@@ -215,13 +187,9 @@ def _first_line(error: BaseException) -> str:
 
 def step_widths(config: ml_collections.ConfigDict, data: tasks.TaskData,
                 n_devices: int) -> dict[str, list[int]]:
-  """Every padded width the run meets: ``{"train": [...], "eval": [...]}`` in tokens.
-
-  Train: the micro-batches of the run's first epoch or of ``num_train_steps`` (whichever is
-  fewer), in :func:`batches.train_index_batches` order; eval: the batches of a validation and
-  of the test, as :func:`evaluation.evaluate` reads them (``num_eval_steps``,
-  ``num_test_steps``).
-  """
+  """Every padded width in tokens the run meets, ``{"train": [...], "eval": [...]}``: the
+  micro-batches of the first epoch or of ``num_train_steps`` (the fewer), and the batches of
+  a validation and of the test (``num_eval_steps``, ``num_test_steps``)."""
   micro = batches.micro_batch_size(config)
   count = min(len(data.train) // micro, config.num_train_steps * config.grad_accum_steps)
   ds = batches.train_index_batches(data.train, config)
@@ -247,32 +215,28 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
                    ) -> dict[str, Any]:
   """Compiles ``train.py``'s pmapped steps of ``config`` for a TPU slice; memory and cost.
 
-  The model is built as ``train.py`` builds it, with the attention modules told that the
-  target is a TPU (:func:`simpletron_jax.model.attention.base.compiling_for`), so
-  ``implementation="flash"`` picks the Pallas TPU kernel. The state and batches are shapes
-  only: nothing is initialised or run.
+  The model is built as ``train.py`` builds it, under
+  :func:`simpletron_jax.model.attention.base.compiling_for` ``("tpu")`` so that
+  ``implementation="flash"`` picks the Pallas TPU kernel; state and batches are shapes only.
 
   Args:
-    config: the run config (a ``configs/`` file with overrides).
+    config: the run config.
     slice_name: see :func:`slice_devices`.
-    steps: ``"train"`` (the train step, state donated) and/or ``"eval"`` (eval.py's step).
-    widths: ``{"train": [...], "eval": [...]}`` padded widths in tokens to compile; default
-      the widest, ``model.max_length``, which bounds the memory.
-    on_compiled: called with each compile's record as it finishes (progress).
+    steps: ``"train"`` (state donated) and/or ``"eval"``.
+    widths: ``{"train": [...], "eval": [...]}`` padded widths in tokens; default
+      ``model.max_length``, the widest.
+    on_compiled: called with each compile's record as it finishes.
 
   Returns:
     ``{"slice", "topology", "device_kind", "devices", "processes", "hbm_bytes", "dtype",
-    "task", "attention", "compiles": [record, ...], "fits", "peak_bytes", "ok"}``. A record has
-    ``step``, ``width``, ``rows_per_device``, ``compile_seconds``, the bytes of
-    :func:`_memory`, ``flops`` and ``bytes_accessed`` per device, ``fits`` (peak <= HBM),
-    ``fallbacks`` (the reasons a requested attention implementation was replaced while the
-    step was traced, e.g. ``flash`` -> ``einsum`` under attention dropout), or ``error`` (the
-    compiler's first line, e.g. its HBM OOM) when it did not compile.
-    ``ok``: every step compiled and fits.
+    "task", "attention", "implementation", "compiles", "peak_bytes", "ok"}``; a record has
+    ``step``, ``width``, ``rows_per_device``, ``compile_seconds``, the bytes of :func:`_memory`,
+    ``flops`` and ``bytes_accessed`` per device, ``fits`` (peak <= HBM), ``fallbacks`` (attention
+    implementations replaced while tracing), or ``error`` (the compiler's first line). ``ok``:
+    every step compiled and fits.
 
   Raises:
-    TpuCheckError: for an unknown slice or task, or a batch that does not split over the
-      slice's devices (naming ``batch_size``).
+    TpuCheckError: an unknown slice, task or step, or rows the slice's devices do not divide.
     ValueError: from :meth:`run_config.RunConfig.from_config_dict`, naming the field.
   """
   devices = slice_devices(slice_name)
