@@ -60,13 +60,6 @@ def _strict_json_lines(path):
     return [json.loads(line, parse_constant=refuse) for line in f if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def straight(presence_task, tmp_path_factory):
-  """An uninterrupted run: (workdir, results)."""
-  workdir = str(tmp_path_factory.mktemp("straight"))
-  return workdir, trainer.train_and_evaluate(fault_config(), workdir, data=presence_task)
-
-
 # ----------------------------------------------------------------------------
 # Kills and resume.
 
@@ -96,35 +89,6 @@ def _kill_inside_save(monkeypatch, kill_step):
     raise KilledBySignal()
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", dying_save)
-
-
-@pytest.mark.slow
-def test_killed_runs_resume_bit_identical(presence_task, tmp_path, straight, monkeypatch):
-  """Four kills in one lineage: inside the first best save (step 3, between checkpoints),
-  right after a checkpoint (step 4), inside a checkpoint save (step 6) and between
-  checkpoints after a validation (step 7)."""
-  config, workdir = fault_config(), str(tmp_path / "resumed")
-  for step, inside_save in ((3, True), (4, False), (6, True), (7, False)):
-    with monkeypatch.context() as m:
-      if inside_save:
-        _kill_inside_save(m, step)
-      with pytest.raises(KilledBySignal if inside_save else Killed):
-        trainer.train_and_evaluate(config, workdir, data=presence_task,
-                                   step_hook=None if inside_save else _kill_at(step))
-  seen = []
-  results = trainer.train_and_evaluate(config, workdir, step_hook=seen.append,
-                                       data=presence_task)
-  assert seen == [7, 8, 9, 10], "the run must resume after the step-6 checkpoint"
-  straight_dir, straight_results = straight
-  chex.assert_trees_all_equal(_params(workdir, config, presence_task),
-                              _params(straight_dir, config, presence_task))
-  for key in ("best_step", "best_val_accuracy", "test_accuracy", "test_loss"):
-    assert results[key] == straight_results[key], key
-  chex.assert_trees_all_equal(_params(workdir, config, presence_task, "best"),
-                              _params(straight_dir, config, presence_task, "best"))
-  records = [(r["step"], r["split"]) for r in _strict_json_lines(
-      os.path.join(workdir, "metrics.jsonl"))]
-  assert len(records) == len(set(records))
 
 
 # ----------------------------------------------------------------------------
