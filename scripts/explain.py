@@ -126,7 +126,7 @@ def load_run(workdir: str, which: str = "best", step: int | None = None):
   from simpletron_jax.model import encoders, lora
   from simpletron_jax.train.final_test import restore_run
 
-  config, data, state, restored, _ = restore_run(workdir, which, step)
+  config, _, data, state, restored, _ = restore_run(workdir, which, step)
   model32 = encoders.build_classifier(explain.float32_model_config(config.model),
                                       vocab_size=data.vocab_size, num_classes=data.num_classes,
                                       dual=isinstance(data.train, PairedExamples))

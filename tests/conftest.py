@@ -2,7 +2,7 @@
 
 * two fake CPU devices for pmap;
 * XLA's cheapest CPU compilation (``--xla_backend_optimization_level=0``, no expensive LLVM
-  passes, no fusion emitters: a tiny train step compiles in about 60% of the time).
+  passes, no fusion emitters).
   Compiling takes most of the suite's time and running the tiny test programs little, and
   every comparison in the suite is between programs compiled with the same flags or against
   numpy with a tolerance (the one bit-for-bit comparison of two different programs,

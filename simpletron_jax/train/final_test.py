@@ -152,7 +152,7 @@ def run_results(run: RunConfig, fingerprint: str, data: tasks.TaskData, start: A
 
 def restore_run(workdir: str, which: str = "best", step: int | None = None,
                 config: ml_collections.ConfigDict | None = None
-                ) -> tuple[ml_collections.ConfigDict, tasks.TaskData, Any, int, str]:
+                ) -> tuple[ml_collections.ConfigDict, RunConfig, tasks.TaskData, Any, int, str]:
   """A ``train.py`` run's config, task data and checkpoint, restored and verified.
 
   Args:
@@ -162,8 +162,9 @@ def restore_run(workdir: str, which: str = "best", step: int | None = None,
     config: overrides the run's saved config (``config.json``).
 
   Returns:
-    ``(config, data, state, step, folder)``: the train state restored at ``step`` from
-    ``folder`` (``workdir/checkpoints``).
+    ``(config, run, data, state, step, folder)``: the ConfigDict and its :class:`RunConfig`,
+    the task data, the train state restored at ``step`` from ``folder``
+    (``workdir/checkpoints``).
 
   Raises:
     FileNotFoundError: the workdir, its checkpoints or its config is missing.
@@ -171,13 +172,6 @@ def restore_run(workdir: str, which: str = "best", step: int | None = None,
     errors.ConfigMismatchError: ``config`` is of another task or model than the run's.
     errors.CheckpointError: the checkpoint is damaged.
   """
-  config, _, data, state, step, folder = _restore(workdir, which, step, config)
-  return config, data, state, step, folder
-
-
-def _restore(workdir: str, which: str, step: int | None,
-             config: ml_collections.ConfigDict | None) -> tuple:
-  """:func:`restore_run`'s tuple with ``run``, the :class:`RunConfig`, after ``config``."""
   if which not in ("best", "latest"):
     raise ValueError(f"which={which!r} not understood: 'best' or 'latest'")
   if not os.path.isdir(workdir):
@@ -229,7 +223,7 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
     raise ValueError(f"split={split!r} not understood: 'train', 'val' or 'test'")
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
-  config, run, data, state, step, folder = _restore(workdir, which, step, config)
+  config, run, data, state, step, folder = restore_run(workdir, which, step, config)
   report_split_truncation(split, getattr(data, split), run.model.max_length)
   parallel = make_parallel(run.train.parallelism)
   _, p_eval = parallel.steps(state.apply_fn)

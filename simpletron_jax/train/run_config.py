@@ -161,11 +161,6 @@ class TrainConfig:
     if float(self.max_train_minutes or 0) < 0:
       raise ValueError(f"max_train_minutes={self.max_train_minutes} must be >= 0 (0: no limit)")
 
-  @property
-  def micro_batch_size(self) -> int:
-    """Global examples per micro-step, ``batch_size // grad_accum_steps``."""
-    return self.batch_size // self.grad_accum_steps
-
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
