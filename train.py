@@ -23,7 +23,6 @@ status 75 when a checkpoint is (during the final test: the last step), 143 when 
 """
 
 import os
-import shutil
 import sys
 
 from absl import app, flags, logging
@@ -31,6 +30,7 @@ from ml_collections import config_flags
 
 from simpletron_jax.runtime import cli, errors, platforms, xla_cache
 from simpletron_jax.run import metric_logging, profiling
+from simpletron_jax.run.run_folder import RunFolder
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 INTERRUPTED_EXIT_CODE = 130   # 128 + SIGINT, as a shell reports a process that SIGINT ended
@@ -103,15 +103,6 @@ _RUN = {}   # the workdir and step count of this process's run, for main's SIGTE
 TERMINATED_EXIT_CODE = 143   # 128 + SIGTERM: nothing was saved
 
 
-def _last_checkpoint(workdir: str | None) -> int | None:
-  """The newest step under ``workdir/checkpoints`` (orbax renames a step's folder into place
-  once it is written), or None."""
-  folder = os.path.join(workdir, "checkpoints") if workdir else None
-  steps = ([int(n) for n in os.listdir(folder) if n.isdigit()]
-           if folder and os.path.isdir(folder) else [])
-  return max(steps) if steps else None
-
-
 def _after_sigterm(workdir: str | None, num_train_steps: int | None) -> tuple[str, int]:
   """The line and exit status after a SIGTERM that the run's guard did not handle (one while
   the data were prepared, during the final test, or a second one): what the workdir keeps.
@@ -120,15 +111,16 @@ def _after_sigterm(workdir: str | None, num_train_steps: int | None) -> tuple[st
     ``(message, status)``: status 75 (``preemption.PREEMPTED_EXIT_CODE``) when a checkpoint
     is saved and a rerun continues from it, :data:`TERMINATED_EXIT_CODE` when nothing is.
   """
-  step = _last_checkpoint(workdir)
+  folder = RunFolder(workdir) if workdir else None
+  step = folder.newest_step() if folder else None
   if step is None:
     return ("SIGTERM before the run's first checkpoint: nothing was saved, and no half-written "
             "file is left (the data cache keeps complete files only, and generator workers "
             "were stopped); rerun the same command to start again", TERMINATED_EXIT_CODE)
-  where = os.path.join(workdir, "checkpoints")
+  where = folder.checkpoints_dir
   preempted = 75   # preemption.PREEMPTED_EXIT_CODE, without importing JAX here
   if num_train_steps is not None and step >= num_train_steps and not os.path.exists(
-      os.path.join(workdir, "results.json")):
+      folder.results_path):
     return (f"SIGTERM during the final test: the trained run is saved (step {step} in "
             f"{where}), and no results.json is written yet; rerun the same command to test "
             "it", preempted)
@@ -169,7 +161,7 @@ def _train(fl):
     print(f"train.py: {e}", file=sys.stderr)
     raise SystemExit(preemption.PREEMPTED_EXIT_CODE) from None
   except errors.StartError as e:   # W&B did not start: no step was trained
-    if fresh and _remove_unstarted(workdir):
+    if fresh and RunFolder(workdir).remove_if_unstarted():
       raise type(e)(f"{e}; nothing was trained, and {workdir}, which this start had created, "
                     "was removed") from e
     raise
@@ -179,18 +171,7 @@ def _train(fl):
         f"{results['test_majority_rate']:.4f}) at best-validation step "
         f"{results['best_step']}, {results['test_accuracy_final']:.4f} at the final step "
         f"{results['final_step']}; {results['steps_per_sec']:.2f} steps/s; "
-        f"results in {os.path.join(workdir, 'results.json')}")
-
-
-def _remove_unstarted(workdir: str) -> bool:
-  """Removes ``workdir`` when it holds no checkpoint step (a start that trained nothing);
-  returns whether it did."""
-  checkpoints = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(workdir) or (os.path.isdir(checkpoints) and any(
-      name.isdigit() for name in os.listdir(checkpoints))):
-    return False
-  shutil.rmtree(workdir, ignore_errors=True)
-  return not os.path.exists(workdir)
+        f"results in {RunFolder(workdir).results_path}")
 
 
 def parse_flags(argv):

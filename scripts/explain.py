@@ -110,7 +110,7 @@ def example_indices(index: int | None, count: int | None, size: int) -> list[int
 def load_run(workdir: str, which: str = "best", step: int | None = None):
   """The run's config, data, float32 model, apply function, parameters and restored step.
 
-  The run is restored as eval.py restores it (``final_test.restore_run``: the saved config,
+  The run is restored as eval.py restores it (``saved_runs.load_run``: the saved config,
   the task's data, the best-validation, newest or ``step`` checkpoint checked against them).
 
   Returns:
@@ -119,14 +119,16 @@ def load_run(workdir: str, which: str = "best", step: int | None = None):
 
   Raises:
     FileNotFoundError, errors.ConfigMismatchError, errors.CheckpointError: see
-      ``final_test.restore_run``.
+      ``saved_runs.load_run``, ``SavedRun.restore``.
   """
   # pylint: disable=import-outside-toplevel  (the training modules load only for a run)
   from simpletron_jax.data.common import PairedExamples
   from simpletron_jax.model import encoders, lora
-  from simpletron_jax.train.final_test import restore_run
+  from simpletron_jax.train import saved_runs
 
-  config, _, data, state, restored, _ = restore_run(workdir, which, step)
+  saved = saved_runs.load_run(workdir, which, step)
+  config, _, data, state = saved.restore()
+  restored = saved.step
   model32 = encoders.build_classifier(explain.float32_model_config(config.model),
                                       vocab_size=data.vocab_size, num_classes=data.num_classes,
                                       dual=isinstance(data.train, PairedExamples))

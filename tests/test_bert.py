@@ -24,7 +24,7 @@ from simpletron_jax.model import encoders, layers, transfer
 from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.runtime import errors
 from simpletron_jax.tools import bert_import
-from simpletron_jax.train import params_checkpoints, recipes
+from simpletron_jax.train import recipes, saved_runs
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.
 SIZES = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -193,7 +193,7 @@ def test_save_as_run_is_read_by_init_from(hf_bert, tmp_path):
   out = str(tmp_path / "converted")
   bert_import.main([hf_bert[0], out])
   # init_from reads and checks the checkpoint as it reads a run's best.
-  restored = params_checkpoints.load_params(out)
+  restored = saved_runs.load_run(out).params()
   expected = bert_import.convert(checkpoint)[0]
   flat_restored, flat_expected = transfer.flatten(restored), transfer.flatten(expected)
   assert sorted(flat_restored) == sorted(flat_expected)
@@ -204,7 +204,7 @@ def test_save_as_run_is_read_by_init_from(hf_bert, tmp_path):
     bert_import.save_as_run(checkpoint, out)
   # Saving into a folder that holds a checkpoint never passes silently.
   with pytest.raises(errors.CheckpointError, match="already holds a checkpoint"):
-    params_checkpoints.save_params_checkpoint(out, expected, {})
+    saved_runs.save_params(out, expected, {})
 
 
 def test_read_checkpoint_errors(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax.model import transfer
-from simpletron_jax.train import params_checkpoints
+from simpletron_jax.train import saved_runs
 from tests.test_no_overwrite import committed_unchanged  # noqa: F401  pylint: disable=W0611
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -67,8 +67,8 @@ def test_attention_transfer_quick(in_tmp, presence_task, committed_unchanged):  
   assert set(runs) == {"simple", "softmax_scratch", "softmax_transfer"}
   assert all(len(r["val_curve"]) == 2 for r in runs.values())
   # The transferred q/k/v are the source's and stayed frozen through training.
-  source = _qkv(params_checkpoints.load_params(runs["simple"]["workdir"]))
-  moved = _qkv(params_checkpoints.load_params(runs["softmax_transfer"]["workdir"], "latest"))
+  source = _qkv(saved_runs.load_run(runs["simple"]["workdir"]).params())
+  moved = _qkv(saved_runs.load_run(runs["softmax_transfer"]["workdir"], "latest").params())
   # q/k/v kernels of 2 blocks (no attention biases, as LRA's)
   assert sorted(source) == sorted(moved) and len(source) == 6
   for path, value in source.items():

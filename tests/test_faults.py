@@ -31,7 +31,7 @@ from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.runtime import atomic_io, errors
 from simpletron_jax.train import checkpoints, run_config, trainer
-from simpletron_jax.run import run_guard
+from simpletron_jax.run import run_folder, run_guard
 from simpletron_jax.run.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
 from tests.test_train import Killed, _state, tiny_config
@@ -304,18 +304,21 @@ def test_a_lost_best_checkpoint_falls_back_to_the_best_kept(initial_state, tmp_p
   _, state = initial_state
   manager = checkpoints.checkpoint_manager(str(tmp_path / "checkpoints"), 3)
   for step, best in ((2, 0.5), (4, 0.7), (6, None)):
-    meta = {"best_step": step, "best_score": best, "best_val_accuracy": best}
-    checkpoints.save_checkpoint(manager, step, state.replace(step=step), meta, best=best)
+    saved = checkpoints.RunState(best_step=step, best_score=best, best_val_accuracy=best)
+    checkpoints.save_checkpoint(manager, step, state.replace(step=step), saved.to_meta(),
+                                best=best)
   manager.delete(4)
-  meta = {"best_step": 4, "best_score": 0.7, "best_val_accuracy": 0.7}
+  run_state = checkpoints.RunState(best_step=4, best_score=0.7, best_val_accuracy=0.7,
+                                   train_seconds=3.0)
   with pytest.warns(errors.RunWarning, match=r"step 4 is missing .*the best so far is now "
                                               r"step 2"):
-    checkpoints.check_best(manager, meta)
-  assert meta == {"best_step": 2, "best_score": 0.5, "best_val_accuracy": 0.5}
+    checkpoints.check_best(manager, run_state)
+  assert run_state == checkpoints.RunState(best_step=2, best_score=0.5, best_val_accuracy=0.5,
+                                           train_seconds=3.0)
   manager.delete(2)
   with pytest.warns(errors.RunWarning, match=r"step 2 is missing .*now none"):
-    checkpoints.check_best(manager, meta)
-  assert meta == {"best_step": -1, "best_score": None, "best_val_accuracy": -1.0}
+    checkpoints.check_best(manager, run_state)
+  assert run_state == checkpoints.RunState(train_seconds=3.0)
 
 
 @pytest.mark.parametrize("metric,mode", [("accuracy", "max"), ("loss", "min")])
@@ -339,10 +342,10 @@ def test_the_best_metric_is_a_config_field(presence_task, tmp_path, metric, mode
 
 
 def _lock_holder(workdir):
-  """A process that takes ``workdir``'s lock with :func:`run_guard.acquire_lock` and holds it
+  """A process that takes ``workdir``'s lock with :func:`run_folder.acquire_lock` and holds it
   until killed; returned once the lock is held."""
-  code = ("import time; from simpletron_jax.run import run_guard; "
-          f"run_guard.acquire_lock({str(workdir)!r}); print('held', flush=True); time.sleep(300)")
+  code = ("import time; from simpletron_jax.run import run_folder; "
+          f"run_folder.acquire_lock({str(workdir)!r}); print('held', flush=True); time.sleep(300)")
   holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                             text=True)
   assert holder.stdout.readline().strip() == "held"
@@ -362,31 +365,31 @@ def test_second_run_on_a_workdir_is_refused_naming_pid_and_host(presence_task, t
     holder.kill()   # SIGKILL: the lock file stays, naming a process that is gone
     holder.wait()
   assert (workdir / "metrics.jsonl").read_text() == '{"step": 5, "split": "train"}\n'
-  assert json.loads((workdir / run_guard.LOCK_FILE).read_text())["pid"] == holder.pid
+  assert json.loads((workdir / run_folder.LOCK_FILE).read_text())["pid"] == holder.pid
   with pytest.warns(errors.RunWarning, match=rf"stale lock \(process {holder.pid} no longer"):
-    lock = run_guard.acquire_lock(str(workdir))
+    lock = run_folder.acquire_lock(str(workdir))
   assert json.loads(open(lock.lock_file).read())["pid"] == os.getpid()
-  run_guard.release_lock(lock)
+  run_folder.release_lock(lock)
   assert not os.path.exists(lock.lock_file)
 
 
 def test_lock_of_another_host_or_torn_lock(tmp_path):
-  lock = tmp_path / run_guard.LOCK_FILE
+  lock = tmp_path / run_folder.LOCK_FILE
   lock.write_text(json.dumps({"pid": 1, "host": "elsewhere", "time": 0}))
   with pytest.raises(errors.WorkdirLockedError, match="pid 1 on host 'elsewhere'"):
-    run_guard.acquire_lock(str(tmp_path))
+    run_folder.acquire_lock(str(tmp_path))
   lock.write_text('{"pid": 12')  # torn by a kill while it was written
   with pytest.warns(errors.RunWarning, match="unreadable"):
-    run_guard.release_lock(run_guard.acquire_lock(str(tmp_path)))
+    run_folder.release_lock(run_folder.acquire_lock(str(tmp_path)))
   assert not lock.exists()
 
 
 def test_a_lock_left_by_an_unfinished_call_of_this_process_is_retaken(tmp_path):
-  first = run_guard.acquire_lock(str(tmp_path))   # never released (an interrupted call)
-  second = run_guard.acquire_lock(str(tmp_path))
+  first = run_folder.acquire_lock(str(tmp_path))   # never released (an interrupted call)
+  second = run_folder.acquire_lock(str(tmp_path))
   assert not first.is_locked and second.is_locked
-  run_guard.release_lock(second)
-  assert not (tmp_path / run_guard.LOCK_FILE).exists()
+  run_folder.release_lock(second)
+  assert not (tmp_path / run_folder.LOCK_FILE).exists()
 
 
 # ----------------------------------------------------------------------------
@@ -476,9 +479,9 @@ def test_truncated_tsvs(tmp_path):
 
 
 def test_empty_run_id_file_names_itself(tmp_path):
-  (tmp_path / run_guard.RUN_ID_FILE).write_text("")
+  (tmp_path / run_folder.RUN_ID_FILE).write_text("")
   with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path))}/run_id: empty run id"):
-    run_guard.lineage_id(str(tmp_path), None)
+    run_folder.RunFolder(str(tmp_path)).run_id(None)
 
 
 # ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from configs import lra
 from simpletron_jax.data import common, listops, retrieval, tasks, text
 from simpletron_jax.runtime import cli, errors
 from simpletron_jax.train import checkpoints, config_checks, final_test, run_config, trainer
-from simpletron_jax.run import run_record
+from simpletron_jax.run import run_folder, run_record
 from tests.conftest import ROOT, presence_examples
 from tests.test_train import Killed, tiny_config
 
@@ -117,7 +117,7 @@ def test_reporting_changes_resume_and_are_recorded(resumable, presence_task, cap
   assert entry["step"] == 2 and entry["forced"] is False
   assert entry["changes"]["eval_frequency"] == {"old": 2, "new": 3, "allowed": True}
   assert entry["changes"]["num_train_steps"] == {"old": 6, "new": 8, "allowed": True}
-  assert run_record.load_run_config(resumable).eval_frequency == 3   # history stripped
+  assert run_folder.RunFolder(resumable).saved_config().eval_frequency == 3   # history stripped
 
 
 @pytest.mark.slow
@@ -405,7 +405,7 @@ def test_a_workdir_name_that_is_not_utf8_is_refused_naming_the_bytes(tmp_path):
   name = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run\xff")   # as sys.argv holds it
   with pytest.raises(ValueError, match=r"^--workdir '.*run\\udcff': its name holds b'\\xff', "
                                        r"which is not UTF-8 text"):
-    trainer.make_workdir(name)
+    run_folder.RunFolder(name).create()
   assert os.listdir(tmp_path) == []
   cli.check_path_name(str(tmp_path / "run_ü"), "--workdir")   # UTF-8 is fine
 
@@ -414,13 +414,13 @@ def test_user_errors_and_bugs_are_told_apart(tmp_path):
   with pytest.raises(SystemExit, match=r"^x.py: --workdir '.*' is a file, not a folder"):
     with cli.user_errors_exit("x.py"):
       (tmp_path / "f").write_text("")
-      trainer.make_workdir(str(tmp_path / "f"))
+      run_folder.RunFolder(str(tmp_path / "f")).create()
   with pytest.raises(SystemExit, match=r"^x.py: CheckpointError: gone"):
     with cli.user_errors_exit("x.py"):
       raise errors.CheckpointError("gone")
   with pytest.raises(NotADirectoryError):       # --verbose: the traceback stays
     with cli.user_errors_exit("x.py", verbose=True):
-      trainer.make_workdir(str(tmp_path / "f"))
+      run_folder.RunFolder(str(tmp_path / "f")).create()
   with pytest.raises(ValueError, match="cannot reshape"):   # raised inside numpy: a bug
     with cli.user_errors_exit("x.py"):
       np.zeros(3).reshape(2, 2)

@@ -30,7 +30,7 @@ import chex
 import pytest
 
 from simpletron_jax.train import trainer
-from simpletron_jax.run import run_guard
+from simpletron_jax.run import run_folder, run_guard
 from simpletron_jax.run.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _params, fault_config
@@ -183,7 +183,7 @@ def test_sigkill_at_random_moments_resumes_bit_identical(straight, presence_task
   with open(os.path.join(workdir, "results.json")) as f:
     assert json.load(f) == results
   assert_same_records(workdir, straight_dir, config.log_every)
-  assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, run_folder.LOCK_FILE))
   print("; ".join(story))   # shown with -s, and on failure
 
 

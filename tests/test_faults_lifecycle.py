@@ -36,7 +36,7 @@ import pytest
 
 from simpletron_jax.data import batches
 from simpletron_jax.train import trainer
-from simpletron_jax.run import run_guard
+from simpletron_jax.run import run_folder, run_guard
 from simpletron_jax.runtime import atomic_io, errors
 from simpletron_jax.train import checkpoints
 from simpletron_jax.run import metric_logging, preemption, run_record
@@ -126,7 +126,7 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
   assert str(error.value) == f"preempted at step {stopped}; rerun the same command to continue"
   assert (error.value.step, error.value.cause) == (stopped, "SIGTERM")
   assert {s: signal.getsignal(s) for s in handlers} == handlers
-  assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, run_folder.LOCK_FILE))
   assert not os.path.exists(os.path.join(workdir, "results.json")), "no test was run"
   assert _restored_steps(workdir)[-1] == stopped, "an extra checkpoint at the signal's step"
   records = read_records(os.path.join(workdir, "metrics.jsonl"))
@@ -200,7 +200,7 @@ def test_train_py_exits_75_on_sigterm_and_the_rerun_finishes(tmp_path):
   assert match, stderr[-3000:]
   step = int(match.group(1))
   assert step < 30 and _restored_steps(str(workdir))[-1] == step
-  assert not (workdir / run_guard.LOCK_FILE).exists()
+  assert not (workdir / run_folder.LOCK_FILE).exists()
   proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"Resumed from {workdir}/checkpoints at step {step}" in proc.stderr
@@ -270,7 +270,7 @@ def test_two_hosts_stop_at_the_same_step_when_one_gets_sigterm(tmp_path, monkeyp
   assert int(stopped[1][0]) == step and 1 < step < 6, stopped
   workdir = str(tmp_path / "run")
   assert _restored_steps(workdir)[-1] == step
-  assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, run_folder.LOCK_FILE))
   codes, logs = _run_two_processes(tmp_path, "resumed", signalled=False)
   assert codes == [0, 0], "\n\n".join(log[-3000:] for log in logs)
   resumed = json.loads((tmp_path / "resumed_0.json").read_text())
@@ -560,7 +560,7 @@ def test_a_disk_filling_during_a_run_stops_it_naming_the_file(presence_task, sma
   assert "\n" not in message and workdir in message, message
   assert "No space left on device" in message or "errno 28" in message, message
   assert not os.path.exists(os.path.join(workdir, "results.json"))
-  assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, run_folder.LOCK_FILE))
   saved = _restored_steps(workdir)
   assert saved and saved[-1] >= fill_at - 1
   _params(workdir, config, presence_task)   # the newest checkpoint restores (CRC checked)
@@ -750,8 +750,8 @@ def test_a_lock_that_cannot_be_written_is_a_write_error_and_leaves_no_lock(tmp_p
 
   monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: Full(fd))
   with pytest.raises(errors.WriteError) as error:
-    run_guard.acquire_lock(str(tmp_path))
-  _one_line_naming(error.value, os.path.join(tmp_path, run_guard.LOCK_FILE))
+    run_folder.acquire_lock(str(tmp_path))
+  _one_line_naming(error.value, os.path.join(tmp_path, run_folder.LOCK_FILE))
   monkeypatch.undo()
-  assert not os.path.exists(os.path.join(tmp_path, run_guard.LOCK_FILE))
-  run_guard.release_lock(run_guard.acquire_lock(str(tmp_path)))   # the rerun takes the lock
+  assert not os.path.exists(os.path.join(tmp_path, run_folder.LOCK_FILE))
+  run_folder.release_lock(run_folder.acquire_lock(str(tmp_path)))   # the rerun takes the lock

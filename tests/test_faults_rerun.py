@@ -37,12 +37,12 @@ from simpletron_jax.tools import reporting
 from simpletron_jax.train import (
     checkpoints,
     final_test,
-    params_checkpoints,
     precompile,
+    saved_runs,
     train_state,
     trainer,
 )
-from simpletron_jax.run import preemption, run_guard, run_record
+from simpletron_jax.run import preemption, run_folder, run_guard, run_record
 from simpletron_jax.run.metric_logging import read_records
 from tests.conftest import ROOT
 from tests.test_faults import _kill_at, _params, fault_config
@@ -118,7 +118,7 @@ PER_START = ("train_compile_seconds_this_run", "train_shapes_compiled_in_loop",
 def test_a_rerun_of_a_finished_run_changes_nothing(finished, presence_task, tmp_path):
   workdir = _copy(finished, tmp_path)
   before = _files(workdir)
-  assert run_guard.LOCK_FILE not in before
+  assert run_folder.LOCK_FILE not in before
   results = trainer.train_and_evaluate(rerun_config(), workdir, data=presence_task)
   assert results == _results(workdir) == finished[1]
   # An allowed change (reporting only) computes nothing new either.
@@ -210,7 +210,7 @@ def test_a_run_records_its_software_outside_its_config(finished):
   assert results["config_fingerprint"] == run_record.config_fingerprint(rerun_config())
   assert run_record.config_fingerprint(saved) == results["config_fingerprint"]
   assert run_record.results_problem(results, saved) is None
-  assert run_record.SOFTWARE_KEY not in run_record.load_run_config(workdir)
+  assert run_record.SOFTWARE_KEY not in run_folder.RunFolder(workdir).saved_config()
   older = {**saved, run_record.SOFTWARE_KEY: {**software, "jax_version": "0.0.1"}}
   assert run_record.config_fingerprint(older) == results["config_fingerprint"]
 
@@ -222,7 +222,7 @@ def test_a_run_records_its_software_outside_its_config(finished):
 @pytest.mark.slow
 def test_the_lock_is_released_on_every_exit_path(finished, presence_task, tmp_path,
                                                  monkeypatch):
-  lock = run_guard.LOCK_FILE
+  lock = run_folder.LOCK_FILE
   missing = str(tmp_path / "missing_data")
   no_data = fault_config(**{"data.data_dir": str(tmp_path / "nowhere")})
   with pytest.raises(FileNotFoundError, match="nowhere"):
@@ -258,7 +258,7 @@ def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_
   source = _copy(finished, tmp_path, "source")
   best, step = os.path.join(source, "checkpoints"), finished[1]["best_step"]
   params = _params(source, rerun_config(), presence_task, "best")
-  chex.assert_trees_all_equal(params_checkpoints.load_params(source), params)
+  chex.assert_trees_all_equal(saved_runs.load_run(source).params(), params)
   with open(os.path.join(best, str(step), "meta", "metadata")) as f:
     meta = json.load(f)
   assert meta["best_step"] == step and meta["params_crc32"] == run_guard.state_crc32(params)
@@ -279,7 +279,7 @@ def test_init_from_checks_the_source_checkpoint_as_eval_does(finished, presence_
     assert message.startswith(f"init_from={source!r}: damaged checkpoint {best}/{step}: "
                               f"{problem}"), message
     assert "\n" not in message and not os.path.exists(os.path.join(workdir, "transfer.json"))
-    assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))
+    assert not os.path.exists(os.path.join(workdir, run_folder.LOCK_FILE))
 
 
 def test_eval_with_another_tasks_config_names_the_task(tmp_path):
@@ -327,7 +327,7 @@ def test_a_signal_while_precompiling_stops_as_a_preemption(presence_task, tmp_pa
                                precompile_workers=2)
   assert calls and (error.value.step, error.value.cause) == (0, "SIGINT")
   assert {s: signal.getsignal(s) for s in handlers} == handlers
-  assert not os.path.exists(os.path.join(workdir, run_guard.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, run_folder.LOCK_FILE))
   assert not os.path.exists(os.path.join(workdir, "checkpoints", "1"))
   assert _keys(workdir) == [] and not os.path.exists(os.path.join(workdir, "results.json"))
 
@@ -490,7 +490,7 @@ def test_train_py_ctrl_c_while_precompiling_exits_cleanly(tmp_path):
         proc.kill()
     for crash in ("Traceback", "Fatal Python error", "FATAL", "Segmentation fault"):
       assert crash not in err, err[-3000:]
-    assert not (workdir / run_guard.LOCK_FILE).exists()
+    assert not (workdir / run_folder.LOCK_FILE).exists()
     endings[name] = (proc.returncode, err.strip().splitlines()[-1])
   assert endings["once"][0] == preemption.PREEMPTED_EXIT_CODE, endings
   assert endings["once"][1].startswith("train.py: preempted at step "), endings

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import exp_common  # noqa: E402  pylint: disable=wrong-import-position
 
 from simpletron_jax.model import transfer  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax.train import params_checkpoints  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.train import saved_runs  # noqa: E402  pylint: disable=wrong-import-position
 
 NAME = "attention_swap"
 QUICK = {"steps": 600, "eval_every": 200, "finetune_steps": 200}
@@ -62,7 +62,7 @@ def run(args, data_cache) -> dict:
                                     mode["eval_every"])
   data = data_cache(base_cfg)
   base = exp_common.train(base_cfg, os.path.join(args.runs, "softmax"), data)
-  base_params = params_checkpoints.load_params(base["workdir"])
+  base_params = saved_runs.load_run(base["workdir"]).params()
   unswapped = exp_common.evaluate_params(base_cfg, base_params, data)["accuracy"]
   n_layers = base_cfg.model.num_layers
   k = args.k or max(n_layers // 2, 1)

@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import exp_common  # noqa: E402  pylint: disable=wrong-import-position
 
-from simpletron_jax.train import params_checkpoints  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.train import saved_runs  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.train import train_state  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.data import batches  # noqa: E402
 
@@ -86,7 +86,7 @@ def symmetry(m_KxK: np.ndarray) -> float:
 
 def block_stats(config, workdir, data) -> list[dict[str, float]]:
   """Spread and symmetry of each block's ``K^T V`` of a run's best checkpoint."""
-  params = params_checkpoints.load_params(workdir)
+  params = saved_runs.load_run(workdir).params()
   stats = []
   for m_HxKxK in kv_matrices(config, params, data):
     stats.append({"spread": float(np.mean([h.std() for h in m_HxKxK])),

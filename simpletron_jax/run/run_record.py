@@ -244,26 +244,6 @@ def config_with_history(config: ml_collections.ConfigDict, history: list,
   return tree
 
 
-def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a run saved in ``workdir/config.json``.
-
-  Raises:
-    FileNotFoundError: the file is missing.
-    ValueError: it is not a JSON object.
-  """
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: is {workdir!r} a train.py workdir? "
-                            "Pass --config to evaluate with an explicit config.")
-  tree = read_config_json(path)
-  if tree is None:
-    raise ValueError(f"{path} is not a JSON object (damaged?); pass --config to evaluate "
-                     "with an explicit config")
-  for key in NOT_CONFIG_KEYS:
-    tree.pop(key, None)
-  return ml_collections.ConfigDict(tree)
-
-
 def forced_changes(history: Any) -> list[dict[str, Any]]:
   """The starts that ``--allow_resume_changes`` let change what is computed, from ``history``
   (``config.json``'s ``config_history``; not a list: empty): ``[{"step": N, "fields": [the

@@ -20,7 +20,6 @@ import types
 from typing import Any, Mapping, Optional
 
 from absl import logging
-import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.scalar import summary_v2 as scalar_summary

@@ -269,3 +269,20 @@ def check_same_checkpoints(steps, directory: str) -> None:
         f"process(es) {differing} see other checkpoints in {directory} than process 0 (this "
         f"is process {jax.process_index()}, which sees steps {listed}). --workdir must be one "
         "folder that every host reads and writes (a shared file system), not a local one.")
+
+
+def hex_id_from_process_0(run_id: str, where: str) -> str:
+  """``run_id`` (32 hex digits) as process 0 has it, on every process; one process: as is.
+
+  Raises:
+    ValueError: ``run_id`` is not 32 hex digits, naming ``where`` (the file it came from).
+  """
+  if jax.process_count() == 1:
+    return run_id
+  try:
+    words = np.frombuffer(bytes.fromhex(run_id), np.uint32)
+  except ValueError:
+    words = np.zeros(0, np.uint32)
+  if words.size != 4:
+    raise ValueError(f"{where}: run id {run_id!r} is not 32 hex digits")
+  return np.asarray(multihost_utils.broadcast_one_to_all(words), np.uint32).tobytes().hex()

@@ -25,7 +25,7 @@ from flax import traverse_util
 
 from simpletron_jax.model import encoders, transfer
 from simpletron_jax.runtime import atomic_io, cli
-from simpletron_jax.train import params_checkpoints
+from simpletron_jax.train import saved_runs
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -305,7 +305,7 @@ def save_as_run(checkpoint: BertCheckpoint, out_dir: str) -> str:
   """Writes BERT's converted weights as a ``train.py`` run's best checkpoint.
 
   ``out_dir/checkpoints/0`` holds ``{"params": ...}`` and their CRC-32
-  (:func:`simpletron_jax.train.params_checkpoints.save_params_checkpoint`), which
+  (:func:`simpletron_jax.train.saved_runs.save_params`), which
   ``train.py --config.init_from=out_dir`` starts from; ``out_dir/bert_import.json`` records the
   source folder, weight file, ``config.json`` and unused tensors. Returns ``out_dir``.
 
@@ -317,8 +317,7 @@ def save_as_run(checkpoint: BertCheckpoint, out_dir: str) -> str:
     raise FileExistsError(f"{folder} exists; choose another output folder or delete it")
   os.makedirs(out_dir, exist_ok=True)
   params, unused = convert(checkpoint)
-  params_checkpoints.save_params_checkpoint(out_dir, params, {"source": "bert_import",
-                                                           "bert_dir": checkpoint.path})
+  saved_runs.save_params(out_dir, params, {"source": "bert_import", "bert_dir": checkpoint.path})
   atomic_io.write_json_atomic(os.path.join(out_dir, "bert_import.json"), {
       "source": checkpoint.path, "weight_file": checkpoint.weight_file,
       "config": checkpoint.config, "unused": unused})

@@ -6,6 +6,7 @@ refuses another model config, layout or :data:`FORMAT` in one line (docs/faults.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -28,6 +29,49 @@ from simpletron_jax.train.steps import TrainState
 FORMAT_KEY = "checkpoint_format"
 FORMAT = 3
 BEST_KEY = "best_score"   # the orbax metric of a save at a new best (:func:`best_score`)
+
+
+@dataclasses.dataclass
+class RunState:
+  """What a run carries from one checkpoint to the next: each step's JSON meta, with the
+  checks' fields (:func:`save_checkpoint`) added.
+
+  Attributes:
+    best_score, best_step, best_val_accuracy: the best validation so far (:func:`best_score`;
+      None, -1 and -1.0 before the first).
+    train_seconds: training seconds over all starts (``loop.TrainWindow``).
+    val_majority_rate: the last validation's majority-class rate (None before the first).
+    run_id: the lineage id (``RunFolder.run_id``); model_config: ``config.model`` as JSON.
+    run_record: the saving start's ``run_record.run_record``, compared on a resume.
+  """
+  best_score: float | None = None
+  best_step: int = -1
+  best_val_accuracy: float = -1.0
+  train_seconds: float = 0.0
+  val_majority_rate: float | None = None
+  run_id: str | None = None
+  model_config: dict[str, Any] | None = None
+  run_record: dict[str, Any] | None = None
+
+  @classmethod
+  def from_meta(cls, meta: dict[str, Any]) -> RunState:
+    """The state in a checkpoint's meta (the checks' fields left out)."""
+    return cls(**{f.name: meta[f.name] for f in dataclasses.fields(cls) if f.name in meta})
+
+  def to_meta(self) -> dict[str, Any]:
+    """The JSON meta to save (no ``val_majority_rate`` before the first validation)."""
+    meta = dataclasses.asdict(self)
+    if self.val_majority_rate is None:
+      del meta["val_majority_rate"]
+    return meta
+
+  def new_best(self, step: int, score: float, val_accuracy: float) -> bool:
+    """Records a validation of ``score`` at ``step`` if it beats the best (the first wins
+    ties); returns whether it did."""
+    if self.best_score is not None and score <= self.best_score:
+      return False
+    self.best_score, self.best_step, self.best_val_accuracy = score, step, val_accuracy
+    return True
 
 
 def _ckpt_tree(state: TrainState, private_copy: bool = False) -> dict[str, Any]:
@@ -333,20 +377,21 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
                                   + " | ".join(problems))
 
 
-def check_best(manager: ocp.CheckpointManager, meta: dict[str, Any]) -> dict[str, Any]:
-  """Makes ``meta``'s best (``best_step``, ``best_score``, ``best_val_accuracy``) a step the
-  manager holds: when a damaged best step was set aside, the best kept step becomes the best
-  so far (or none is), with a warning. Returns ``meta``."""
-  missing = meta["best_step"]
+def check_best(manager: ocp.CheckpointManager, state: RunState) -> RunState:
+  """Makes ``state``'s best a step the manager holds: when a damaged best step was set aside,
+  the best kept step becomes the best so far (or none is), with a warning. Returns ``state``."""
+  missing = state.best_step
   if missing < 0 or missing in manager.all_steps():
-    return meta
+    return state
   step = manager.best_step()
   if step is not None and BEST_KEY in (manager.metrics(step) or {}):
-    kept = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    meta.update({k: kept[k] for k in ("best_step", "best_score", "best_val_accuracy")})
+    kept = RunState.from_meta(
+        manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+    state.best_step, state.best_score = kept.best_step, kept.best_score
+    state.best_val_accuracy = kept.best_val_accuracy
   else:
-    meta.update(best_step=-1, best_score=None, best_val_accuracy=-1.0)
+    state.best_step, state.best_score, state.best_val_accuracy = -1, None, -1.0
   errors.warn(f"the best checkpoint of step {missing} is missing from "
               f"{manager.directory}; the best so far is now "
-              + (f"step {meta['best_step']}" if meta["best_step"] >= 0 else "none"))
-  return meta
+              + (f"step {state.best_step}" if state.best_step >= 0 else "none"))
+  return state

@@ -21,7 +21,13 @@ import orbax.checkpoint as ocp
 from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.train import steps
 from simpletron_jax.run import run_guard
-from simpletron_jax.train.checkpoints import best_score, finish_saves, save_checkpoint, step_dir
+from simpletron_jax.train.checkpoints import (
+    RunState,
+    best_score,
+    finish_saves,
+    save_checkpoint,
+    step_dir,
+)
 from simpletron_jax.run.metric_logging import MetricLogger
 from simpletron_jax.train.run_config import CheckpointConfig, EvalConfig, LoggingConfig
 from simpletron_jax.train.steps import InFlightLimit, JitParallel, PmapParallel, TrainState
@@ -186,7 +192,7 @@ class Actions:
 
   Args:
     validate: ``validate(params_repl) -> metrics`` of the validation split.
-    meta: the checkpoint meta, updated in place (``best_step``, ``train_seconds``, ...).
+    run_state: updated in place (the best validation, ``train_seconds``, ...).
     last_good: the newest checkpoint's folder (or a phrase saying there is none).
   """
 
@@ -194,11 +200,11 @@ class Actions:
                logging: LoggingConfig, micro_steps: MicroSteps,
                window: TrainWindow, logger: MetricLogger, bar: Any,
                validate: Callable[[Any], dict[str, float]], ckpts: ocp.CheckpointManager,
-               meta: dict[str, Any], last_good: str, step_hook: Callable[[int], None] | None):
+               run_state: RunState, last_good: str, step_hook: Callable[[int], None] | None):
     self.micro_steps, self.window, self.logger, self.bar = micro_steps, window, logger, bar
     self.validate, self.ckpts, self.new_best = validate, ckpts, None
     self.best_metric, self.best_mode = eval_config.best_metric, eval_config.best_mode
-    self.meta, self.last_good, self.step_hook = meta, last_good, step_hook
+    self.run_state, self.last_good, self.step_hook = run_state, last_good, step_hook
     self.parallel = micro_steps.parallel
     self.log_action = Periodic(logging.log_every, self._log)
     self.validate_action = Periodic(eval_config.eval_frequency, self._validate)
@@ -234,17 +240,17 @@ class Actions:
           f"step {step}: the validation loss is {val['loss']}; the run stopped without "
           f"saving this state. The last good checkpoint is {self.last_good}.")
     # saved with each checkpoint: a start that trains no step reports the same figure
-    self.meta["val_majority_rate"] = val["majority_rate"]
+    self.run_state.val_majority_rate = val["majority_rate"]
     self.bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
     score = best_score(val, self.best_metric, self.best_mode)
-    if self.meta["best_score"] is None or score > self.meta["best_score"]:   # the first wins ties
-      self.meta.update(best_score=score, best_step=step, best_val_accuracy=val["accuracy"])
+    if self.run_state.new_best(step, score, val["accuracy"]):
       self.new_best = score
 
   def _checkpoint(self, step: int, state_repl: TrainState) -> None:
     self.micro_steps.check_finite(state_repl, self.last_good)
-    self.meta["train_seconds"] = self.window.train_seconds
-    save_checkpoint(self.ckpts, step, self.parallel.host(state_repl), self.meta, self.new_best)
+    self.run_state.train_seconds = self.window.train_seconds
+    save_checkpoint(self.ckpts, step, self.parallel.host(state_repl), self.run_state.to_meta(),
+                    self.new_best)
     self.last_good, self.new_best = step_dir(self.ckpts, step), None
 
   def _hook(self, step: int) -> None:

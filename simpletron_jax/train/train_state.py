@@ -6,8 +6,6 @@ instead of flax.optim. A *step* is one optimizer update on ``batch_size`` exampl
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Callable
 
 import flax
@@ -18,8 +16,7 @@ import optax
 
 from simpletron_jax.data import tasks
 from simpletron_jax.model import encoders, lora, transfer
-from simpletron_jax.runtime import atomic_io
-from simpletron_jax.train import params_checkpoints, schedules
+from simpletron_jax.train import schedules
 from simpletron_jax.data.common import PairedExamples
 from simpletron_jax.train.run_config import TrainConfig
 from simpletron_jax.train.steps import TrainState
@@ -76,26 +73,3 @@ def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
   return encoders.build_classifier(config.model, vocab_size=data.vocab_size,
                                    num_classes=data.num_classes,
                                    dual=isinstance(data.train, PairedExamples))
-
-
-def apply_init_from(train: TrainConfig, state: TrainState, workdir: str) -> TrainState:
-  """``state`` with the parameters of ``train.init_from``'s best checkpoint that match in path
-  and shape (and ``train.init_include``; :func:`transfer.transfer_params`), the rest kept;
-  the report goes to ``workdir/transfer.json``. Unchanged when ``init_from`` is empty.
-
-  Raises:
-    FileNotFoundError: the source run has no best checkpoint.
-    ValueError: see :func:`transfer.transfer_params`.
-    errors.CheckpointError: the source checkpoint is damaged (CRC-32, non-finite; named).
-    errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
-    errors.WriteError: ``transfer.json`` could not be written (named).
-  """
-  if not train.init_from:
-    return state
-  source = params_checkpoints.load_params(train.init_from)
-  params, report = transfer.init_from_params(state.params, source, train.init_include)
-  print(f"init_from {train.init_from}: {report.summary()}", file=sys.stderr)
-  if jax.process_index() == 0:
-    atomic_io.write_json_atomic(os.path.join(workdir, "transfer.json"),
-                                {"init_from": train.init_from, **report.to_dict()})
-  return state.replace(params=params)

@@ -10,7 +10,6 @@ of the best-validation checkpoint (SimpleTRON's). A *step* is one optimizer upda
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from typing import Any, Callable
@@ -19,56 +18,39 @@ import jax
 import ml_collections
 
 from simpletron_jax.data import batches, tasks
-from simpletron_jax.runtime import atomic_io, cli, distributed, errors, progress
+from simpletron_jax.runtime import distributed, errors, progress
 from simpletron_jax.train import (
     checkpoints,
     config_checks,
     final_test,
     loop,
     precompile,
+    saved_runs,
     train_state,
 )
 from simpletron_jax.run import (
     metric_logging,
     preemption,
     profiling,
-    run_guard,
     run_record,
     software_record,
 )
 from simpletron_jax.data.common import report_split_truncation
+from simpletron_jax.run.run_folder import RunFolder
 from simpletron_jax.train.run_config import RunConfig, TrainConfig
 from simpletron_jax.train.steps import JitParallel, PmapParallel, TrainState, make_parallel
 
 
-def make_workdir(workdir: str) -> None:
-  """Creates ``workdir`` (and its parents) unless it exists as a folder.
-
-  Raises:
-    NotADirectoryError: ``workdir`` (or a folder on its path) is a file.
-    OSError: of the same type, naming ``workdir``, when it cannot be created.
-    ValueError: its name is not UTF-8 text (:func:`cli.check_path_name`).
-  """
-  cli.check_path_name(workdir, "--workdir")
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise NotADirectoryError(f"--workdir {workdir!r} is a file, not a folder: pass a folder "
-                             "(created if missing) or move the file away")
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    raise type(e)(f"--workdir {workdir!r} cannot be created: {e.strerror or e} "
-                  f"({e.filename or workdir}); pass a folder in a writable place") from e
-
-
 def _check_start(config: ml_collections.ConfigDict, workdir: str,
-                 precompile_workers: int) -> RunConfig:
-  """The run's typed config, and ``workdir`` created (:func:`make_workdir`); raises ValueError
+                 precompile_workers: int) -> tuple[RunConfig, RunFolder]:
+  """The run's typed config and folder, created (:meth:`RunFolder.create`); raises ValueError
   for ``precompile_workers < 0`` or an inconsistent config."""
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   run = RunConfig.from_config_dict(config, jax.device_count(), jax.process_count())
-  make_workdir(workdir)
-  return run
+  folder = RunFolder(workdir, jax.process_index(), jax.process_count())
+  folder.create()
+  return run, folder
 
 
 def _load_data(config: ml_collections.ConfigDict, data: tasks.TaskData | None) -> tasks.TaskData:
@@ -89,15 +71,15 @@ class _Start:
 
   Attributes:
     state, step: the unreplicated train state at the optimizer step resumed from (0: new).
-    meta: the checkpoint meta (``best_step``, ``train_seconds``, ``run_id``, ...).
+    run_state: what the checkpoint carried (the best validation, ``train_seconds``, ...).
     config_tree: ``config.json``'s contents (:func:`run_record.config_with_history`).
     new_forced: this start forces a change that ``config.json``'s history lacks.
   """
   state: TrainState
-  meta: dict[str, Any]
+  run_state: checkpoints.RunState
   step: int
   ckpts: Any
-  config_path: str
+  folder: RunFolder
   config_tree: dict[str, Any]
   new_forced: bool
   dropout_root: jax.Array
@@ -108,10 +90,10 @@ class _Start:
             else "none (nothing saved yet)")
 
 
-def _resume(config: ml_collections.ConfigDict, run: RunConfig, workdir: str,
+def _resume(config: ml_collections.ConfigDict, run: RunConfig, folder: RunFolder,
             data: tasks.TaskData, allow_resume_changes: bool) -> _Start:
   """The model and its state, restored from the newest intact checkpoint (a damaged one is
-  moved to ``workdir/damaged``), or for a new run started from ``init_from``.
+  moved to ``damaged/``), or for a new run started from ``init_from``.
 
   Raises:
     errors.ConfigMismatchError: other settings (:func:`run_record.check_resume`), or a
@@ -121,14 +103,11 @@ def _resume(config: ml_collections.ConfigDict, run: RunConfig, workdir: str,
   model = train_state.build_model(config, data)
   init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(run.train.seed)))
   state = train_state.create_train_state(run.train, model, init_rng, run.model.max_length)
-  ckpts = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"),
-                                         run.checkpoint.max_to_keep,
+  ckpts = checkpoints.checkpoint_manager(folder.checkpoints_dir, run.checkpoint.max_to_keep,
                                          async_save=run.checkpoint.async_checkpoints)
   distributed.check_same_checkpoints(ckpts.all_steps(), str(ckpts.directory))
-  meta = {"best_score": None, "best_step": -1, "best_val_accuracy": -1.0, "train_seconds": 0.0}
-  start_step = 0
-  config_path = os.path.join(workdir, "config.json")
-  previous_config = run_record.read_config_json(config_path)   # before this start overwrites it
+  run_state, start_step = checkpoints.RunState(), 0
+  previous_config = folder.read_config()   # before this start overwrites it
   record = run_record.run_record(config, vocab_size=data.vocab_size,
                                  num_classes=data.num_classes, num_devices=jax.device_count(),
                                  num_hosts=jax.process_count(),
@@ -142,24 +121,25 @@ def _resume(config: ml_collections.ConfigDict, run: RunConfig, workdir: str,
 
   if ckpts.all_steps():
     state, meta, start_step = checkpoints.restore_checkpoint(
-        ckpts, state, model_config=config.model,
-        quarantine_dir=os.path.join(workdir, "damaged"), resume_check=resume_check)
-    print(f"Resumed from {workdir}/checkpoints at step {start_step}", file=sys.stderr)
+        ckpts, state, model_config=config.model, quarantine_dir=folder.damaged_dir,
+        resume_check=resume_check)
+    run_state = checkpoints.RunState.from_meta(meta)
+    print(f"Resumed from {folder.checkpoints_dir} at step {start_step}", file=sys.stderr)
     if changes:
-      print(f"Settings changed since the checkpoint (recorded in {config_path}): "
+      print(f"Settings changed since the checkpoint (recorded in {folder.config_path}): "
             + "; ".join(run_record.describe_change(c) for c in changes), file=sys.stderr)
   else:
-    state = train_state.apply_init_from(run.train, state, workdir)
-  meta.update(run_id=run_guard.lineage_id(workdir, meta.get("run_id")),
-              model_config=checkpoints.model_config_dict(config.model),
-              **{run_record.RECORD_KEY: record})
-  meta = checkpoints.check_best(ckpts, meta)
+    state = saved_runs.apply_init_from(run.train, state, folder)
+  run_state.run_id = folder.run_id(run_state.run_id)
+  run_state.model_config = checkpoints.model_config_dict(config.model)
+  run_state.run_record = record
+  run_state = checkpoints.check_best(ckpts, run_state)
   history = (previous_config or {}).get(run_record.CONFIG_HISTORY_KEY, [])
   config_tree = run_record.config_with_history(config, history, changes, start_step)
   new_forced = (any(not c["allowed"] for c in changes)   # not yet in config.json's history
                 and len(config_tree.get(run_record.CONFIG_HISTORY_KEY, [])) > len(history))
-  return _Start(state, meta, start_step, ckpts, config_path, config_tree,
-                new_forced, dropout_root)
+  return _Start(state, run_state, start_step, ckpts, folder, config_tree, new_forced,
+                dropout_root)
 
 
 def _write_config(start: _Start) -> dict[str, Any]:
@@ -167,31 +147,19 @@ def _write_config(start: _Start) -> dict[str, Any]:
   which it returns; raises ``errors.WriteError``."""
   software = software_record.software(jax.devices()[0].device_kind, jax.device_count(),
                                       jax.process_count())
-  if jax.process_index() == 0:
-    atomic_io.write_json_atomic(start.config_path,
-                                {**start.config_tree, run_record.SOFTWARE_KEY: software})
+  start.folder.write_config({**start.config_tree, run_record.SOFTWARE_KEY: software})
   return software
 
 
-def _open_logs(config: ml_collections.ConfigDict, num_train_steps: int, workdir: str,
+def _open_logs(config: ml_collections.ConfigDict, num_train_steps: int,
                start: _Start) -> metric_logging.MetricLogger:
   """The run's logs opened at ``start.step``, with the parameter count and overview; removes a
   ``results.json`` this start trains past. Raises ``errors.WriteError`` (the file named)."""
-  results_path = os.path.join(workdir, "results.json")
-  logger = metric_logging.MetricLogger(workdir, resume_step=start.step,
-                                       enabled=jax.process_index() == 0, config=config,
-                                       run_id=start.meta["run_id"])
-  if (jax.process_index() == 0 and start.step < num_train_steps
-      and os.path.exists(results_path)):
-    try:
-      os.remove(results_path)
-    except OSError as e:
-      raise errors.WriteError(
-          f"could not remove {results_path}, the results of an earlier run that this one "
-          f"trains past (from step {start.step}): {e.strerror or e}. Delete it, then rerun "
-          "the same command.") from e
-    print(f"removed {results_path} of an earlier run; it is written again when this run "
-          "ends", file=sys.stderr)
+  logger = metric_logging.MetricLogger(start.folder.workdir, resume_step=start.step,
+                                       enabled=start.folder.writer, config=config,
+                                       run_id=start.run_state.run_id)
+  if start.step < num_train_steps:
+    start.folder.drop_results(start.step)
   logger.write(start.step, {"params": sum(x.size for x in
                                           jax.tree_util.tree_leaves(start.state.params))},
                "info")
@@ -231,7 +199,7 @@ def _compile(config: ml_collections.ConfigDict, run: RunConfig, data: tasks.Task
 
 
 def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler | None,
-             logger: metric_logging.MetricLogger | None, lock: Any) -> None:
+             logger: metric_logging.MetricLogger | None, folder: RunFolder) -> None:
   """Lets go, on every exit, of the signal handlers, the profiler, the logs (a failure to close
   them is dropped, not to hide an error) and the workdir lock."""
   guard.restore()
@@ -242,7 +210,7 @@ def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler
       logger.close()   # a no-op after a success
   except errors.WriteError:
     pass
-  run_guard.release_lock(lock)
+  folder.unlock()
 
 
 def _train_steps(train: TrainConfig, first: int, state_repl: TrainState, actions: loop.Actions,
@@ -298,26 +266,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     preemption.PreemptedError: SIGTERM or SIGINT: the last step saved, nothing tested.
   """
   wall_start = time.time()
-  run = _check_start(config, workdir, precompile_workers)
+  run, folder = _check_start(config, workdir, precompile_workers)
   train = run.train
-  lock = run_guard.acquire_lock(workdir) if jax.process_index() == 0 else None
+  folder.lock()
   logger = profiler = None
   guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save (if trained) and stop
   try:   # from here on every exit releases the lock (the `finally` below)
     data = _load_data(config, data)
     guard.install()   # a signal from here on stops the run where it can stop cleanly
-    start = _resume(config, run, workdir, data, allow_resume_changes)
+    start = _resume(config, run, folder, data, allow_resume_changes)
     if start.step >= train.num_train_steps and not start.new_forced:
-      finished = final_test.finished_results(workdir, config, start.step)   # a finished rerun
-      if finished is not None:
+      finished = folder.finished_results(config, start.step, distributed.agree_on_flag)
+      if finished is not None:   # a finished rerun
         return finished
     software = _write_config(start)
-    earlier = final_test.earlier_records(os.path.join(workdir, "metrics.jsonl"), start.step)
+    earlier = folder.earlier_records(start.step)
     if guard.requested_locally():   # a signal while building or restoring: nothing to save
       raise preemption.PreemptedError(start.step, guard.cause)
-    logger = _open_logs(config, train.num_train_steps, workdir, start)
+    logger = _open_logs(config, train.num_train_steps, start)
     profiler = profiling.StepProfiler(
-        os.path.join(workdir, "profile"),
+        folder.profile_dir,
         profiling.check_profile_steps(profile_steps, train.num_train_steps), start.step,
         enabled=jax.process_index() == 0)
     parallel = make_parallel(train.parallelism)
@@ -327,7 +295,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if precompiled:
       logger.write(start.step, precompiled, "info")
     window = loop.TrainWindow(parallel, train_state.make_schedule(train),
-                              start.meta["train_seconds"])
+                              start.run_state.train_seconds)
     micro_steps = loop.MicroSteps(
         p_train, programs, parallel,
         batches.train_batches(data.train, config, start.step * train.grad_accum_steps),
@@ -337,7 +305,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     actions = loop.Actions(
         run.eval, run.checkpoint, run.logging, micro_steps, window, logger, bar,
         final_test.evaluator(eval_fn, data.val, config, run.eval.num_eval_steps, parallel),
-        start.ckpts, start.meta, start.last_good(), step_hook)
+        start.ckpts, start.run_state, start.last_good(), step_hook)
     state_repl, step, preempted, out_of_time = _train_steps(
         train, start.step + 1, state_repl, actions, profiler, guard, wall_start)
     guard.restore()   # from here on, a signal ends the process: the last step is saved
@@ -354,15 +322,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         start, earlier, logger,
         final_test.evaluator(eval_fn, data.test, config, run.eval.num_test_steps, parallel),
         state_repl.params, parallel, step)
-    val_majority = start.meta.get("val_majority_rate")
+    val_majority = start.run_state.val_majority_rate
     if val_majority is None:   # this lineage has not validated yet
       val_majority = final_test.last_val_majority(earlier, step, data.val)
     results = final_test.run_results(run, run_record.config_fingerprint(config), data, start,
                                      tests, val_majority, step, window, precompiled,
                                      wall_start, software)
-    if jax.process_index() == 0:   # never a half-written file
-      atomic_io.write_json_atomic(os.path.join(workdir, "results.json"), results)
+    folder.write_results(results)   # atomic: never a half-written file
     logger.close()
     return results
   finally:   # also on errors and preemption: no handler, open file or lock is left behind
-    _release(guard, profiler, logger, lock)
+    _release(guard, profiler, logger, folder)
