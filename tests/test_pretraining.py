@@ -16,8 +16,8 @@ from configs import lra
 from simpletron_jax.data import tasks
 from simpletron_jax.data.common import make_batch
 from simpletron_jax.model import encoders, transfer
-from simpletron_jax.train import pretraining, recipes, steps, trainer
-from tests.test_train import Killed, _final_params, tiny_config
+from simpletron_jax.train import evaluation, pretraining, recipes, steps, trainer
+from tests.test_train import Killed, _final_params, majority_split, tiny_config
 
 
 def _spt_config(objective="mlm", attention="simple", **overrides):
@@ -367,3 +367,14 @@ def test_spt_script_arms_share_the_fine_tuning_recipe():
                 "factors", "eval_frequency"):
     assert ft[field] == scratch[field], field
   assert ft.model.dropout_rate == scratch.model.dropout_rate == 0
+
+
+def test_spt_evaluation_majority_rate_counts_the_class_labels_not_the_tokens():
+  task, config = majority_split(), _spt_config(eval_batch_size=8)
+  model = pretraining.build_model(config, vocab_size=16, num_classes=task.num_classes)
+  params = model.init({"params": jax.random.PRNGKey(0)}, jnp.ones((1, 8), jnp.int32), None,
+                      deterministic=True)["params"]
+  _, p_eval = steps.pmap_steps(model.apply)
+  result = evaluation.evaluate(p_eval, steps.replicate(params), task.test, config)
+  assert result["majority_rate"] == np.bincount(task.test.labels).max() / 21   # 9 / 21
+  assert result["count"] > 21   # loss and accuracy are per masked token

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs.listops import simple as simple_config
-from simpletron_jax.data import batches
+from simpletron_jax.data import batches, common, tasks
 from simpletron_jax.data.common import make_batch
 from simpletron_jax.runtime import errors
 from simpletron_jax.train import (checkpoints, evaluation, loop, precompile, run_config, steps,
@@ -321,3 +321,49 @@ def test_the_finiteness_check_reads_no_parameters_back_and_still_stops_on_nan(pr
                                                     state.params))
   with pytest.raises(errors.NonFiniteError, match=r"step 3: .*params nan.*checkpoints/2"):
     loop.check_finite([(3, metrics)], parallel.put_state(bad), "checkpoints/2", parallel)
+
+
+def majority_split():
+  """21 examples of 3 classes (9, 8, 4); the shortest, of class 1, fills the last of three
+  eval batches of 8 (5 real rows, 3 fillers): counting fillers would make class 1 the majority."""
+  rng = np.random.default_rng(2)
+  labels = rng.permutation([0] * 9 + [1] * 8 + [2] * 4)
+  lengths = rng.integers(6, 30, 21)
+  lengths[np.flatnonzero(labels == 1)[0]] = 3
+  split = common.RaggedExamples.from_sequences(
+      [rng.integers(1, 16, n) for n in lengths], labels)
+  return tasks.TaskData(split, split, split, vocab_size=16, num_classes=3, source="synthetic")
+
+
+@pytest.mark.parametrize("parallel", [steps.PmapParallel, steps.JitParallel])
+def test_majority_rate_is_a_numpy_count_of_the_real_rows(parallel):
+  task, config, parallel = majority_split(), tiny_config(eval_batch_size=8), parallel()
+  model, state = _state(config, task)
+  _, p_eval = parallel.steps(model.apply)
+  params = parallel.put_state(state.params)
+  read = list(batches.eval_batches(task.test, config, 8))
+  assert [int(b["weights"].sum()) for b in read] == [8, 8, 5]
+  expected = np.bincount(task.test.labels).max() / 21            # 9 / 21
+  with_fillers = np.concatenate([b["targets"] for b in read])
+  assert np.bincount(with_fillers).max() / 24 != expected         # 11 / 24: the test can fail
+  result = evaluation.evaluate(p_eval, params, task.test, config, -1, parallel)
+  assert result["majority_rate"] == expected and result["count"] == 21
+  sub = evaluation.evaluate(p_eval, params, task.test, config, 2, parallel)
+  picked = task.test.labels[np.random.default_rng(config.seed).permutation(21)[:16]]
+  assert sub["majority_rate"] == np.bincount(picked).max() / 16 and sub["count"] == 16
+
+
+def test_majority_rate_metric_merges_and_refuses_unknown_labels():
+  def rate(labels, weights, k=3):
+    return steps.MajorityRate.from_model_output(labels=jnp.asarray(labels, jnp.int32),
+                                                label_weights=jnp.asarray(weights, jnp.float32),
+                                                num_classes=k)
+  merged = rate([0, 2, 2, 1], [1, 1, 1, 0]).merge(rate([1, 1], [1, 1]))
+  np.testing.assert_array_equal(merged.counts, [1, 2, 2])
+  assert merged.compute() == 2 / 5 and steps.MajorityRate.empty().compute() == 0.0
+  np.testing.assert_array_equal(
+      steps.MajorityRate.empty().merge(merged).merge(steps.MajorityRate.empty()).counts, [1, 2, 2])
+  assert rate([0, 1], [0, 0]).compute() == 0.0
+  assert rate([5, 0], [0, 1]).compute() == 1.0    # a filler's label is never read
+  with pytest.raises(ValueError, match=r"1 evaluated rows carry a label outside \[0, 3\)"):
+    rate([0, 3], [1, 1]).compute()

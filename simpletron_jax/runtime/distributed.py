@@ -1,16 +1,10 @@
-"""Multi-host runs: ``jax.distributed`` start-up with a coordinator time-out, and a
-start-up check that every host trains the same config on the same data.
-
-A multi-host run is one Python process per host (TPU VM worker or GPU machine), all
-started with the same command; ``jax.distributed.initialize`` joins them through a
-coordinator (process 0), after which ``jax.devices()`` lists every host's devices and
-the ``pmap``ped steps of :mod:`simpletron_jax.train.trainer` reduce over all of them. The
-``docs/scaling.md`` section "TPU VM pods and multi-GPU hosts" gives the commands.
-"""
+"""Multi-host runs (one process per host, the same command; docs/scaling.md "TPU VM pods and
+multi-GPU hosts"): ``jax.distributed`` start-up with a coordinator time-out, after which the
+steps reduce over every host's devices, and a check that all hosts hold the same config and
+data."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import hashlib
 import json
@@ -46,15 +40,10 @@ def _split_address(address: str) -> tuple[str, int]:
 
 
 def wait_for_coordinator(address: str, timeout_s: float) -> None:
-  """Polls ``address`` (``host:port``) over TCP until it accepts a connection.
-
-  Args:
-    address: the coordinator's ``host:port``.
-    timeout_s: give up after this many seconds.
+  """Polls the coordinator's ``address`` (``host:port``) over TCP until it accepts.
 
   Raises:
-    CoordinatorTimeoutError: nothing accepted a connection within ``timeout_s``
-      (naming the address, the time-out and the last socket error).
+    CoordinatorTimeoutError: nothing accepted within ``timeout_s`` seconds (named).
     ValueError: ``address`` is not ``host:port``.
   """
   host, port = _split_address(address)
@@ -74,11 +63,8 @@ def wait_for_coordinator(address: str, timeout_s: float) -> None:
 
 
 def _watchdog(timeout_s: float, what: str) -> threading.Timer:
-  """A started timer that prints why, shortly before XLA aborts a stuck start-up.
-
-  XLA ends the process with ``DEADLINE_EXCEEDED`` (no Python exception) when the
-  processes do not all register in time, so the clear message must come first.
-  """
+  """A started timer that prints why shortly before XLA aborts a stuck start-up with
+  ``DEADLINE_EXCEEDED`` (no Python exception)."""
   def report():
     print(f"ERROR: jax.distributed.initialize did not complete within {timeout_s:g} s "
           f"({what}). Every process must be started with the same --num_processes and "
@@ -95,21 +81,14 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                process_id: int | None = None, timeout_s: float = 300.0) -> None:
   """Joins this process to a multi-host run; call before any other JAX use.
 
-  With every argument None, ``jax.distributed.initialize`` finds the cluster itself
-  (Cloud TPU VMs, SLURM, Open MPI). ``coordinator_address`` defaults to
-  ``$JAX_COORDINATOR_ADDRESS``. CPU collectives use gloo, so the same code runs several
-  CPU processes on one machine (tests/test_multihost.py does).
-
-  Args:
-    coordinator_address: ``host:port`` of process 0, which listens there.
-    num_processes: number of processes (hosts) in the run.
-    process_id: this process's index in ``[0, num_processes)``.
-    timeout_s: seconds to wait for the coordinator and for all processes to register.
+  With every argument None, ``jax.distributed.initialize`` finds the cluster itself (Cloud
+  TPU VMs, SLURM, Open MPI); ``coordinator_address`` (process 0's ``host:port``) defaults to
+  ``$JAX_COORDINATOR_ADDRESS``. CPU collectives use gloo (tests/test_multihost.py).
+  ``timeout_s``: seconds to wait for the coordinator and for all processes to register.
 
   Raises:
-    CoordinatorTimeoutError: a process other than 0 could not reach the coordinator
-      within ``timeout_s`` (process 0 listens itself; if the others never arrive, XLA
-      aborts it after ``timeout_s`` with a message printed just before).
+    CoordinatorTimeoutError: a process other than 0 could not reach the coordinator (if the
+      others never arrive, XLA aborts process 0 after a printed message).
     ValueError: a malformed address or ``process_id`` outside ``[0, num_processes)``.
   """
   if num_processes is not None and process_id is not None \
@@ -151,26 +130,6 @@ def agree_on_flag(flag: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag, np.bool_)))
 
 
-def sum_label_counts(counts: collections.Counter) -> collections.Counter:
-  """Per-label counts summed over all hosts (a collective call on several hosts).
-
-  Args:
-    counts: ``{label: count}`` of this host's rows; labels are ints >= 0.
-
-  Returns:
-    The same counts over every host's rows, equal on all hosts.
-  """
-  if jax.process_count() == 1:
-    return counts
-  width = int(np.max(multihost_utils.process_allgather(
-      np.int32(max(counts, default=-1) + 1))))
-  local_K = np.zeros(max(width, 1), np.int32)
-  for label, n in counts.items():
-    local_K[label] = n
-  total_K = np.asarray(multihost_utils.process_allgather(local_K)).sum(0)
-  return collections.Counter({k: int(n) for k, n in enumerate(total_K) if n})
-
-
 # ----------------------------------------------------------------------------
 # Start-up consistency check.
 
@@ -189,15 +148,9 @@ def _update_with(digest, value: Any) -> None:
 
 
 def data_fingerprint(data) -> str:
-  """SHA-256 hex digest of every array, size and label of a task's splits.
-
-  Args:
-    data: a :class:`simpletron_jax.data.tasks.TaskData` (any dataclass of numpy arrays).
-
-  Returns:
-    64 hex characters; equal on two hosts exactly when they loaded the same examples
-    in the same order (the ``source`` path is left out: hosts may store data apart).
-  """
+  """SHA-256 hex digest of every array, size and label of a ``tasks.TaskData`` (any dataclass
+  of numpy arrays), without its ``source`` path: equal when hosts loaded the same examples in
+  the same order."""
   digest = hashlib.sha256()
   for field in dataclasses.fields(data):
     if field.name != "source":
@@ -229,9 +182,8 @@ def _hosts_differing(digest_hex: str) -> list[int]:
 def check_hosts_agree(config: ml_collections.ConfigDict, data) -> None:
   """Raises on every host unless all hosts hold process 0's config and data.
 
-  Every process must call it (it gathers the fingerprints of
-  :func:`config_fingerprint` and :func:`data_fingerprint` from all hosts); on a
-  single process it returns at once.
+  A collective call (it gathers :func:`config_fingerprint` and :func:`data_fingerprint`);
+  on a single process it returns at once.
 
   Raises:
     ValueError: naming the processes whose config or data differ from process 0's.

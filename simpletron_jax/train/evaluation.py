@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import collections
-
 import jax
 import ml_collections
 
 from simpletron_jax.data.batches import eval_batch_size, eval_batches
 from simpletron_jax.data.common import Split
-from simpletron_jax.runtime import distributed
-from simpletron_jax.train.steps import InFlightLimit, JitParallel, Metrics, PmapParallel, means
+from simpletron_jax.train.steps import (EvalMetrics, InFlightLimit, JitParallel, PmapParallel,
+                                        means)
 
 _merge = jax.jit(lambda a, b: a.merge(b))   # clu's merge of two Collections, one computation
 
@@ -23,20 +21,17 @@ def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.C
   ``num_batches`` of its batches (a fixed seeded subset; -1: all).
 
   Returns:
-    ``{"accuracy", "loss", "count", "majority_rate"}``, equal on every host: count in examples;
-    majority_rate the accuracy of always answering the most frequent label read by all hosts.
+    ``{"loss", "accuracy", "count", "majority_rate"}``, Python floats equal on every host:
+    count in examples; majority_rate the accuracy of always answering the most frequent
+    label of the examples read (:class:`steps.MajorityRate`, summed over all devices).
   """
   parallel = parallel or PmapParallel()
   batch_size = eval_batch_size(config)
   merged = None   # merged on the device; read once, after the last batch
   in_flight = InFlightLimit()
-  label_counts: collections.Counter = collections.Counter()
   for batch in eval_batches(examples, config, batch_size, num_batches):
     metrics = p_eval_step(params_repl, parallel.put_batch(batch))
     merged = metrics if merged is None else _merge(merged, metrics)
     in_flight.add(merged)
-    label_counts.update(batch["targets"][batch["weights"] > 0].tolist())
-  label_counts = distributed.sum_label_counts(label_counts)
-  read = sum(label_counts.values())
-  return {**means(Metrics.empty() if merged is None else parallel.host(merged)),
-          "majority_rate": max(label_counts.values()) / read if read else 0.0}
+  host = EvalMetrics.empty() if merged is None else parallel.host(merged)
+  return {**means(host), "majority_rate": host.majority_rate.compute()}

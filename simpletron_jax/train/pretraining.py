@@ -154,15 +154,17 @@ class MaskedLMEncoder(nn.Module):
 
   ``encoder`` keeps ``ClassificationEncoder``'s parameter paths, so ``init_from`` copies it;
   ``vocab_size`` counts the [MASK] row, ``mask_id``; ``tie_head``: logits from the transposed
-  input embedding plus a bias.
+  input embedding plus a bias; ``num_classes``: the task's labels (the evaluation's majority
+  rate counts them).
 
   Call: ``(tokens_BxL int, mask_BxL bool | None = tokens_BxL > 0, deterministic) ->
-  {"logits": [B, L, V] float32, "targets": [B, L] int32, "weights": [B, L] float32}``;
-  training draws the mask from the ``dropout`` rng.
+  {"logits": [B, L, V] float32, "targets": [B, L] int32, "weights": [B, L] float32,
+  "num_classes": int}``; training draws the mask from the ``dropout`` rng.
   """
 
   encoder: encoders.Encoder
   vocab_size: int
+  num_classes: int
   objective: str = "mlm"
   mask_rate: float = PAPER_MASK_RATE
   mask_id: int = 0
@@ -202,7 +204,7 @@ class MaskedLMEncoder(nn.Module):
     else:
       logits = nn.Dense(self.vocab_size, name="lm_logits")(h_BxLxE)
     return {"logits": logits.astype(jnp.float32), "targets": targets_BxL,
-            "weights": weights_BxL}
+            "weights": weights_BxL, "num_classes": self.num_classes}
 
 
 def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, num_classes: int,
@@ -223,7 +225,8 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, num_class
                                      dual=dual)
   encoder = encoders.build_encoder(encoders.ModelConfig.from_config_dict(config.model),
                                    vocab_size=rows, return_states=True)
-  return MaskedLMEncoder(encoder=encoder, vocab_size=rows, objective=objective,
+  return MaskedLMEncoder(encoder=encoder, vocab_size=rows, num_classes=num_classes,
+                         objective=objective,
                          mask_rate=float(pretrain.get("mask_rate", PAPER_MASK_RATE)),
                          mask_id=vocab_size, tie_head=bool(pretrain.get("tie_head", False)),
                          lm_head=pretrain.get("lm_head", "linear"))

@@ -54,31 +54,75 @@ class Mean(clu_metrics.Average):
     return float(self.total) / max(float(self.count), 1.0)
 
 
-# Metrics of train windows, validation and test, merged over batches and devices.
+@struct.dataclass
+class MajorityRate(clu_metrics.Metric):
+  """Rows per class label (rows of weight > 0) and rows with a label outside ``[0, K)``, int32;
+  ``compute`` gives the accuracy of always answering the most frequent label."""
+
+  counts: jnp.ndarray
+  outside: jnp.ndarray
+
+  @classmethod
+  def from_model_output(cls, labels, label_weights, num_classes: int, **_) -> MajorityRate:
+    """Counts of int ``labels [B]`` whose float32 ``label_weights [B]`` are > 0, as ``[K]``."""
+    real_B = label_weights > 0
+    inside_B = (labels >= 0) & (labels < num_classes)
+    one_hot_BxK = jax.nn.one_hot(labels, num_classes, dtype=jnp.int32)
+    return cls(counts=jnp.sum(one_hot_BxK * real_B[:, None], axis=0, dtype=jnp.int32),
+               outside=jnp.sum(real_B & ~inside_B, dtype=jnp.int32))
+
+  @classmethod
+  def empty(cls) -> MajorityRate:
+    return cls(counts=jnp.zeros((0,), jnp.int32), outside=jnp.array(0, jnp.int32))
+
+  def merge(self, other: MajorityRate) -> MajorityRate:
+    if not self.counts.shape[-1] or not other.counts.shape[-1]:   # empty() knows no classes
+      return other if not self.counts.shape[-1] else self
+    return type(self)(counts=self.counts + other.counts, outside=self.outside + other.outside)
+
+  def compute(self) -> float:
+    """``max(counts) / sum(counts)`` on the host in float64 (a Python float); 0 for no rows.
+
+    Raises:
+      ValueError: some rows carry a label outside ``[0, K)``.
+    """
+    counts_K = np.asarray(self.counts, np.float64)
+    if int(self.outside):
+      raise ValueError(f"{int(self.outside)} evaluated rows carry a label outside "
+                       f"[0, {counts_K.shape[-1]}), the model's number of classes")
+    total = counts_K.sum()
+    return float(counts_K.max() / total) if total else 0.0
+
+
+# Metrics of train windows; validation and test add the majority rate of their labels.
 Metrics = clu_metrics.Collection.create(loss=Mean.from_fun(_cross_entropy),
                                         accuracy=Mean.from_fun(_correct))
+EvalMetrics = clu_metrics.Collection.create(loss=Mean.from_fun(_cross_entropy),
+                                            accuracy=Mean.from_fun(_correct),
+                                            majority_rate=MajorityRate)
 
 
-def metrics_of(logits_BxC, targets_B, weights_B):
-  """:data:`Metrics` of float ``logits_BxC`` (cast to float32), int ``targets_B`` and float32
-  ``weights_B`` (1 real, 0 filler)."""
-  return Metrics.single_from_model_output(logits=logits_BxC.astype(jnp.float32),
-                                          targets=targets_B, weights=weights_B)
+def metrics_of(logits_BxC, targets_B, weights_B, collection=Metrics, **labels):
+  """``collection`` of float ``logits_BxC`` (cast to float32), int ``targets_B`` and float32
+  ``weights_B`` (1 real, 0 filler); ``labels`` feed :class:`MajorityRate`."""
+  return collection.single_from_model_output(logits=logits_BxC.astype(jnp.float32),
+                                             targets=targets_B, weights=weights_B, **labels)
 
 
 def means(metrics) -> dict[str, float]:
-  """``{name: mean}`` of a host :data:`Metrics` and ``count`` (weight sum), Python floats."""
-  return {**metrics.compute(), "count": float(metrics.loss.count)}
+  """``{name: mean}`` of a host collection's :class:`Mean` s and ``count`` (weight sum)."""
+  return {**{name: m.compute() for name, m in vars(metrics).items() if isinstance(m, Mean)},
+          "count": float(metrics.loss.count)}
 
 
-def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
-  """``(mean cross-entropy over the real examples, Metrics)`` of ``batch``.
+def _forward(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool) -> dict:
+  """The model's ``logits``, ``targets`` and ``weights`` for the metrics, and ``num_classes``.
 
   ``batch``: ``inputs`` int32 and ``mask`` bool ``[B, L]``, ``targets`` int32 and ``weights``
   float32 ``[B]`` (dual encoder: also ``inputs2``, ``mask2``). A key folded from
   ``dropout_rng`` feeds ``random_features`` (Performer). A pretraining model
-  (``pretraining.MaskedLMEncoder``) returns ``logits`` ``[B, L, V]``, ``targets`` and
-  ``weights`` ``[B, L]``: the metrics are then per target token.
+  (``pretraining.MaskedLMEncoder``) gives ``logits`` ``[B, L, V]``, ``targets`` and
+  ``weights`` ``[B, L]`` (per target token) and its task's ``num_classes``.
   """
   second = (batch["inputs2"], batch["mask2"]) if "inputs2" in batch else ()
   logits = apply_fn({"params": params}, batch["inputs"], batch["mask"], *second,
@@ -86,10 +130,15 @@ def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
                     rngs={"dropout": dropout_rng,
                           "random_features": jax.random.fold_in(dropout_rng, 0x5EED)})
   if isinstance(logits, dict):   # a pretraining objective: token-level targets
-    metrics = metrics_of(logits["logits"], logits["targets"],
-                         logits["weights"] * batch["weights"][:, None])
-  else:
-    metrics = metrics_of(logits, batch["targets"], batch["weights"])
+    return {**logits, "weights": logits["weights"] * batch["weights"][:, None]}
+  return {"logits": logits, "targets": batch["targets"], "weights": batch["weights"],
+          "num_classes": logits.shape[-1]}
+
+
+def loss_fn(params, apply_fn, batch: Batch, dropout_rng, deterministic: bool):
+  """``(mean cross-entropy over the real examples, Metrics)`` of ``batch`` (:func:`_forward`)."""
+  out = _forward(params, apply_fn, batch, dropout_rng, deterministic)
+  metrics = metrics_of(out["logits"], out["targets"], out["weights"])
   return metrics.loss.total / jnp.maximum(metrics.loss.count, 1.0), metrics
 
 
@@ -108,8 +157,12 @@ def train_step(state: TrainState, batch: Batch, dropout_rng):
 
 
 def eval_step(params, apply_fn, batch: Batch):
-  """:data:`Metrics` of one deterministic forward pass, ``psum``med over devices."""
-  _, metrics = loss_fn(params, apply_fn, batch, jax.random.PRNGKey(0), True)
+  """:data:`EvalMetrics` of one deterministic forward pass, ``psum``med over devices; the
+  majority rate counts the examples' class labels ``batch["targets"]`` (also for SPT)."""
+  out = _forward(params, apply_fn, batch, jax.random.PRNGKey(0), True)
+  metrics = metrics_of(out["logits"], out["targets"], out["weights"], EvalMetrics,
+                       labels=batch["targets"], label_weights=batch["weights"],
+                       num_classes=out["num_classes"])
   return jax.lax.psum(metrics, AXIS)
 
 
