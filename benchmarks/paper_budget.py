@@ -57,11 +57,9 @@ by component:
   the train state (parameters and AdamW's two moments, float32).
 
 The model is a plan, not a timing: the next slot's ``results.json`` and ``metrics.jsonl``
-replace its figures (docs/reproduce.md).
-
-Writes ``paper_budget.json`` (every number) and ``paper_budget.md`` (both tables) to
-``--out``; ``--cells`` limits the FLOP model, ``--slot_only`` skips it (the slot plan then
-reads the FLOP counts of cells 1 and 2 only).
+replace its figures (docs/reproduce.md). Writes ``paper_budget.json`` (every number) and
+``paper_budget.md`` (both tables) to ``--out``; ``--cells`` limits the FLOP model,
+``--slot_only`` skips it (the slot plan then reads the FLOP counts of cells 1 and 2 only).
 """
 
 from __future__ import annotations
@@ -157,7 +155,7 @@ def cell_budget(cell: reproduce.Cell) -> Budget:
                                     dual=dual)
   width = config.model.max_length
   batch = config.batch_size
-  eval_batch = config.eval_batch_size or batches.micro_batch_size(config)
+  eval_batch = batches.BatchConfig.from_config_dict(config).eval_rows()
   state = jax.eval_shape(lambda r: train_state.create_train_state(
       run_config.TrainConfig.from_config_dict(config), model, r, config.model.max_length),
                          jax.random.PRNGKey(0))
@@ -199,7 +197,6 @@ def calls_needed(total_min: float) -> int:
   return max(1, math.ceil(total_min / CALL_LIMIT_MIN))
 
 
-# ----------------------------------------------------------------------------
 # The slot plan, from the H200's measurements.
 
 # The device slot (issue 60): 15 minutes in all, one call of at most 9 and one of at most 5.
@@ -242,11 +239,9 @@ H200 = {
     # cell 2: its validation of 25,000 reviews took 2.43 s (08:07:27.7 to 08:07:30.1), 97 us
     # an example, against 575 us an example of its steady train step (54.3 steps/s x 32)
     "eval_per_train_example": (2.43 / 25000) / (1 / (54.3 * 32)),
-    # a validation's host work (batches built and sent, the finiteness check, the record):
-    # an allowance, not measured
+    # a validation's host work (batches built and sent, finiteness check, record): an allowance
     "validation_host_s": 0.05,
-    # reproduce.py's comparison and paper_call.sh's copy after the tests (08:07:32.9 to
-    # 08:07:34)
+    # reproduce.py's comparison and paper_call.sh's copy after the tests (08:07:32.9-08:07:34)
     "finish_s": 1.1,
 }
 # Steady steps/s (the median of the train windows after the first) in train.py on the H200.
@@ -317,16 +312,17 @@ def width_shares(data_dir: str, config) -> tuple[dict[int, float], tuple[int, ..
   from simpletron_jax.data import grouping, listops   # pylint: disable=import-outside-toplevel
   train = listops.load_split(data_dir, "train")
   val = listops.load_split(data_dir, "val")
-  micro = batches.micro_batch_size(config)
-  stream = grouping.GroupedBatches(train.lengths, int(config.seed), micro,
-                                   config.data.group_pool_batches)
+  batch = batches.BatchConfig.from_config_dict(config)
+  micro = batch.micro_batch_size
+  stream = grouping.GroupedBatches(train.lengths, int(batch.seed), micro,
+                                   batch.group_pool_batches)
   n = len(train) // micro
   counts: dict[int, int] = {}
   for i in range(n):
-    w = batches.batch_width(train, stream[i], config)
+    w = batches.batch_width(train, stream[i], batch)
     counts[w] = counts.get(w, 0) + 1
-  evals = tuple(batches.batch_width(val, idx, config) for idx, _ in batches.eval_index_batches(
-      val, config, batches.eval_batch_size(config)))
+  evals = tuple(batches.batch_width(val, idx, batch) for idx, _ in batches.eval_index_batches(
+      val, batch, batches.eval_batch_size(batch)))
   return {w: c / n for w, c in sorted(counts.items())}, evals
 
 
@@ -336,19 +332,13 @@ def slot_plan(cell: reproduce.Cell, rate_key: str | None = None,
               overrides: tuple[str, ...] = ()) -> SlotPlan:
   """The cell's two calls and its slot, from :data:`H200` (see the module docstring).
 
-  Args:
-    cell: the cell.
-    rate_key: a :data:`MEASURED_RATES` key, the steady full-width rate of the cell's model;
-      None for a cell no GPU has run, which takes ``flop_rates``.
-    flop_rates: ``{"modelled": FLOP-model steps/s of the cell, "cell2_modelled": of cell
-      2}``, used when ``rate_key`` is None (scaled by cell 2's measured/modelled ratio).
-    shares: the width mix of a bucketed ListOps cell (:func:`width_shares`); default
-      :data:`GROUPED_WIDTH_SHARE` and :data:`EVAL_WIDTHS_500`.
-    overrides: ``--config.*`` flags after the cell's (:func:`reproduce.cell_config`).
-
-  Raises:
-    ValueError: a bucketed cell other than ListOps at 512-token buckets and eval batches of
-      500, without ``shares``.
+  ``rate_key``: a :data:`MEASURED_RATES` key, the steady full-width rate of the cell's model;
+  None (a cell no GPU has run): ``flop_rates``, ``{"modelled": FLOP-model steps/s of the cell,
+  "cell2_modelled": of cell 2}``, scaled by cell 2's measured/modelled ratio. ``shares``: the
+  width mix of a bucketed ListOps cell (:func:`width_shares`; default
+  :data:`GROUPED_WIDTH_SHARE` and :data:`EVAL_WIDTHS_500`). ``overrides``: ``--config.*`` flags
+  after the cell's (:func:`reproduce.cell_config`). Raises ValueError for a bucketed cell other
+  than ListOps at 512-token buckets and eval batches of 500, without ``shares``.
   """
   config = reproduce.cell_config(cell, overrides)
   m = config.model

@@ -81,7 +81,7 @@ def test_dual_encoder_learns_matching(tmp_path):
 
 
 def test_limited_evaluation_reads_a_fixed_unbiased_subset(presence_task):
-  config = tiny_config()
+  config = batches.BatchConfig.from_config_dict(tiny_config())
   split = presence_task.val
   seen = [np.concatenate([b["inputs"][:, :1] for b in batches.eval_batches(split, config, 16, 3)])
           for _ in range(2)]

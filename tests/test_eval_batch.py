@@ -93,7 +93,7 @@ def test_large_eval_batches_give_the_metrics_of_batch_32(variant):
   params_repl = parallel.put_state(params)
   results, widths = {}, {}
   for eval_batch in (0, 70):   # 0: the micro-batch, 32: 3 batches (6 filler rows); 70: 1
-    config = _config(variant, eval_batch_size=eval_batch)
+    config = batches.BatchConfig.from_config_dict(_config(variant, eval_batch_size=eval_batch))
     size = batches.eval_batch_size(config)
     widths[size] = [batches.batch_width(examples, idx, config)
                     for idx, _ in batches.eval_index_batches(examples, config, size)]
@@ -126,8 +126,8 @@ def test_bucketed_widths_keep_each_examples_logits_and_gradient():
   full_config = _fast_model(_config("tiny", layers=2, **{"data.bucket": 0}))
   model, params = _model_and_params(config)
   idx = np.flatnonzero(examples.lengths <= 40)[:8]   # mixed lengths, all below 48
-  bucketed = batches.host_batch(examples, idx, config)
-  full = batches.host_batch(examples, idx, full_config)
+  bucketed = batches.host_batch(examples, idx, batches.BatchConfig.from_config_dict(config))
+  full = batches.host_batch(examples, idx, batches.BatchConfig.from_config_dict(full_config))
   assert bucketed["inputs"].shape[1] < full["inputs"].shape[1] == MAX_LENGTH
 
   def logits(p, inputs):
@@ -153,7 +153,7 @@ def test_512_token_buckets_give_four_widths_and_precompile_finds_the_eval_ones()
   # Cell 5b's buckets at ListOps' max_length: every length maps to one of four widths.
   assert {bucketed_length(n, 512, 2000) for n in range(1, 2001)} == {512, 1024, 1536, 2000}
   examples = _split()
-  config = _config("tiny", eval_batch_size=48)
+  config = batches.BatchConfig.from_config_dict(_config("tiny", eval_batch_size=48))
   found = precompile.eval_batches_by_width(examples, config, -1)
   met = {batch["inputs"].shape for batch in batches.eval_batches(examples, config, 48)}
   assert {b["inputs"].shape for b in found.values()} == met
@@ -163,10 +163,15 @@ def test_512_token_buckets_give_four_widths_and_precompile_finds_the_eval_ones()
 def test_a_grouped_run_is_scanned_past_its_first_epoch_for_widths():
   # 96,000 examples in micro-batches of 32: one epoch is 3,000; paper ListOps trains 15,000.
   config = _config("tiny", num_train_steps=15000)
-  assert precompile.train_scan_count(config, 96000, 0) == 3000   # ungrouped: one epoch
+  assert precompile.train_scan_count(  # ungrouped: one epoch
+      batches.BatchConfig.from_config_dict(config), config.num_train_steps, 96000, 0) == 3000
   config.data.group_by_length = True
-  assert precompile.train_scan_count(config, 96000, 0) == 15000  # grouped: the whole run
-  assert precompile.train_scan_count(config, 96000, 14000) == 1000
+  assert precompile.train_scan_count(  # grouped: the whole run
+      batches.BatchConfig.from_config_dict(config), config.num_train_steps, 96000, 0) == 15000
+  assert precompile.train_scan_count(
+      batches.BatchConfig.from_config_dict(config), config.num_train_steps, 96000, 14000) == 1000
   config.num_train_steps = 100000
-  assert precompile.train_scan_count(config, 96000, 0) == precompile.SCAN_MICRO_BATCHES
+  assert precompile.train_scan_count(
+      batches.BatchConfig.from_config_dict(config), config.num_train_steps, 96000,
+      0) == precompile.SCAN_MICRO_BATCHES
 

@@ -59,7 +59,7 @@ def _config(group: bool) -> ml_collections.ConfigDict:
 
 def test_train_batches_resume_at_any_micro_step():
   examples = presence_examples(100, np.random.default_rng(1))
-  config = _config(True)
+  config = batches.BatchConfig.from_config_dict(_config(True))
   run = list(itertools.islice(batches.train_batches(examples, config, 0), 30))
   resumed = list(itertools.islice(batches.train_batches(examples, config, 17), 13))
   for a, b in zip(run[17:], resumed):
@@ -67,5 +67,6 @@ def test_train_batches_resume_at_any_micro_step():
       np.testing.assert_array_equal(a[key], b[key])
   widths = [b["inputs"].shape[1] for b in run]
   plain = [b["inputs"].shape[1]
-           for b in itertools.islice(batches.train_batches(examples, _config(False), 0), 30)]
+           for b in itertools.islice(batches.train_batches(
+               examples, batches.BatchConfig.from_config_dict(_config(False)), 0), 30)]
   assert sum(widths) < sum(plain)

@@ -251,7 +251,8 @@ def _count(n, batch_size, drop, num_batches=-1):
                          labels=np.zeros(n, np.int32), explicit_mask=True)
   config = lra.make_config("image", "softmax")
   config.data.drop_last_eval_batch = drop
-  found = list(batches.eval_index_batches(split, config, batch_size, num_batches))
+  found = list(batches.eval_index_batches(
+      split, batches.BatchConfig.from_config_dict(config), batch_size, num_batches))
   assert all(len(idx) == batch_size for idx, _ in found)
   kept = np.concatenate([idx[valid] for idx, valid in found]) if found else np.zeros(0)
   assert len(set(kept.tolist())) == len(kept)

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from configs import lra
-from simpletron_jax.data import tasks
+from simpletron_jax.data import batches, tasks
 from simpletron_jax.data.common import make_batch
 from simpletron_jax.model import encoders, transfer
 from simpletron_jax.train import evaluation, pretraining, recipes, steps, trainer
@@ -375,6 +375,7 @@ def test_spt_evaluation_majority_rate_counts_the_class_labels_not_the_tokens():
   params = model.init({"params": jax.random.PRNGKey(0)}, jnp.ones((1, 8), jnp.int32), None,
                       deterministic=True)["params"]
   _, p_eval = steps.pmap_steps(model.apply)
-  result = evaluation.evaluate(p_eval, steps.replicate(params), task.test, config)
+  result = evaluation.evaluate(p_eval, steps.replicate(params), task.test,
+                               batches.BatchConfig.from_config_dict(config))
   assert result["majority_rate"] == np.bincount(task.test.labels).max() / 21   # 9 / 21
   assert result["count"] > 21   # loss and accuracy are per masked token

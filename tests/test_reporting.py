@@ -11,7 +11,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from simpletron_jax.data import tasks
+from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import attention
 from simpletron_jax.tools import published, reporting
 from simpletron_jax.train import checkpoints, evaluation, steps, trainer
@@ -79,7 +79,7 @@ def test_results_json_scores_the_final_and_the_best_validation_parameters(seed_r
     state, _, step = checkpoints.restore_checkpoint(manager, fresh, step)
     assert step == results[step_key]
     test = evaluation.evaluate(p_eval, steps.replicate(state.params),
-                               presence_task.test, config)
+                               presence_task.test, batches.BatchConfig.from_config_dict(config))
     assert results[f"test_accuracy_{key}"] == test["accuracy"]
     assert results[f"test_loss_{key}"] == pytest.approx(test["loss"])
   assert results["final_step"] == 5

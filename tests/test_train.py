@@ -193,12 +193,12 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
   assert saved.best_step() == results["best_step"]
   state, meta, step = checkpoints.restore_checkpoint(saved, state, results["best_step"])
   test = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
-                             config)
+                             batches.BatchConfig.from_config_dict(config))
   assert test["accuracy"] == results["test_accuracy"] and test["count"] == 200
   assert test["majority_rate"] == pytest.approx(presence_task.test.majority_rate())
   # A subset evaluation reports the majority rate of the examples it read.
   sub = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
-                            config, num_batches=2)
+                            batches.BatchConfig.from_config_dict(config), num_batches=2)
   k = int(sub["count"])
   assert 0 < k < 200
   read = presence_task.test.labels[np.random.default_rng(config.seed).permutation(200)[:k]]
@@ -206,7 +206,8 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
 
 
 def test_precompile_finds_the_widths_the_run_meets(presence_task):
-  config = tiny_config(**{"data.bucket": 8, "data.group_by_length": True})
+  config = batches.BatchConfig.from_config_dict(
+      tiny_config(**{"data.bucket": 8, "data.group_by_length": True}))
   found = precompile.train_batches_by_width(presence_task.train, config, 3, 20)
   stream = batches.train_batches(presence_task.train, config, 3)
   met = {next(stream)["inputs"].shape[1] for _ in range(20)}
@@ -293,9 +294,10 @@ def test_evaluate_keeps_few_batches_in_flight(presence_task, monkeypatch):
   model, state = _state(config, presence_task)
   _, p_eval = steps.pmap_steps(model.apply)
   result = evaluation.evaluate(p_eval, steps.replicate(state.params), presence_task.test,
-                               config)
+                               batches.BatchConfig.from_config_dict(config))
   assert result["count"] == 200
-  assert len(added) == -(-200 // batches.eval_batch_size(config)) > Recording().limit
+  assert len(added) == -(-200 // batches.eval_batch_size(
+      batches.BatchConfig.from_config_dict(config))) > Recording().limit
 
 
 class _RecordingParallel(steps.PmapParallel):
@@ -341,14 +343,15 @@ def test_majority_rate_is_a_numpy_count_of_the_real_rows(parallel):
   model, state = _state(config, task)
   _, p_eval = parallel.steps(model.apply)
   params = parallel.put_state(state.params)
-  read = list(batches.eval_batches(task.test, config, 8))
+  batch_config = batches.BatchConfig.from_config_dict(config)
+  read = list(batches.eval_batches(task.test, batch_config, 8))
   assert [int(b["weights"].sum()) for b in read] == [8, 8, 5]
   expected = np.bincount(task.test.labels).max() / 21            # 9 / 21
   with_fillers = np.concatenate([b["targets"] for b in read])
   assert np.bincount(with_fillers).max() / 24 != expected         # 11 / 24: the test can fail
-  result = evaluation.evaluate(p_eval, params, task.test, config, -1, parallel)
+  result = evaluation.evaluate(p_eval, params, task.test, batch_config, -1, parallel)
   assert result["majority_rate"] == expected and result["count"] == 21
-  sub = evaluation.evaluate(p_eval, params, task.test, config, 2, parallel)
+  sub = evaluation.evaluate(p_eval, params, task.test, batch_config, 2, parallel)
   picked = task.test.labels[np.random.default_rng(config.seed).permutation(21)[:16]]
   assert sub["majority_rate"] == np.bincount(picked).max() / 16 and sub["count"] == 16
 

@@ -57,7 +57,7 @@ def kv_matrices(config, params, data) -> list[np.ndarray]:
   ``L`` is each example's number of real tokens (CLS included), as in Simple attention.
   """
   model = train_state.build_model(config, data)
-  batch = next(batches.eval_batches(data.val, config, 32, 1))
+  batch = next(batches.eval_batches(data.val, batches.BatchConfig.from_config_dict(config), 32, 1))
   want = lambda mdl, _: mdl.name in ("key", "value")  # noqa: E731
   _, state = model.apply({"params": params}, batch["inputs"], batch["mask"],
                          capture_intermediates=want, mutable=["intermediates"])

@@ -2,25 +2,17 @@
 options, configs, training through ``trainer``, evaluating a parameter tree, and the
 JSON / markdown / PNG outputs.
 
-Every script has a CPU ``--quick`` mode on the ``:tiny`` configs and a paper-size mode (the
-configs without a suffix); ``--steps`` and ``--eval_every`` override the step counts, and
-``--config.model.max_length=256`` any config field of every run (the syntax of ``train.py``,
-parsed by :mod:`simpletron_jax.runtime.overrides`).
+Every script has a CPU ``--quick`` mode (``:tiny`` configs) and a paper-size mode;
+``--steps`` / ``--eval_every`` set the step counts, ``--config.<field>=<value>`` any field of
+every run (train.py's syntax, :mod:`simpletron_jax.runtime.overrides`). Runs go to ``--runs``
+(default ``runs/experiments/<name>/``), the JSON, markdown table and PNG to ``--out`` (default:
+``--runs``) and, with ``--copy_to DIR``, into ``DIR`` too (e.g. ``results/experiments/<name>/``).
 
-Outputs go under ``runs/`` unless asked otherwise: the runs in ``--runs`` (default
-``runs/experiments/<name>/``), the JSON, markdown table and PNG in ``--out`` (default: the
-``--runs`` folder). ``--copy_to DIR`` copies those three files into ``DIR`` too (e.g.
-``results/experiments/<name>/``, to refresh the committed ones); nothing else writes there.
-
-Flags are spelled with underscores, as train.py's; the dashed spellings of an earlier release
-(``--eval-every``, ``--copy-to``, ``--lora-rank``, ``--finetune-steps``, ``--finished-only``)
-are accepted until the next release, with a note
-(:class:`simpletron_jax.runtime.cli.ArgumentParser`). A bad invocation ends with one line,
-``<script>: <cause> (see --help)``, and exit status 1.
-
-A user error (an override of a field the config lacks, a bad config value, missing data, a
-runs folder holding another config) ends with one line, ``<script>: <cause>``, and exit
-status 1 (:func:`run_cli`); ``--verbose`` shows the traceback instead.
+Flags use underscores; the dashed spellings of an earlier release (``--eval-every``,
+``--copy-to``, ``--lora-rank``, ``--finetune-steps``, ``--finished-only``) are accepted with a
+note until the next (:class:`simpletron_jax.runtime.cli.ArgumentParser`). A bad invocation or a
+user error (an unknown or bad config field, missing data, a runs folder of another config) ends
+with one line, ``<script>: <cause>``, and exit status 1; ``--verbose`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -42,7 +34,7 @@ from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.runtime import cli, overrides  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train import (  # noqa: E402  pylint: disable=C0413
     evaluation, run_config, steps, train_state)
-from simpletron_jax.data import tasks  # noqa: E402  pylint: disable=C0413
+from simpletron_jax.data import batches, tasks  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.train import trainer  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.run import run_record
 from simpletron_jax.run.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
@@ -74,18 +66,10 @@ def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run_cli(main: Callable[..., Any], argv: list[str] | None = None) -> Any:
-  """Runs a script's ``main(argv)`` as a command: a user error (a ``ValueError`` or
-  ``OSError`` raised by the project's or the scripts' code, a ``errors.RunError``) exits
-  with status 1 and ``<script>: <cause>`` on one line; other errors, and every error with
-  ``--verbose``, keep their traceback (:func:`simpletron_jax.runtime.cli.user_errors_exit`).
-
-  Args:
-    main: the script's ``main(argv)``.
-    argv: the arguments (default: ``sys.argv[1:]``).
-
-  Returns:
-    What ``main`` returns.
-  """
+  """Returns ``main(argv)`` (default ``sys.argv[1:]``) run as a command: a user error (a
+  ``ValueError`` or ``OSError`` of the project's or the scripts' code, an ``errors.RunError``)
+  exits with status 1 and ``<script>: <cause>`` on one line; other errors, and every error with
+  ``--verbose``, keep their traceback (:func:`simpletron_jax.runtime.cli.user_errors_exit`)."""
   argv = sys.argv[1:] if argv is None else argv
   program = os.path.basename(sys.argv[0]) or "script"
   with cli.user_errors_exit(program, "--verbose" in argv, dirs=(ROOT,)):
@@ -110,13 +94,9 @@ def out_dir(args) -> str:
 
 def finish(args, name: str, result: dict, table_md: str, plot: Callable[[Any], None],
            **fields) -> dict:
-  """Writes a script's outputs (:func:`write_outputs`) to :func:`out_dir`, copies them to
-  ``--copy_to`` when given, and prints its table.
-
-  Returns:
-    The JSON payload: ``experiment``, ``quick``, ``config_overrides`` (when any), ``fields``
-    and ``result``.
-  """
+  """Writes a script's outputs (:func:`write_outputs`) to :func:`out_dir` and ``--copy_to``,
+  prints its table; returns the JSON payload: ``experiment``, ``quick``, ``config_overrides``
+  (when any), ``fields`` and ``result``."""
   payload = {"experiment": name, "quick": args.quick, **fields, **result}
   if getattr(args, "config_overrides", None):
     payload["config_overrides"] = list(args.config_overrides)
@@ -130,12 +110,8 @@ def finish(args, name: str, result: dict, table_md: str, plot: Callable[[Any], N
 
 
 def _set_field(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
-  """Sets the existing field ``key`` (dotted) of ``config`` to the Python value ``value``.
-
-  Raises:
-    ValueError: if the field (or a section on its path) does not exist, or ml_collections
-      refuses a value of another type.
-  """
+  """Sets the existing field ``key`` (dotted) of ``config`` to ``value``; raises ValueError
+  for a missing field or section, or a value of another type."""
   *path, leaf = key.split(".")
   target = config
   for part in path:
@@ -154,20 +130,11 @@ def make_config(args, task: str, attention: str, steps: int | None = None,
                 eval_every: int | None = None, **fields) -> ml_collections.ConfigDict:
   """``configs/lra.make_config(task, attention, 'tiny' if --quick)`` with the run length.
 
-  Args:
-    args: the parsed options (``quick``, ``steps``, ``eval_every``, ``config_overrides``).
-    task, attention: as in ``configs/``.
-    steps, eval_every: the mode's defaults (None: the config's own), replaced by
-      ``--steps`` / ``--eval_every``.
-    **fields: further settings, dotted names written with ``__`` (``model__num_layers=2``).
-
-  Returns:
-    The config; warmup is at most a fifth of the steps, and checkpoints follow validation;
-    the ``--config.<field>=<value>`` overrides are applied last.
-
-  Raises:
-    ValueError: one line, for an override of a field the config lacks or a value its type
-      refuses (:func:`simpletron_jax.runtime.overrides.apply_overrides`).
+  ``steps``, ``eval_every``: the mode's defaults (None: the config's), replaced by ``--steps``
+  / ``--eval_every``; ``fields``: further settings, dots written ``__`` (``model__num_layers``).
+  Warmup is at most a fifth of the steps, checkpoints follow validation, and the
+  ``--config.*`` overrides come last; ValueError, one line, for an override of a field the
+  config lacks or of another type (:func:`simpletron_jax.runtime.overrides.apply_overrides`).
   """
   config = lra.make_config(task, attention, "tiny" if args.quick else None)
   steps = args.steps or steps or config.num_train_steps
@@ -244,16 +211,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
 
 def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskData,
                     split: str = "test") -> dict[str, float]:
-  """Accuracy and loss of ``params`` in the model of ``config`` on ``split``.
-
-  Reads ``num_test_steps`` batches for the test split and ``num_eval_steps`` for the
-  others, as ``final_test.evaluate_checkpoint`` does.
-  """
+  """Accuracy and loss of ``params`` in the model of ``config`` on ``split``, of
+  ``num_test_steps`` batches of the test split, ``num_eval_steps`` of the others (as
+  ``final_test.evaluate_checkpoint``)."""
   model = train_state.build_model(config, data)
   _, p_eval = steps.pmap_steps(model.apply)
   limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
   return evaluation.evaluate(p_eval, steps.replicate(params), getattr(data, split),
-                             config, limit)
+                             batches.BatchConfig.from_config_dict(config), limit)
 
 
 def init_params(config: ml_collections.ConfigDict, data: tasks.TaskData):
@@ -277,18 +242,9 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
 
 def write_outputs(out_dir: str, name: str, payload: dict, table_md: str,
                   plot: Callable[[Any], None]) -> dict[str, str]:
-  """Writes ``<name>.json``, ``<name>.md`` and ``<name>.png`` (matplotlib Agg) to ``out_dir``.
-
-  Args:
-    out_dir: created if missing.
-    name: the file stem.
-    payload: JSON-ready results.
-    table_md: the markdown text.
-    plot: draws on a matplotlib Figure.
-
-  Returns:
-    ``{"json", "md", "png"}`` paths.
-  """
+  """Writes ``payload`` (JSON-ready), ``table_md`` and what ``plot`` draws on a matplotlib
+  Figure (Agg) to ``out_dir/<name>.{json,md,png}``, the folder created; returns the paths,
+  ``{"json", "md", "png"}``."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel

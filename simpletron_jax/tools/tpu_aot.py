@@ -190,22 +190,17 @@ def step_widths(config: ml_collections.ConfigDict, data: tasks.TaskData,
   """Every padded width in tokens the run meets, ``{"train": [...], "eval": [...]}``: the
   micro-batches of the first epoch or of ``num_train_steps`` (the fewer), and the batches of
   a validation and of the test (``num_eval_steps``, ``num_test_steps``)."""
-  micro = batches.micro_batch_size(config)
-  count = min(len(data.train) // micro, config.num_train_steps * config.grad_accum_steps)
-  ds = batches.train_index_batches(data.train, config)
-  train = {batches.batch_width(data.train, np.asarray(ds[i]), config) for i in range(count)}
-  rows = eval_rows(config, n_devices)
+  batch = batches.BatchConfig.from_config_dict(config)
+  micro = batch.micro_batch_size
+  count = min(len(data.train) // micro, config.num_train_steps * batch.grad_accum_steps)
+  ds = batches.train_index_batches(data.train, batch)
+  train = {batches.batch_width(data.train, np.asarray(ds[i]), batch) for i in range(count)}
+  rows = batch.eval_rows(n_devices)
   evals = set()
   for split, limit in ((data.val, config.num_eval_steps), (data.test, config.num_test_steps)):
-    for idx, _ in batches.eval_index_batches(split, config, rows, limit):
-      evals.add(batches.batch_width(split, idx, config))
+    for idx, _ in batches.eval_index_batches(split, batch, rows, limit):
+      evals.add(batches.batch_width(split, idx, batch))
   return {"train": sorted(train), "eval": sorted(evals)}
-
-
-def eval_rows(config: ml_collections.ConfigDict, n_devices: int) -> int:
-  """Global rows of an eval batch on ``n_devices`` (:func:`batches.eval_batch_size`'s rule)."""
-  rows = config.eval_batch_size or batches.micro_batch_size(config)
-  return -(-rows // n_devices) * n_devices
 
 
 def compile_report(config: ml_collections.ConfigDict, slice_name: str,
@@ -259,11 +254,11 @@ def compile_report(config: ml_collections.ConfigDict, slice_name: str,
             "compiles": []}
   state_n = _stacked(state, n)
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
-  micro = batches.micro_batch_size(config)
+  micro = run.batches.micro_batch_size
   for step in steps:
     if step not in ("train", "eval"):
       raise TpuCheckError(f"unknown step {step!r}; expected 'train' or 'eval'")
-    rows = micro if step == "train" else eval_rows(config, n)
+    rows = micro if step == "train" else run.batches.eval_rows(n)
     for width in widths.get(step, []):
       batch = abstract_batch(n, rows, width, dual)
       record = {"step": step, "width": width, "rows_per_device": rows // n}

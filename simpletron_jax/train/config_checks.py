@@ -63,15 +63,15 @@ def check_model_and_data(config: ml_collections.ConfigDict) -> encoders.ModelCon
   return typed
 
 
-def check_splits(data: Any, config: Any) -> None:
-  """Each split of ``data`` (``TaskData``) must be non-empty, train at least a micro-batch.
+def check_splits(data: Any, batch_config: batches.BatchConfig, data_dir: Any) -> None:
+  """Each split of ``data`` (``TaskData``) must be non-empty, train at least a micro-batch;
+  ``data_dir`` is the config's ``data.data_dir`` (None: unset).
 
   Raises:
     ValueError: naming the empty split, the data source and ``data.data_dir``.
   """
-  micro = batches.micro_batch_size(config)
-  where = (f"data source {data.source!r} (config field "
-           f"data.data_dir={config.data.get('data_dir')!r})")
+  micro = batch_config.micro_batch_size
+  where = f"data source {data.source!r} (config field data.data_dir={data_dir!r})"
   for name in ("train", "val", "test"):
     if len(getattr(data, name)) == 0:
       raise ValueError(f"the {name} split is empty; {where}")

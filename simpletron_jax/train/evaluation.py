@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import jax
-import ml_collections
 
-from simpletron_jax.data.batches import eval_batch_size, eval_batches
+from simpletron_jax.data.batches import BatchConfig, eval_batch_size, eval_batches
 from simpletron_jax.data.common import Split
 from simpletron_jax.train.steps import (EvalMetrics, InFlightLimit, JitParallel, PmapParallel,
                                         means)
@@ -14,22 +13,19 @@ from simpletron_jax.train.steps import (EvalMetrics, InFlightLimit, JitParallel,
 _merge = jax.jit(lambda a, b: a.merge(b))   # clu's merge of two Collections, one computation
 
 
-def evaluate(p_eval_step, params_repl, examples: Split, config: ml_collections.ConfigDict,
+def evaluate(p_eval_step, params_repl, examples: Split, batch_config: BatchConfig,
              num_batches: int = -1,
              parallel: PmapParallel | JitParallel | None = None) -> dict[str, float]:
-  """Metrics of ``p_eval_step`` (of ``parallel``, default pmap's) over ``examples``, or over
-  ``num_batches`` of its batches (a fixed seeded subset; -1: all).
-
-  Returns:
-    ``{"loss", "accuracy", "count", "majority_rate"}``, Python floats equal on every host:
-    count in examples; majority_rate the accuracy of always answering the most frequent
-    label of the examples read (:class:`steps.MajorityRate`, summed over all devices).
-  """
+  """Metrics of ``p_eval_step`` (of ``parallel``, default pmap's) over ``examples`` batched
+  by ``batch_config``, or over ``num_batches`` of its batches (a fixed seeded subset; -1: all).
+  Returns ``{"loss", "accuracy", "count", "majority_rate"}``, Python floats equal on every host:
+  count in examples; majority_rate the accuracy of always answering the most frequent label of
+  the examples read (:class:`steps.MajorityRate`, summed over all devices)."""
   parallel = parallel or PmapParallel()
-  batch_size = eval_batch_size(config)
+  batch_size = eval_batch_size(batch_config)
   merged = None   # merged on the device; read once, after the last batch
   in_flight = InFlightLimit()
-  for batch in eval_batches(examples, config, batch_size, num_batches):
+  for batch in eval_batches(examples, batch_config, batch_size, num_batches):
     metrics = p_eval_step(params_repl, parallel.put_batch(batch))
     merged = metrics if merged is None else _merge(merged, metrics)
     in_flight.add(merged)

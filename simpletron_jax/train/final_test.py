@@ -16,6 +16,7 @@ import ml_collections
 from simpletron_jax.data import tasks
 from simpletron_jax.train import checkpoints, evaluation, loop, precompile, saved_runs
 from simpletron_jax.run import metric_logging, run_record
+from simpletron_jax.data.batches import BatchConfig
 from simpletron_jax.data.common import report_split_truncation
 from simpletron_jax.train.run_config import RunConfig
 from simpletron_jax.train.steps import JitParallel, PmapParallel, make_parallel
@@ -44,12 +45,12 @@ def last_val_majority(earlier: dict, step: int, val: Any) -> float:
   return val.majority_rate()
 
 
-def evaluator(eval_fn: Callable, examples: Any, config: ml_collections.ConfigDict,
-               limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
+def evaluator(eval_fn: Callable, examples: Any, batch_config: BatchConfig,
+              limit: int, parallel: PmapParallel | JitParallel) -> Callable[[Any], dict]:
   """``params_repl -> metrics`` of ``examples`` (a split), at most ``limit`` batches (-1: all),
   by :func:`evaluation.evaluate`."""
-  return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, config, limit,
-                                                 parallel)
+  return lambda params_repl: evaluation.evaluate(eval_fn, params_repl, examples, batch_config,
+                                                 limit, parallel)
 
 
 def final_and_best_tests(start: Any, earlier: dict,
@@ -140,7 +141,7 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
   if precompile_workers < 0:
     raise ValueError(f"--precompile_workers={precompile_workers} must be >= 0 (0: off)")
   saved = saved_runs.load_run(workdir, which, step, config)
-  config, run, data, state = saved.restore()
+  _, run, data, state = saved.restore()
   report_split_truncation(split, getattr(data, split), run.model.max_length)
   parallel = make_parallel(run.train.parallelism)
   _, p_eval = parallel.steps(state.apply_fn)
@@ -149,10 +150,11 @@ def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",
   if precompile_workers:
     start = time.time()
     p_eval = precompile.precompile_eval_step(p_eval, params_repl,
-                                             [(getattr(data, split), limit)], config,
+                                             [(getattr(data, split), limit)], run.batches,
                                              precompile_workers, parallel)
     print(f"precompiled {len(p_eval.compiled)} eval step shapes in "
           f"{time.time() - start:.1f} s ({precompile_workers} threads)", file=sys.stderr)
-  metrics = evaluation.evaluate(p_eval, params_repl, getattr(data, split), config, limit, parallel)
+  metrics = evaluation.evaluate(p_eval, params_repl, getattr(data, split), run.batches, limit,
+                                parallel)
   return {**metrics, "step": saved.step, "split": split,
           "checkpoint": saved.folder.checkpoints_dir}

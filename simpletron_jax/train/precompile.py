@@ -12,13 +12,13 @@ import time
 from typing import Any, Callable, Optional
 
 import jax
-import ml_collections
 import numpy as np
 
 from simpletron_jax.data import batches
+from simpletron_jax.data.batches import BatchConfig
 from simpletron_jax.data.common import Split
 from simpletron_jax.train import steps
-from simpletron_jax.train.run_config import EvalConfig
+from simpletron_jax.train.run_config import RunConfig
 
 
 # Seconds between two looks at ``should_stop`` while the threads compile.
@@ -44,32 +44,32 @@ class CompiledSteps:
     return self.compiled.get(steps.batch_shape_key(batch), self.step)(first, batch, *rest)
 
 
-def _one_batch_per_width(examples: Split, index_batches, config
+def _one_batch_per_width(examples: Split, index_batches, batch_config: BatchConfig
                          ) -> dict[int, dict[str, np.ndarray]]:
   """``{padded width: this host's numpy batch [rows, width] of the first with that width}``."""
   found: dict[int, tuple] = {}
   for indices, valid in index_batches:
-    found.setdefault(batches.batch_width(examples, indices, config), (indices, valid))
-  return {w: batches.host_batch(examples, idx, config, valid)
+    found.setdefault(batches.batch_width(examples, indices, batch_config), (indices, valid))
+  return {w: batches.host_batch(examples, idx, batch_config, valid)
           for w, (idx, valid) in sorted(found.items())}
 
 
-def train_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
+def train_batches_by_width(examples: Split, batch_config: BatchConfig,
                            start_micro_step: int, count: int) -> dict[int, dict[str, np.ndarray]]:
   """``{width in tokens: this host's [rows, width] numpy batch}`` over ``count`` train
   micro-batches from ``start_micro_step``."""
-  ds = batches.train_index_batches(examples, config)
+  ds = batches.train_index_batches(examples, batch_config)
   return _one_batch_per_width(
       examples, ((np.asarray(ds[i]), None)
-                 for i in range(start_micro_step, start_micro_step + count)), config)
+                 for i in range(start_micro_step, start_micro_step + count)), batch_config)
 
 
-def eval_batches_by_width(examples: Split, config: ml_collections.ConfigDict,
+def eval_batches_by_width(examples: Split, batch_config: BatchConfig,
                           num_batches: int) -> dict[int, dict[str, np.ndarray]]:
   """``{width in tokens: this host's [rows, width] numpy batch}`` over the batches
   :func:`evaluation.evaluate` reads."""
   return _one_batch_per_width(examples, batches.eval_index_batches(
-      examples, config, batches.eval_batch_size(config), num_batches), config)
+      examples, batch_config, batches.eval_batch_size(batch_config), num_batches), batch_config)
 
 
 def _abstract_by_key(host_batches, parallel) -> dict[tuple, dict[str, jax.ShapeDtypeStruct]]:
@@ -81,11 +81,11 @@ def _abstract_by_key(host_batches, parallel) -> dict[tuple, dict[str, jax.ShapeD
   return found
 
 
-def _eval_batches_by_key(splits, config, parallel) -> dict[tuple, dict[str, jax.ShapeDtypeStruct]]:
+def _eval_batches_by_key(splits, batch_config: BatchConfig,
+                         parallel) -> dict[tuple, dict[str, jax.ShapeDtypeStruct]]:
   """One abstract placed batch per batch shape over ``splits``, ``[(Split, num_batches), ...]``."""
-  return _abstract_by_key((batch for split, limit in splits
-                           for batch in eval_batches_by_width(split, config, limit).values()),
-                          parallel)
+  return _abstract_by_key((batch for split, limit in splits for batch in
+                           eval_batches_by_width(split, batch_config, limit).values()), parallel)
 
 
 def _in_threads(thunks: list[Callable[[], Any]], workers: int,
@@ -131,7 +131,7 @@ def _in_threads(thunks: list[Callable[[], Any]], workers: int,
       raise interrupted   # pylint: disable=lost-exception
 
 
-def precompile_eval_step(p_eval: Callable, params_repl, splits, config: ml_collections.ConfigDict,
+def precompile_eval_step(p_eval: Callable, params_repl, splits, batch_config: BatchConfig,
                          workers: int, parallel=None,
                          should_stop: Optional[Callable[[], bool]] = None) -> CompiledSteps:
   """:class:`CompiledSteps` of ``p_eval`` for the shapes of ``splits``, ``[(Split, batches)]``.
@@ -140,27 +140,25 @@ def precompile_eval_step(p_eval: Callable, params_repl, splits, config: ml_colle
     ValueError: ``workers < 1``.
     Stopped: ``should_stop()`` became true.
   """
-  evals = _eval_batches_by_key(splits, config, parallel or steps.PmapParallel())
+  evals = _eval_batches_by_key(splits, batch_config, parallel or steps.PmapParallel())
   programs = _in_threads([lambda b=b: p_eval.lower(params_repl, b).compile()
                           for b in evals.values()], workers, should_stop)
   return CompiledSteps(p_eval, dict(zip(evals, programs)))
 
 
-def train_scan_count(config: ml_collections.ConfigDict, n_train: int,
+def train_scan_count(batch_config: BatchConfig, num_train_steps: int, n_train: int,
                      start_micro_step: int) -> int:
-  """Train micro-batches to scan: the rest of the run, capped at one epoch or, grouped, at
-  the longer of one epoch and :data:`SCAN_MICRO_BATCHES`."""
-  remaining = max(config.num_train_steps * config.grad_accum_steps - start_micro_step, 0)
-  epoch = max(n_train // batches.micro_batch_size(config), 1)
-  if config.data.get("group_by_length", False):
+  """Train micro-batches to scan: the rest of a run of ``num_train_steps`` optimizer steps,
+  capped at one epoch or, grouped, at the longer of one epoch and :data:`SCAN_MICRO_BATCHES`."""
+  remaining = max(num_train_steps * batch_config.grad_accum_steps - start_micro_step, 0)
+  epoch = max(n_train // batch_config.micro_batch_size, 1)
+  if batch_config.group_by_length:
     return min(remaining, max(epoch, SCAN_MICRO_BATCHES))
   return min(remaining, epoch)
 
 
-def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
-                     config: ml_collections.ConfigDict, eval_config: EvalConfig,
-                     start_micro_step: int,
-                     workers: int, parallel=None,
+def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data, run: RunConfig,
+                     start_micro_step: int, workers: int, parallel=None,
                      should_stop: Optional[Callable[[], bool]] = None
                      ) -> tuple[CompiledSteps, CompiledSteps, dict[str, Any]]:
   """Compiles the train and eval steps for every batch shape the run will meet.
@@ -173,12 +171,13 @@ def precompile_steps(p_train: Callable, p_eval: Callable, state_repl, data,
     Stopped: ``should_stop()`` became true (SIGTERM, SIGINT).
   """
   start = time.time()
-  count = train_scan_count(config, len(data.train), start_micro_step)
+  count = train_scan_count(run.batches, run.train.num_train_steps, len(data.train),
+                           start_micro_step)
   parallel = parallel or steps.PmapParallel()
   train = _abstract_by_key(train_batches_by_width(
-      data.train, config, start_micro_step, count).values(), parallel)
-  evals = _eval_batches_by_key([(data.val, eval_config.num_eval_steps),
-                                (data.test, eval_config.num_test_steps)], config, parallel)
+      data.train, run.batches, start_micro_step, count).values(), parallel)
+  evals = _eval_batches_by_key([(data.val, run.eval.num_eval_steps),
+                                (data.test, run.eval.num_test_steps)], run.batches, parallel)
   rng = jax.random.PRNGKey(0)   # only its shape and dtype are read
   programs = _in_threads(
       [lambda b=b: p_train.lower(state_repl, b, rng).compile()

@@ -1,8 +1,8 @@
 """The typed run config of the training core: a frozen dataclass per section, in :class:`RunConfig`.
 
 Built once from the ConfigDict of ``configs/`` (:meth:`RunConfig.from_config_dict`), with the
-defaults below for the fields a config lacks; the data layer and the run record keep the
-ConfigDict.
+defaults below for the fields a config lacks; batching reads :class:`batches.BatchConfig`, the
+loaders and the run record keep the ConfigDict.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from simpletron_jax.data import tasks
+from simpletron_jax.data.batches import BatchConfig
 from simpletron_jax.model.model_config import ModelConfig
 from simpletron_jax.runtime.errors import warn
 from simpletron_jax.train import checkpoints, config_checks, schedules, steps
@@ -239,13 +240,15 @@ class LoggingConfig:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """A run's config, typed and checked: the task name, the sections above, the encoder's
-  :class:`ModelConfig` and the ``data`` section as it is (the data layer's ConfigDict)."""
+  :class:`ModelConfig`, the batching fields (:class:`BatchConfig`) and the ``data`` section as
+  it is (the loaders' ConfigDict)."""
   task: str
   train: TrainConfig
   eval: EvalConfig
   checkpoint: CheckpointConfig
   logging: LoggingConfig
   model: ModelConfig
+  batches: BatchConfig
   data: ml_collections.ConfigDict
 
   @classmethod
@@ -270,7 +273,8 @@ class RunConfig:
     sections = {name: kind.from_config_dict(config) for name, kind in
                 (("train", TrainConfig), ("eval", EvalConfig),
                  ("checkpoint", CheckpointConfig), ("logging", LoggingConfig))}
-    run = cls(task=config.task, model=config_checks.check_model_and_data(config),
+    model = config_checks.check_model_and_data(config)
+    run = cls(task=config.task, model=model, batches=BatchConfig.from_config_dict(config),
               data=config.data, **sections)
     if n_devices is not None:
       run._check_training(n_devices, n_hosts)

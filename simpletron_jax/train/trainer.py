@@ -53,12 +53,13 @@ def _check_start(config: ml_collections.ConfigDict, workdir: str,
   return run, folder
 
 
-def _load_data(config: ml_collections.ConfigDict, data: tasks.TaskData | None) -> tasks.TaskData:
+def _load_data(config: ml_collections.ConfigDict, run: RunConfig,
+               data: tasks.TaskData | None) -> tasks.TaskData:
   """``data`` (None: loaded from ``config``), checked alike on every host; raises ValueError
   for an empty split or hosts that disagree (:func:`distributed.check_hosts_agree`)."""
   data = data or tasks.load_task(config)
   distributed.check_hosts_agree(config, data)
-  config_checks.check_splits(data, config)
+  config_checks.check_splits(data, run.batches, config.data.get("data_dir"))
   if jax.process_index() == 0:   # loaders that truncate while loading report there
     for name in ("train", "val", "test"):
       report_split_truncation(name, getattr(data, name), int(config.model.max_length))
@@ -167,8 +168,7 @@ def _open_logs(config: ml_collections.ConfigDict, num_train_steps: int,
   return logger
 
 
-def _compile(config: ml_collections.ConfigDict, run: RunConfig, data: tasks.TaskData,
-             state_repl: TrainState,
+def _compile(run: RunConfig, data: tasks.TaskData, state_repl: TrainState,
              parallel: PmapParallel | JitParallel, start_step: int, workers: int,
              guard: preemption.PreemptionGuard) -> tuple[Callable, Callable, dict, dict]:
   """The run's train and eval steps; with ``workers > 0``, every batch shape's compiled first
@@ -187,8 +187,8 @@ def _compile(config: ml_collections.ConfigDict, run: RunConfig, data: tasks.Task
     return p_train, p_eval, {}, {}
   try:
     train_steps, eval_fn, precompiled = precompile.precompile_steps(
-        p_train, p_eval, state_repl, data, config, run.eval,
-        start_step * run.train.grad_accum_steps, workers, parallel,
+        p_train, p_eval, state_repl, data, run, start_step * run.train.grad_accum_steps,
+        workers, parallel,
         should_stop=guard.requested_locally)
   except precompile.Stopped:   # nothing trained since the checkpoint: nothing to save
     raise preemption.PreemptedError(start_step, guard.cause) from None
@@ -272,7 +272,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   logger = profiler = None
   guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save (if trained) and stop
   try:   # from here on every exit releases the lock (the `finally` below)
-    data = _load_data(config, data)
+    data = _load_data(config, run, data)
     guard.install()   # a signal from here on stops the run where it can stop cleanly
     start = _resume(config, run, folder, data, allow_resume_changes)
     if start.step >= train.num_train_steps and not start.new_forced:
@@ -291,20 +291,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     parallel = make_parallel(train.parallelism)
     state_repl = parallel.put_state(start.state)
     p_train, eval_fn, programs, precompiled = _compile(
-        config, run, data, state_repl, parallel, start.step, precompile_workers, guard)
+        run, data, state_repl, parallel, start.step, precompile_workers, guard)
     if precompiled:
       logger.write(start.step, precompiled, "info")
     window = loop.TrainWindow(parallel, train_state.make_schedule(train),
                               start.run_state.train_seconds)
     micro_steps = loop.MicroSteps(
         p_train, programs, parallel,
-        batches.train_batches(data.train, config, start.step * train.grad_accum_steps),
+        batches.train_batches(data.train, run.batches, start.step * train.grad_accum_steps),
         start.dropout_root, train.grad_accum_steps)
     bar = progress.bar(total=train.num_train_steps, initial=start.step, desc="train",
                        disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
     actions = loop.Actions(
         run.eval, run.checkpoint, run.logging, micro_steps, window, logger, bar,
-        final_test.evaluator(eval_fn, data.val, config, run.eval.num_eval_steps, parallel),
+        final_test.evaluator(eval_fn, data.val, run.batches, run.eval.num_eval_steps, parallel),
         start.ckpts, start.run_state, start.last_good(), step_hook)
     state_repl, step, preempted, out_of_time = _train_steps(
         train, start.step + 1, state_repl, actions, profiler, guard, wall_start)
@@ -320,7 +320,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 "rerun with the same workdir to continue")
     tests = final_test.final_and_best_tests(
         start, earlier, logger,
-        final_test.evaluator(eval_fn, data.test, config, run.eval.num_test_steps, parallel),
+        final_test.evaluator(eval_fn, data.test, run.batches, run.eval.num_test_steps, parallel),
         state_repl.params, parallel, step)
     val_majority = start.run_state.val_majority_rate
     if val_majority is None:   # this lineage has not validated yet
