@@ -99,6 +99,7 @@ def test_gradient_accumulation_equals_one_big_batch_and_compiles_once(presence_t
   batch = make_batch(presence_task.train, np.arange(16), max_length=40, bucket=0)
   halves = [{k: v[i * 8:(i + 1) * 8] for k, v in batch.items()} for i in range(2)]
   devices = jax.local_devices()[:1]
+  jax.clear_caches()   # an earlier test of this process may have compiled the same steps
   p_train, _ = steps.pmap_steps(model.apply, devices=devices)
   params, compiles = [], []
   for accum, micro_batches in ((1, [batch]), (2, halves)):

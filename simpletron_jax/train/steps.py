@@ -189,6 +189,12 @@ def jit_steps(apply_fn, mesh: jax.sharding.Mesh):
   return train, evaluate
 
 
+# One pair of steps per apply function (``train_state`` gives equal models one), so a process
+# that trains the same model again reuses its traced and compiled steps.
+_cached_pmap_steps = functools.lru_cache(maxsize=8)(pmap_steps)
+_cached_jit_steps = functools.lru_cache(maxsize=8)(jit_steps)
+
+
 class PmapParallel:
   """LRA's parallelism, ``"pmap"``: state leaves ``[n_local_devices, ...]``, batches
   ``[n_local_devices, rows / n_local_devices, ...]``."""
@@ -196,8 +202,8 @@ class PmapParallel:
   name = "pmap"
 
   def steps(self, apply_fn):
-    """``(train, eval)`` steps (:func:`pmap_steps`)."""
-    return pmap_steps(apply_fn)
+    """``(train, eval)`` steps (:func:`pmap_steps`), the same for the same ``apply_fn``."""
+    return _cached_pmap_steps(apply_fn)
 
   def put_state(self, tree):
     """A host pytree as the steps take it (:func:`replicate`)."""
@@ -231,8 +237,8 @@ class JitParallel:
     self.rows = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(AXIS))
 
   def steps(self, apply_fn):
-    """``(train, eval)`` steps (:func:`jit_steps`)."""
-    return jit_steps(apply_fn, self.mesh)
+    """``(train, eval)`` steps (:func:`jit_steps`), the same for the same ``apply_fn``."""
+    return _cached_jit_steps(apply_fn, self.mesh)
 
   def put_state(self, tree):
     """A host pytree, the same on every process, as replicated global arrays."""

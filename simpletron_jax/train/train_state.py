@@ -6,6 +6,7 @@ instead of flax.optim. A *step* is one optimizer update on ``batch_size`` exampl
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import flax
@@ -29,6 +30,7 @@ def make_schedule(train: TrainConfig) -> Callable:
       warmup_steps=train.warmup, steps_per_cycle=train.num_train_steps)
 
 
+@functools.lru_cache(maxsize=8)
 def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
   """AdamW with LRA's decoupled decay ``p -= lr * wd * p``, after global-norm clipping when
   ``grad_clip_norm > 0`` (LRA's Path-X recipe); frozen and LoRA base parameters get zero
@@ -45,16 +47,30 @@ def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
   return tx
 
 
+@functools.lru_cache(maxsize=8)
+def _init_fn(model: flax.linen.Module, length: int) -> Callable:
+  """The jitted ``rng -> params`` of ``model`` on ``[1, length]`` int32 tokens, one per equal
+  model within a process."""
+  tokens = jnp.ones((1, length), jnp.int32)
+  second = (tokens, None) if isinstance(model, encoders.DualEncoderClassifier) else ()
+  return jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
+                                      deterministic=True)["params"])
+
+
+@functools.lru_cache(maxsize=8)
+def _apply_of(model: flax.linen.Module) -> Callable:
+  """``model.apply``, the same bound method for equal models, so their compiled steps are
+  reused within a process."""
+  return model.apply
+
+
 def create_train_state(train: TrainConfig, model: flax.linen.Module, rng: jax.Array,
                        max_length: int) -> TrainState:
   """An unreplicated TrainState at step 0, its parameters initialised from ``rng`` on
   ``min(max_length, 16)`` int32 tokens; with ``train.lora.rank > 0`` they are
   ``{"base", "lora"}`` and ``apply_fn`` merges them (:mod:`simpletron_jax.model.lora`)."""
-  tokens = jnp.ones((1, min(max_length, 16)), jnp.int32)
-  second = (tokens, None) if isinstance(model, encoders.DualEncoderClassifier) else ()
-  params = jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
-                                        deterministic=True))(rng)["params"]
-  apply_fn, rank = model.apply, train.lora.rank
+  params = _init_fn(model, min(max_length, 16))(rng)
+  apply_fn, rank = _apply_of(model), train.lora.rank
   if rank > 0:
     params = lora.wrap(params, train.lora.targets, rank, jax.random.fold_in(rng, 0x10A))
     apply_fn = lora.wrap_apply(model.apply, lora.scale_of(rank, train.lora.alpha))

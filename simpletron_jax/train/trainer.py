@@ -190,8 +190,10 @@ def _compile(run: RunConfig, data: tasks.TaskData, state_repl: TrainState,
         p_train, p_eval, state_repl, data, run, start_step * run.train.grad_accum_steps,
         workers, parallel,
         should_stop=guard.requested_locally)
-  except precompile.Stopped:   # nothing trained since the checkpoint: nothing to save
-    raise preemption.PreemptedError(start_step, guard.cause) from None
+  except precompile.Stopped:   # the compile threads were cancelled by the signal below
+    pass
+  if guard.requested_locally():   # nothing trained since the checkpoint: nothing to save
+    raise preemption.PreemptedError(start_step, guard.cause)
   print(f"precompiled {precompiled['precompiled_train_shapes']} train and "
         f"{precompiled['precompiled_eval_shapes']} eval step shapes in "
         f"{precompiled['precompile_seconds']:.1f} s ({workers} threads)", file=sys.stderr)
