@@ -36,8 +36,12 @@ def in_tmp(tmp_path, monkeypatch):
 def _argv(tmp_path, *extra):
   del tmp_path   # the defaults: runs/experiments/<name>/ under the working directory
   # The presence task's sequences are shorter than 40 tokens: 48 positions hold them, where
-  # the :tiny configs' 200 (ListOps) and 512 (text) would only add padding to run.
+  # the :tiny configs' 200 (ListOps) and 512 (text) would only add padding to run. Dropout
+  # off: each train step then compiles without the random bits of its dropout masks (a
+  # third of its compile time); these tests check the scripts' runs, surgery and outputs,
+  # and dropout is tested with the train step (test_train.py and others).
   return ["--quick", "--steps", "2", "--eval_every", "1", "--config.model.max_length=48",
+          "--config.model.dropout_rate=0", "--config.model.attention_dropout_rate=0",
           *extra]
 
 
