@@ -11,8 +11,8 @@ from typing import Callable
 
 import flax
 import jax
-import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from simpletron_jax.data import tasks
@@ -51,7 +51,7 @@ def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
 def _init_fn(model: flax.linen.Module, length: int) -> Callable:
   """The jitted ``rng -> params`` of ``model`` on ``[1, length]`` int32 tokens, one per equal
   model within a process."""
-  tokens = jnp.ones((1, length), jnp.int32)
+  tokens = np.ones((1, length), np.int32)   # numpy: nothing of a caller's trace is kept
   second = (tokens, None) if isinstance(model, encoders.DualEncoderClassifier) else ()
   return jax.jit(lambda r: model.init({"params": r}, tokens, None, *second,
                                       deterministic=True)["params"])
