@@ -34,8 +34,8 @@ def test_output_shape(name):
   module = _build(name)
   x = _inputs()
   mask = jnp.ones((B, L), bool)
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y = module.apply(params, x, mask)
+  params = jax.jit(module.init)(jax.random.PRNGKey(1), x, mask)   # one program, not one per op
+  y = jax.jit(module.apply)(params, x, mask)
   chex.assert_shape(y, (B, L, E))
   chex.assert_tree_all_finite(y)
 
@@ -121,14 +121,15 @@ def test_padding_invariance(name, causal):
   module = _build(name, **kwargs)
   x = _inputs()
   mask = jnp.arange(L)[None, :] < jnp.array([L, 9])[:, None]
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y = module.apply(params, x, mask)
+  params = jax.jit(module.init)(jax.random.PRNGKey(1), x, mask)
+  apply = jax.jit(module.apply)   # both lengths compiled alike, one program each
+  y = apply(params, x, mask)
   pads = 7
   x_padded = jnp.concatenate([x, 100.0 * _inputs(pads, seed=3)], axis=1)
   mask_padded = jnp.concatenate([mask, jnp.zeros((B, pads), bool)], axis=1)
   # The padded values differ from the unpadded run's filler too: garbage at pads.
   x_padded = jnp.where(mask_padded[..., None], x_padded, 55.0)
-  y_padded = module.apply(params, x_padded, mask_padded)
+  y_padded = apply(params, x_padded, mask_padded)
   real = np.asarray(mask)
   np.testing.assert_allclose(np.asarray(y_padded)[:, :L][real], np.asarray(y)[real],
                              rtol=1e-5, atol=1e-5)
