@@ -36,8 +36,8 @@ class SavedRun:
     finite; a LoRA run's ``{"base", "lora"}`` tree merged with ``config.json``'s ``lora``.
 
     Raises:
-      errors.CheckpointError: the checkpoint is damaged (unreadable, CRC-32, NaN; named).
-      errors.ConfigMismatchError: an earlier release saved it (:func:`checkpoints.check_format`).
+      errors.CheckpointError, errors.ConfigMismatchError: damage (CRC-32, NaN; named), or an
+        earlier release's format; FileNotFoundError: a LoRA run's ``config.json`` is missing.
     """
     checkpoints.quiet_abandoned_reads()
     try:
@@ -62,8 +62,8 @@ class SavedRun:
       raise errors.CheckpointError(f"{self.what}: damaged checkpoint {self.where}: {problem}. "
                                    "Use an intact run or retrain it.")
     if lora.is_wrapped(params):
-      run_lora = (self.folder.read_config() or {})["lora"]
-      params = lora.merge(params, lora.scale_of(run_lora["rank"], run_lora["alpha"]))
+      run_lora = self.folder.saved_config().lora
+      params = lora.merge(params, lora.scale_of(run_lora.rank, run_lora.alpha))
     return params
 
   def restore(self) -> tuple[ml_collections.ConfigDict, RunConfig, tasks.TaskData, TrainState]:

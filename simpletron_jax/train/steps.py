@@ -73,9 +73,11 @@ class MajorityRate(clu_metrics.Metric):
 
   @classmethod
   def empty(cls) -> MajorityRate:
+    """No rows and no classes yet (``[0]`` counts); merging takes the other side's classes."""
     return cls(counts=jnp.zeros((0,), jnp.int32), outside=jnp.array(0, jnp.int32))
 
   def merge(self, other: MajorityRate) -> MajorityRate:
+    """The counts of both, added per class (:meth:`empty` adds nothing)."""
     if not self.counts.shape[-1] or not other.counts.shape[-1]:   # empty() knows no classes
       return other if not self.counts.shape[-1] else self
     return type(self)(counts=self.counts + other.counts, outside=self.outside + other.outside)

@@ -34,7 +34,8 @@ def make_schedule(train: TrainConfig) -> Callable:
 def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
   """AdamW with LRA's decoupled decay ``p -= lr * wd * p``, after global-norm clipping when
   ``grad_clip_norm > 0`` (LRA's Path-X recipe); frozen and LoRA base parameters get zero
-  updates; ``optax.MultiSteps`` when ``grad_accum_steps > 1``."""
+  updates; ``optax.MultiSteps`` when ``grad_accum_steps > 1``. One object per equal
+  ``train`` within a process, so equal runs reuse their compiled steps."""
   tx = optax.adamw(make_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
                    eps=train.adam_eps, weight_decay=train.weight_decay)
   if train.grad_clip_norm > 0:
