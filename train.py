@@ -82,8 +82,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    with cli.sigterm_raises(), cli.user_errors_exit("train.py", flags.FLAGS.verbose,
-                                                   dirs=(ROOT,)):
+    with cli.sigterm_raises(), cli.sigint_raises(), cli.user_errors_exit(
+        "train.py", flags.FLAGS.verbose, dirs=(ROOT,)):
       _train(flags.FLAGS)
   except errors.Terminated:   # SIGTERM outside the run's guard: the data phase, the final test
     if flags.FLAGS.verbose:

@@ -52,6 +52,15 @@ from simpletron_jax.data import tasks  # noqa: E402
 from simpletron_jax.data.common import RaggedExamples  # noqa: E402
 
 
+# The small ListOps run of the tests that start train.py: 64/32/32 examples of at most 60
+# tokens and one block, every batch at one width (64), so that each step function compiles
+# once and the runs share their programs through the session's compilation cache.
+SMALL_LISTOPS = ("--config.data.num_train=64", "--config.data.num_val=32",
+                 "--config.data.num_test=32", "--config.data.max_tokens=60",
+                 "--config.model.max_length=64", "--config.data.bucket=0",
+                 "--config.model.num_layers=1")
+
+
 def presence_examples(n: int, rng: np.random.Generator, max_len: int = 40) -> RaggedExamples:
   """A small learnable task: label 1 iff token 3 occurs in a random sequence."""
   seqs, labels = [], []

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_LISTOPS
 
 
 def _run(*args, check=True):
@@ -21,8 +21,7 @@ def _run(*args, check=True):
   return proc
 
 
-SMALL = ["--config.data.num_train=64", "--config.data.num_val=32", "--config.data.num_test=32",
-         "--config.model.num_layers=1", "--config.eval_frequency=2", "--config.num_train_steps=3"]
+SMALL = [*SMALL_LISTOPS, "--config.eval_frequency=2", "--config.num_train_steps=3"]
 
 
 @pytest.mark.slow

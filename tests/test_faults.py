@@ -33,7 +33,7 @@ from simpletron_jax.runtime import atomic_io, errors
 from simpletron_jax.train import checkpoints, run_config, trainer
 from simpletron_jax.run import run_folder, run_guard
 from simpletron_jax.run.metric_logging import MetricLogger, read_records
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_LISTOPS
 from tests.test_train import Killed, _state, tiny_config
 
 
@@ -494,9 +494,8 @@ def test_cli_refuses_a_locked_workdir_and_stops_on_nan(tmp_path):
   workdir.mkdir()
   holder = _lock_holder(workdir)
   common = ["train.py", "--config", "configs/listops/simple.py:tiny",
-            f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train=64",
-            "--config.data.num_val=32", "--config.data.num_test=32",
-            "--config.model.num_layers=1", "--config.num_train_steps=6",
+            f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
+            "--config.num_train_steps=6",
             "--config.eval_frequency=3", "--config.checkpoint_every=3", "--config.warmup=1"]
   try:
     proc = subprocess.run([sys.executable, *common, "--workdir", str(workdir)], cwd=ROOT,

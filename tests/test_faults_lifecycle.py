@@ -42,7 +42,7 @@ from simpletron_jax.train import checkpoints
 from simpletron_jax.run import metric_logging, preemption, run_record
 from simpletron_jax.run.metric_logging import MetricLogger, read_records
 from tests import multihost_worker as worker
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_LISTOPS
 from tests.test_faults import _params, fault_config
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -168,9 +168,9 @@ TINY_LISTOPS = "configs/listops/simple.py:tiny"
 
 
 def _tiny_listops_overrides(tmp_path):
-  """30 steps of 1-layer ListOps on 64 examples, logged every step, saved every 15."""
-  return [f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train=64",
-          "--config.data.num_val=32", "--config.data.num_test=32", "--config.model.num_layers=1",
+  """30 steps of the small ListOps run (conftest.SMALL_LISTOPS), logged every step, saved
+  every 15."""
+  return [f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
           "--config.num_train_steps=30", "--config.log_every=1", "--config.eval_frequency=15",
           "--config.checkpoint_every=15", "--config.warmup=1"]
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_LISTOPS
 
 TINY = ("--config", "configs/listops/simple.py:tiny")
 
@@ -191,8 +191,7 @@ def test_wandb_without_api_key_leaves_no_run_folder(tmp_path):
   proc = subprocess.run(
       [sys.executable, "train.py", *TINY, "--workdir", str(root / "run"),
        f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.wandb.project=p",
-       "--config.data.num_train=64", "--config.data.num_val=32", "--config.data.num_test=32",
-       "--config.model.num_layers=1", "--config.num_train_steps=2"],
+       *SMALL_LISTOPS, "--config.num_train_steps=2"],
       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 1, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
@@ -382,8 +381,7 @@ def test_seeds_relays_progress_and_passes_sigterm_on_to_train_py(tmp_path):
   root = tmp_path / "seeds"
   proc = subprocess.Popen(
       [sys.executable, "scripts/seeds.py", *TINY, "--seeds", "0", "--workdir_root", str(root),
-       f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.num_train=64",
-       "--config.data.num_val=32", "--config.data.num_test=32", "--config.model.num_layers=1",
+       f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
        "--config.num_train_steps=100000", "--config.log_every=1"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**os.environ, "SIMPLETRON_PROGRESS_SECONDS": "0.5"})

@@ -31,7 +31,7 @@ import pytest
 
 from simpletron_jax.data import tfds_io
 from simpletron_jax.runtime import errors
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_LISTOPS
 
 BLOCKED = ("tensorflow", "tensorflow_datasets")
 # Imported by some entry points but in no core dependency: LRA's code and the flax of its day
@@ -72,8 +72,7 @@ class _PathFinderWithout:
 sys.meta_path[:] = [_PathFinderWithout if f is PathFinder else f for f in sys.meta_path]
 '''
 
-SMALL = ["--config.data.num_train=64", "--config.data.num_val=32", "--config.data.num_test=32",
-         "--config.model.num_layers=1", "--config.eval_frequency=2", "--config.num_train_steps=4",
+SMALL = [*SMALL_LISTOPS, "--config.eval_frequency=2", "--config.num_train_steps=4",
          "--config.warmup=2", "--config.checkpoint_every=2"]
 
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from simpletron_jax.runtime import platforms
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_LISTOPS
 
 
 def _fake_machine(tmp_path, accel=(), vfio=(), vendors=()):
@@ -100,9 +100,8 @@ def test_train_py_prints_no_tpu_line(tmp_path):
   _needs_libtpu_and_no_tpu()
   proc = subprocess.run(
       [sys.executable, "train.py", "--config", "configs/listops/simple.py:tiny", "--workdir",
-       str(tmp_path / "run"), f"--config.data.cache_dir={tmp_path / 'cache'}",
-       "--config.data.num_train=64", "--config.data.num_val=32", "--config.data.num_test=32",
-       "--config.model.num_layers=1", "--config.num_train_steps=2",
+       str(tmp_path / "run"), f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
+       "--config.num_train_steps=2",
        "--config.eval_frequency=2", "--config.warmup=1", "--config.checkpoint_every=2"],
       env=_env_without_jax_platforms(), cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

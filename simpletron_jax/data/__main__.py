@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   """
   args = parse_args(sys.argv[1:] if argv is None else argv)
   try:
-    with cli.user_errors_exit(PROGRAM):
+    with cli.user_errors_exit(PROGRAM), cli.sigint_raises():
       return run(args)
   except KeyboardInterrupt:
     print(f"{PROGRAM}: interrupted; nothing half-made is left in the cache, run the command "

@@ -39,7 +39,7 @@ import sys
 import threading
 import traceback
 import types
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from absl import flags
 from ml_collections import config_flags
@@ -330,42 +330,60 @@ def parse_flags(argv: list[str], program: str,
   return rest
 
 
-_SIGTERM_RECEIVED = threading.Event()   # set inside sigterm_raises, cleared when it ends
+_RECEIVED = {signal.SIGTERM: threading.Event(), signal.SIGINT: threading.Event()}
 
 
 @contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-  """In the ``with`` block SIGTERM raises :class:`errors.Terminated` in the main thread instead
-  of ending the process, so that clean-up runs and the program can say what was saved; handlers
-  installed inside (the run's preemption guard) take over meanwhile. Off the main thread: none."""
+def _signal_raises(signum: int, make_error: Callable[[], KeyboardInterrupt]) -> Iterator[None]:
+  """In the ``with`` block signal ``signum`` raises ``make_error()`` in the main thread and is
+  remembered (:func:`raise_if_terminated`); Python's report of that error when it drops it is
+  left out. Off the main thread: nothing changes."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
+  received, kind = _RECEIVED[signum], type(make_error())
 
   def _raise(signum, frame):  # pylint: disable=unused-argument
-    _SIGTERM_RECEIVED.set()
-    raise errors.Terminated("SIGTERM")
+    received.set()
+    raise make_error()
 
-  def _unraisable(lost):   # a lost Terminated is raised again by raise_if_terminated, silently
-    if not isinstance(lost.exc_value, errors.Terminated):
+  def _unraisable(lost):   # raised again by raise_if_terminated, so not printed
+    if not isinstance(lost.exc_value, kind):
       hook(lost)
 
-  previous, hook = signal.signal(signal.SIGTERM, _raise), sys.unraisablehook
+  previous, hook = signal.signal(signum, _raise), sys.unraisablehook
   sys.unraisablehook = _unraisable
   try:
     yield
   finally:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    signal.signal(signum, signal.SIG_DFL if previous is None else previous)
     sys.unraisablehook = hook
-    _SIGTERM_RECEIVED.clear()
+    received.clear()
+
+
+def sigterm_raises() -> contextlib.AbstractContextManager[None]:
+  """In the ``with`` block SIGTERM raises :class:`errors.Terminated` in the main thread instead
+  of ending the process, so that clean-up runs and the program can say what was saved; handlers
+  installed inside (the run's preemption guard) take over meanwhile. Off the main thread: none."""
+  return _signal_raises(signal.SIGTERM, lambda: errors.Terminated("SIGTERM"))
+
+
+def sigint_raises() -> contextlib.AbstractContextManager[None]:
+  """In the ``with`` block SIGINT (Ctrl-C) raises ``KeyboardInterrupt``, as Python's own
+  handler does, and is remembered, so that :func:`raise_if_terminated` raises it again when
+  Python dropped it. Off the main thread: none."""
+  return _signal_raises(signal.SIGINT, KeyboardInterrupt)
 
 
 def raise_if_terminated() -> None:
-  """Raises :class:`errors.Terminated` if SIGTERM arrived inside :func:`sigterm_raises` and its
-  exception was lost: Python drops an exception raised while a garbage-collector callback or a
-  finalizer runs (JAX's ``_xla_gc_callback``). The generators' waits for workers call this."""
-  if _SIGTERM_RECEIVED.is_set():
+  """Raises :class:`errors.Terminated` (``KeyboardInterrupt``) if SIGTERM (SIGINT) arrived inside
+  :func:`sigterm_raises` (:func:`sigint_raises`) and its exception was lost: Python drops an
+  exception raised while a garbage-collector callback or a finalizer runs (JAX's
+  ``_xla_gc_callback``). The generators' waits for workers call this."""
+  if _RECEIVED[signal.SIGTERM].is_set():
     raise errors.Terminated("SIGTERM")
+  if _RECEIVED[signal.SIGINT].is_set():
+    raise KeyboardInterrupt
 
 
 def plain_text(text: str) -> str:
