@@ -472,9 +472,16 @@ def test_a_ctrl_c_that_python_drops_is_raised_again(monkeypatch):
       while time.monotonic() < deadline:   # the handler runs in here; its error is dropped
         pass
 
-  with cli.sigint_raises():
-    InterruptedWhileCollected()
-    with pytest.raises(KeyboardInterrupt):
-      cli.raise_if_terminated()
-  assert reported == []
-  cli.raise_if_terminated()   # forgotten once the block ends
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
+  try:
+    with cli.sigint_raises():
+      InterruptedWhileCollected()
+      with pytest.raises(KeyboardInterrupt):
+        cli.raise_if_terminated()
+    assert reported == []
+    cli.raise_if_terminated()   # forgotten once the block ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a background job's: left ignored
+    with cli.sigint_raises():
+      assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, previous)

@@ -39,7 +39,7 @@ import sys
 import threading
 import traceback
 import types
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from absl import flags
 from ml_collections import config_flags
@@ -330,22 +330,30 @@ def parse_flags(argv: list[str], program: str,
   return rest
 
 
-_RECEIVED = {signal.SIGTERM: threading.Event(), signal.SIGINT: threading.Event()}
+# Each signal a ``with`` block below turns into an exception: the exception's class and
+# arguments, and whether it arrived (set inside the block, cleared when it ends).
+_ERRORS = {signal.SIGTERM: (errors.Terminated, "SIGTERM"), signal.SIGINT: (KeyboardInterrupt,)}
+_RECEIVED = {signum: threading.Event() for signum in _ERRORS}
+
+
+def _error(signum: int) -> KeyboardInterrupt:
+  kind, *args = _ERRORS[signum]
+  return kind(*args)
 
 
 @contextlib.contextmanager
-def _signal_raises(signum: int, make_error: Callable[[], KeyboardInterrupt]) -> Iterator[None]:
-  """In the ``with`` block signal ``signum`` raises ``make_error()`` in the main thread and is
-  remembered (:func:`raise_if_terminated`); Python's report of that error when it drops it is
-  left out. Off the main thread: nothing changes."""
+def _signal_raises(signum: int) -> Iterator[None]:
+  """In the ``with`` block signal ``signum`` raises its :data:`_ERRORS` exception in the main
+  thread and is remembered (:func:`raise_if_terminated`); Python's report of that exception
+  when it drops it is left out. Off the main thread: nothing changes."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  received, kind = _RECEIVED[signum], type(make_error())
+  received, kind = _RECEIVED[signum], _ERRORS[signum][0]
 
   def _raise(signum, frame):  # pylint: disable=unused-argument
     received.set()
-    raise make_error()
+    raise _error(signum)
 
   def _unraisable(lost):   # raised again by raise_if_terminated, so not printed
     if not isinstance(lost.exc_value, kind):
@@ -365,14 +373,17 @@ def sigterm_raises() -> contextlib.AbstractContextManager[None]:
   """In the ``with`` block SIGTERM raises :class:`errors.Terminated` in the main thread instead
   of ending the process, so that clean-up runs and the program can say what was saved; handlers
   installed inside (the run's preemption guard) take over meanwhile. Off the main thread: none."""
-  return _signal_raises(signal.SIGTERM, lambda: errors.Terminated("SIGTERM"))
+  return _signal_raises(signal.SIGTERM)
 
 
 def sigint_raises() -> contextlib.AbstractContextManager[None]:
   """In the ``with`` block SIGINT (Ctrl-C) raises ``KeyboardInterrupt``, as Python's own
   handler does, and is remembered, so that :func:`raise_if_terminated` raises it again when
-  Python dropped it. Off the main thread: none."""
-  return _signal_raises(signal.SIGINT, KeyboardInterrupt)
+  Python dropped it. Where SIGINT has another handler than Python's (ignored, as in a job a
+  shell starts in the background): nothing changes. Off the main thread: none."""
+  if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    return contextlib.nullcontext()
+  return _signal_raises(signal.SIGINT)
 
 
 def raise_if_terminated() -> None:
@@ -380,10 +391,9 @@ def raise_if_terminated() -> None:
   :func:`sigterm_raises` (:func:`sigint_raises`) and its exception was lost: Python drops an
   exception raised while a garbage-collector callback or a finalizer runs (JAX's
   ``_xla_gc_callback``). The generators' waits for workers call this."""
-  if _RECEIVED[signal.SIGTERM].is_set():
-    raise errors.Terminated("SIGTERM")
-  if _RECEIVED[signal.SIGINT].is_set():
-    raise KeyboardInterrupt
+  for signum, received in _RECEIVED.items():
+    if received.is_set():
+      raise _error(signum)
 
 
 def plain_text(text: str) -> str:
