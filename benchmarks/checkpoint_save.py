@@ -27,6 +27,7 @@ are timed apart (:func:`blocked_parts`). Writes ``checkpoint_save.json`` and
 ``checkpoint_save.md`` to ``--out``.
 """
 
+import argparse
 import copy
 import datetime
 import importlib.metadata
@@ -44,10 +45,34 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from simpletron_jax.runtime import cli  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  """The command line (see the module docstring)."""
+  parser = cli.ArgumentParser(prog="checkpoint_save.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--config", default="configs/listops/simple.py",
+                      help="path.py[:variant][,field=value...] (as benchmarks/step_time.py)")
+  parser.add_argument("--saves", type=int, default=10, help="timed saves per way")
+  parser.add_argument("--dir", default=None, help="where the temporary folder goes "
+                      "(default: the system's; the disk is part of what is measured)")
+  parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "cpu"),
+                      help="output folder (default runs/benchmarks/cpu; the committed tables: "
+                      "--out benchmarks/results/cpu)")
+  args = parser.parse_args(argv)
+  if args.saves < 1:
+    parser.error("--saves must be >= 1")
+  return args
+
+
+if __name__ == "__main__":
+  # The flags first: --help and a bad invocation end here, before the imports below load JAX.
+  _ARGS = parse_args()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.train import checkpoints, run_config, train_state  # noqa: E402
 from simpletron_jax.run import run_guard
 from step_time import load_config  # noqa: E402  (benchmarks/step_time.py)
@@ -134,21 +159,10 @@ def summary(values: list[float]) -> dict[str, float]:
   return {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values)}
 
 
-def main():
-  """Command line: see the module docstring."""
-  parser = cli.ArgumentParser(prog="checkpoint_save.py",
-                              description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--config", default="configs/listops/simple.py",
-                      help="path.py[:variant][,field=value...] (as benchmarks/step_time.py)")
-  parser.add_argument("--saves", type=int, default=10, help="timed saves per way")
-  parser.add_argument("--dir", default=None, help="where the temporary folder goes "
-                      "(default: the system's; the disk is part of what is measured)")
-  parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "cpu"),
-                      help="output folder (default runs/benchmarks/cpu; the committed tables: "
-                      "--out benchmarks/results/cpu)")
-  args = parser.parse_args()
-  if args.saves < 1:
-    parser.error("--saves must be >= 1")
+def main(args: argparse.Namespace | None = None):
+  """Command line: see the module docstring. ``args``: the flags already parsed
+  (:func:`parse_args`; default: parsed from ``sys.argv``)."""
+  args = parse_args() if args is None else args
 
   config = load_config(args.config)
   vocab_size, num_classes = task_sizes(config.task)
@@ -247,4 +261,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  main(_ARGS)

@@ -43,6 +43,7 @@ kind and by model part, and the largest kernels) to ``--out``.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -56,17 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import PartitionSpec  # noqa: E402
-
-import speed_memory as sm  # noqa: E402
-import step_time  # noqa: E402
-from simpletron_jax.model import encoders  # noqa: E402
-from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
-from simpletron_jax.train import run_config, steps, train_state  # noqa: E402
 
 # H100 SXM5 80GB: 132 SMs at 1.98 GHz, 3.35 TB/s HBM3, 50 MiB L2, 228 KiB of shared memory
 # per SM (227 KiB to one block), compute capability 9.0 (NVIDIA's H100 datasheet and CUDA
@@ -100,6 +91,42 @@ PARTS = (("dropout", re.compile(r"Dropout|dropout", re.I)),
          ("MLP", re.compile(r"MlpBlock")),
          ("embedding and head", re.compile(r"embed|posembed|head_|/split|concatenate|logits")),
          ("other model ops", re.compile(r"ClassificationEncoder")))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  """The command line (see the module docstring)."""
+  parser = cli.ArgumentParser(prog="hlo_cost.py", description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--specs", nargs="+", default=["simple"],
+                      help="LABEL[+FIELD=VALUE...]: a speed_memory.py row or a config file "
+                      "spec, and model overrides")
+  parser.add_argument("--lengths", nargs="+", type=int, default=[4096])
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--target", choices=("h100", "local"), default="h100")
+  parser.add_argument("--bandwidth", type=float, default=None,
+                      help="bytes/s a streaming kernel reaches (default: 0.8 x the H100's "
+                      "3.35e12; give the local device's with --target local)")
+  parser.add_argument("--matmul_peak", type=float, default=H100_MATMUL_PEAK,
+                      help="matmul FLOP/s (default: the H100's measured bfloat16 peak)")
+  parser.add_argument("--top", type=int, default=12, help="largest kernels listed per cell")
+  parser.add_argument("--out", required=True)
+  return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+  # The flags first: --help and a bad invocation end here, before the imports below load JAX.
+  _ARGS = parse_args()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec  # noqa: E402
+
+import speed_memory as sm  # noqa: E402
+import step_time  # noqa: E402
+from simpletron_jax.model import encoders  # noqa: E402
+from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
+from simpletron_jax.train import run_config, steps, train_state  # noqa: E402
 
 
 def h100_target_config(device: dict[str, Any] | None = None) -> str:
@@ -474,29 +501,17 @@ def markdown(payload: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-  """Command line: models every (spec, length) cell and writes the two files.
+def main(argv: list[str] | None = None,
+         args: argparse.Namespace | None = None) -> dict[str, Any]:
+  """Command line: models every (spec, length) cell and writes the two files. ``args``: the
+  flags already parsed (:func:`parse_args`), as the script's own run passes them; else they are
+  parsed from ``argv``.
 
   Raises:
     SystemExit: (after writing them) if no cell compiled; at once for ``--target h100``
       without the CUDA plugin.
   """
-  parser = cli.ArgumentParser(prog="hlo_cost.py", description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--specs", nargs="+", default=["simple"],
-                      help="LABEL[+FIELD=VALUE...]: a speed_memory.py row or a config file "
-                      "spec, and model overrides")
-  parser.add_argument("--lengths", nargs="+", type=int, default=[4096])
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--target", choices=("h100", "local"), default="h100")
-  parser.add_argument("--bandwidth", type=float, default=None,
-                      help="bytes/s a streaming kernel reaches (default: 0.8 x the H100's "
-                      "3.35e12; give the local device's with --target local)")
-  parser.add_argument("--matmul_peak", type=float, default=H100_MATMUL_PEAK,
-                      help="matmul FLOP/s (default: the H100's measured bfloat16 peak)")
-  parser.add_argument("--top", type=int, default=12, help="largest kernels listed per cell")
-  parser.add_argument("--out", required=True)
-  args = parser.parse_args(argv)
+  args = parse_args(argv) if args is None else args
   for spec in args.specs:
     parse_spec(spec)   # a malformed spec fails before any compile
   bandwidth = args.bandwidth or HBM_EFFICIENCY * H100["memory_bandwidth"]
@@ -532,4 +547,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  main(args=_ARGS)

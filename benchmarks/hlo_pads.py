@@ -23,6 +23,7 @@ the matmul column is 0 there.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -32,11 +33,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from simpletron_jax.runtime import cli  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  """The command line (see the module docstring)."""
+  parser = cli.ArgumentParser(prog="hlo_pads.py", description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--variant", default="simple", help="a speed_memory.py row label")
+  parser.add_argument("--lengths", nargs="+", type=int, default=[4095, 4096])
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
+                      help="model.* overrides, as in speed_memory.py")
+  parser.add_argument("--cache_dir", default="", help="persistent compilation cache")
+  parser.add_argument("--out", required=True)
+  return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+  # The flags first: --help and a bad invocation end here, before the imports below load JAX.
+  _ARGS = parse_args()
+
 import jax  # noqa: E402
 
 import hlo_cost  # noqa: E402
 import speed_memory as sm  # noqa: E402
-from simpletron_jax.runtime import cli  # noqa: E402
+
 
 _PADDING = re.compile(r"padding=([\w\-]+)")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
@@ -119,22 +141,16 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-  """Command line: counts the pads for each length and writes the two files.
+def main(argv: list[str] | None = None,
+         args: argparse.Namespace | None = None) -> list[dict[str, Any]]:
+  """Command line: counts the pads for each length and writes the two files. ``args``: the
+  flags already parsed (:func:`parse_args`), as the script's own run passes them; else they are
+  parsed from ``argv``.
 
   Raises:
     SystemExit: (after writing them) if no length compiled.
   """
-  parser = cli.ArgumentParser(prog="hlo_pads.py", description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--variant", default="simple", help="a speed_memory.py row label")
-  parser.add_argument("--lengths", nargs="+", type=int, default=[4095, 4096])
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
-                      help="model.* overrides, as in speed_memory.py")
-  parser.add_argument("--cache_dir", default="", help="persistent compilation cache")
-  parser.add_argument("--out", required=True)
-  args = parser.parse_args(argv)
+  args = parse_args(argv) if args is None else args
   if args.cache_dir:
     sm.enable_compilation_cache(args.cache_dir)
   overrides = sm.parse_overrides(args.set) or None
@@ -153,4 +169,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-  main()
+  main(args=_ARGS)

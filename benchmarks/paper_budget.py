@@ -64,6 +64,7 @@ replace its figures (docs/reproduce.md). Writes ``paper_budget.json`` (every num
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -76,6 +77,27 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+from simpletron_jax.runtime import cli  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  """The command line (see the module docstring)."""
+  parser = cli.ArgumentParser(prog="paper_budget.py", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "paper_budget"))
+  parser.add_argument("--cells", nargs="*", default=None,
+                      help="cells of the FLOP model; default: every cell")
+  parser.add_argument("--slot_only", action="store_true",
+                      help="only the slot plan (the FLOP model of cells 1 and 2 only)")
+  parser.add_argument("--listops_data", default=None,
+                      help="a ListOps folder in LRA's layout: cell 5b's width mix from it "
+                           "instead of GROUPED_WIDTH_SHARE and EVAL_WIDTHS_500")
+  return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+  # The flags first: --help and a bad invocation end here, before the imports below load JAX.
+  _ARGS = parse_args()
+
 import jax  # noqa: E402
 
 import flops  # noqa: E402
@@ -83,9 +105,9 @@ import reproduce  # noqa: E402
 from simpletron_jax.data import batches  # noqa: E402
 from simpletron_jax.data.common import bucketed_length  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
-from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.tools import tpu_aot  # noqa: E402
 from simpletron_jax.train import run_config, steps, train_state  # noqa: E402
+
 
 # Achieved matmul TFLOP/s of a bfloat16 train step on the H100, by attention and length
 # (speed_memory_core_cells.jsonl and speed_memory_4k_16k.json there).
@@ -474,19 +496,11 @@ SLOT_ROWS = (
 )
 
 
-def main(argv=None) -> dict[str, Any]:
+def main(argv=None, args: argparse.Namespace | None = None) -> dict[str, Any]:
   """Models every cell (or ``--cells``) and the slot plan, prints both tables and writes
-  JSON and markdown."""
-  parser = cli.ArgumentParser(prog="paper_budget.py", description=__doc__.split("\n\n")[0])
-  parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "paper_budget"))
-  parser.add_argument("--cells", nargs="*", default=None,
-                      help="cells of the FLOP model; default: every cell")
-  parser.add_argument("--slot_only", action="store_true",
-                      help="only the slot plan (the FLOP model of cells 1 and 2 only)")
-  parser.add_argument("--listops_data", default=None,
-                      help="a ListOps folder in LRA's layout: cell 5b's width mix from it "
-                           "instead of GROUPED_WIDTH_SHARE and EVAL_WIDTHS_500")
-  args = parser.parse_args(argv)
+  JSON and markdown. ``args``: the flags already parsed (:func:`parse_args`), as the script's
+  own run passes them; else they are parsed from ``argv``."""
+  args = parse_args(argv) if args is None else args
   if args.slot_only:
     names = ["listops_transformer_lra_code", "text_transformer_lra_code"]
   else:
@@ -534,4 +548,4 @@ def main(argv=None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  main(args=_ARGS)

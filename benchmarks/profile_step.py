@@ -18,6 +18,7 @@ the raw trace stays in ``--out/trace``.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import glob
 import gzip
@@ -31,13 +32,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from simpletron_jax.runtime import cli  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  """The command line (see the module docstring)."""
+  parser = cli.ArgumentParser(prog="profile_step.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--variant", default="simple", help="a speed_memory.py row label")
+  parser.add_argument("--length", type=int, default=4096)
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--top", type=int, default=25)
+  parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
+                      help="model.* overrides, as in speed_memory.py")
+  parser.add_argument("--out", required=True)
+  return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+  # The flags first: --help and a bad invocation end here, before the imports below load JAX.
+  _ARGS = parse_args()
+
 import jax  # noqa: E402
 
 import speed_memory as sm  # noqa: E402
 from simpletron_jax.model import encoders  # noqa: E402
-from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.train import run_config, train_state  # noqa: E402
 from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
+
 
 # Kernel kinds, first match wins (names of cuBLAS/cuDNN/XLA GPU kernels and XLA CPU ops;
 # XLA CPU runs many dots as XNNPACK/YNNPACK fusions, ``ynn_fusion.N``).
@@ -267,20 +291,12 @@ def profile(variant: str, length: int, dtype: str, batch: int, steps: int, out: 
   return trace_dir, step.as_text()
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-  """Profiles one (variant, length, dtype) and writes the summary files."""
-  parser = cli.ArgumentParser(prog="profile_step.py",
-                              description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--variant", default="simple", help="a speed_memory.py row label")
-  parser.add_argument("--length", type=int, default=4096)
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--steps", type=int, default=5)
-  parser.add_argument("--top", type=int, default=25)
-  parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
-                      help="model.* overrides, as in speed_memory.py")
-  parser.add_argument("--out", required=True)
-  args = parser.parse_args(argv)
+def main(argv: list[str] | None = None,
+         args: argparse.Namespace | None = None) -> dict[str, Any]:
+  """Profiles one (variant, length, dtype) and writes the summary files. ``args``: the flags
+  already parsed (:func:`parse_args`), as the script's own run passes them; else they are parsed
+  from ``argv``."""
+  args = parse_args(argv) if args is None else args
   trace_dir, hlo_text = profile(args.variant, args.length, args.dtype, args.batch, args.steps,
                                 args.out, sm.parse_overrides(args.set))
   trace = load_trace(trace_dir)
@@ -300,4 +316,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  main(args=_ARGS)

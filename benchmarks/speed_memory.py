@@ -109,20 +109,7 @@ for _path in (ROOT, HERE):
   if _path not in sys.path:
     sys.path.insert(0, _path)
 
-import flax  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
-
-import flops  # noqa: E402
-import step_time  # noqa: E402
-from simpletron_jax.model import attention, encoders  # noqa: E402
-from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
-from simpletron_jax.runtime import xla_cache  # noqa: E402
-from simpletron_jax.train import run_config, train_state  # noqa: E402
-from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
 
 BYTE_VOCAB = 257           # LRA text: byte ids 1..256, 0 = pad
 NUM_CLASSES = 2
@@ -142,6 +129,76 @@ MEMORY_METRIC = ("compiled.memory_analysis() of the pmapped step, argument + out
 FLOPS_METRIC = ("analytic: the step's dot_general FLOPs (2 per multiply-add) plus cuDNN "
                 "attention, from its jaxpr (benchmarks/flops.py), per device")
 STATUSES = ("ok", "OOM", "skipped", "error")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  """The command-line flags (see the module docstring)."""
+  parser = cli.ArgumentParser(prog="speed_memory.py",
+                              description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--variants", nargs="+", default=None,
+                      help="row labels (default: every registered attention plus "
+                      "softmax_xla and softmax_flash)")
+  parser.add_argument("--lengths", nargs="+", type=int, default=None,
+                      help=f"input lengths (default {' '.join(map(str, DEFAULT_LENGTHS))}; "
+                      f"--quick: {' '.join(map(str, QUICK_LENGTHS))})")
+  parser.add_argument("--batch", type=int, default=None, help="global batch (default 32; "
+                      "--quick: 2)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="model.dtype")
+  parser.add_argument("--steps", type=int, default=None,
+                      help="steps per timed run (default 10; --quick: 2)")
+  parser.add_argument("--rounds", type=int, default=3,
+                      help="timed runs per cell; each blocks once (default 3)")
+  parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
+                      help="model.* overrides for every cell, e.g. last_block_cls_only=true "
+                      "(values parsed as JSON, else kept as strings)")
+  parser.add_argument("--cache_dir", default=os.path.join(
+      os.path.expanduser("~"), ".cache", "simpletron_jax", "jax_compilation_cache"),
+                      help="persistent XLA compilation cache ('' to disable)")
+  parser.add_argument("--quick", action="store_true",
+                      help="CPU mode: batch 2, lengths 1K, 2K and 4K, 2 steps x 3 runs "
+                      "(every variant: most of an hour on one core; a few: minutes)")
+  parser.add_argument("--out", default=None,
+                      help="results folder, '{device}' replaced by the device (default "
+                      "runs/benchmarks/<device>/; the committed ones: --out "
+                      "benchmarks/results/{device})")
+  parser.add_argument("--max_memory_gb", type=float, default=None,
+                      help="record OOM, without running it, for a config whose train state "
+                      "or compiled memory estimate exceeds this (default: the device's "
+                      "bytes_limit; CPU: 80%% of RAM)")
+  parser.add_argument("--matmul_n", type=int, default=None,
+                      help="matrix side for the matmul peak (default 8192; CPU 1024)")
+  parser.add_argument("--in_process", action="store_true",
+                      help="accepted for old commands; every cell runs in this process")
+  parser.add_argument("--run_seconds", type=float, default=0.0,
+                      help="cut each timed run of a slow cell to about this many seconds "
+                      "(at least 1 step; timed from one extra step); 0: --steps every time")
+  parser.add_argument("--compile_workers", type=int, default=1,
+                      help="threads that compile a length's cells side by side before they "
+                      "run one by one (default 1)")
+  parser.add_argument("--resume", action="store_true",
+                      help="reuse the records of an interrupted run with the same settings "
+                      "(<out>/speed_memory.partial.jsonl)")
+  return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+  # The flags first: --help and a bad invocation end here, before the imports below load JAX.
+  _ARGS = parse_args()
+
+import flax  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+
+import flops  # noqa: E402
+import step_time  # noqa: E402
+from simpletron_jax.model import attention, encoders  # noqa: E402
+from simpletron_jax.model.attention import softmax as softmax_attention  # noqa: E402
+from simpletron_jax.runtime import xla_cache  # noqa: E402
+from simpletron_jax.train import run_config, train_state  # noqa: E402
+from simpletron_jax.train.steps import pmap_steps, replicate  # noqa: E402
 
 
 # ----------------------------------------------------------------------------
@@ -1110,57 +1167,6 @@ def write_outputs(payload: dict[str, Any], out_dir: str) -> dict[str, str]:
 # Command line.
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  """The command-line flags (see the module docstring)."""
-  parser = cli.ArgumentParser(prog="speed_memory.py",
-                              description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--variants", nargs="+", default=None,
-                      help="row labels (default: every registered attention plus "
-                      "softmax_xla and softmax_flash)")
-  parser.add_argument("--lengths", nargs="+", type=int, default=None,
-                      help=f"input lengths (default {' '.join(map(str, DEFAULT_LENGTHS))}; "
-                      f"--quick: {' '.join(map(str, QUICK_LENGTHS))})")
-  parser.add_argument("--batch", type=int, default=None, help="global batch (default 32; "
-                      "--quick: 2)")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                      help="model.dtype")
-  parser.add_argument("--steps", type=int, default=None,
-                      help="steps per timed run (default 10; --quick: 2)")
-  parser.add_argument("--rounds", type=int, default=3,
-                      help="timed runs per cell; each blocks once (default 3)")
-  parser.add_argument("--set", nargs="+", default=(), metavar="FIELD=VALUE",
-                      help="model.* overrides for every cell, e.g. last_block_cls_only=true "
-                      "(values parsed as JSON, else kept as strings)")
-  parser.add_argument("--cache_dir", default=os.path.join(
-      os.path.expanduser("~"), ".cache", "simpletron_jax", "jax_compilation_cache"),
-                      help="persistent XLA compilation cache ('' to disable)")
-  parser.add_argument("--quick", action="store_true",
-                      help="CPU mode: batch 2, lengths 1K, 2K and 4K, 2 steps x 3 runs "
-                      "(every variant: most of an hour on one core; a few: minutes)")
-  parser.add_argument("--out", default=None,
-                      help="results folder, '{device}' replaced by the device (default "
-                      "runs/benchmarks/<device>/; the committed ones: --out "
-                      "benchmarks/results/{device})")
-  parser.add_argument("--max_memory_gb", type=float, default=None,
-                      help="record OOM, without running it, for a config whose train state "
-                      "or compiled memory estimate exceeds this (default: the device's "
-                      "bytes_limit; CPU: 80%% of RAM)")
-  parser.add_argument("--matmul_n", type=int, default=None,
-                      help="matrix side for the matmul peak (default 8192; CPU 1024)")
-  parser.add_argument("--in_process", action="store_true",
-                      help="accepted for old commands; every cell runs in this process")
-  parser.add_argument("--run_seconds", type=float, default=0.0,
-                      help="cut each timed run of a slow cell to about this many seconds "
-                      "(at least 1 step; timed from one extra step); 0: --steps every time")
-  parser.add_argument("--compile_workers", type=int, default=1,
-                      help="threads that compile a length's cells side by side before they "
-                      "run one by one (default 1)")
-  parser.add_argument("--resume", action="store_true",
-                      help="reuse the records of an interrupted run with the same settings "
-                      "(<out>/speed_memory.partial.jsonl)")
-  return parser.parse_args(argv)
-
-
 def parse_overrides(items) -> dict[str, Any]:
   """``["last_block_cls_only=true", ...]`` -> ``{"last_block_cls_only": True}`` (JSON values).
 
@@ -1184,14 +1190,20 @@ def enable_compilation_cache(path: str) -> None:
   xla_cache.enable(path, min_compile_secs=0.0)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None,
+         args: argparse.Namespace | None = None) -> dict[str, Any]:
   """Runs the benchmark from the command line, writes the outputs, prints the tables.
+
+  Args:
+    argv: the flags (default ``sys.argv[1:]``).
+    args: the flags already parsed (:func:`parse_args`), as the script's own run passes them;
+      ``argv`` is then not read.
 
   Raises:
     SystemExit: (after writing the outputs) if every cell failed or was skipped, so a run
       that measured nothing does not exit 0.
   """
-  args = parse_args(argv)
+  args = parse_args(argv) if args is None else args
   enable_compilation_cache(args.cache_dir)
   out = args.out or os.path.join(ROOT, "runs", "benchmarks", "{device}")
   partial = os.path.join(out, "speed_memory.partial.jsonl")
@@ -1223,4 +1235,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  main(args=_ARGS)

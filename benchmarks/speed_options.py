@@ -33,9 +33,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import speed_memory  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.runtime import platforms  # noqa: E402  pylint: disable=wrong-import-position
+# speed_memory imports JAX: run() and main() import it, so --help and a bad invocation end
+# before JAX loads.
 
 _BLOCK = {"block_diagonal": True}
 
@@ -125,6 +126,7 @@ def run(options: tuple[Option, ...], lengths: list[int], batch: int, dtype: str,
     :func:`speed_memory.measure_config` makes it, with ``label`` the option's.
   """
   import concurrent.futures  # pylint: disable=import-outside-toplevel
+  import speed_memory  # pylint: disable=import-outside-toplevel
   start = time.perf_counter()
   machine = speed_memory.machine_info(matmul_n)
   limit = speed_memory.default_memory_limit(machine)
@@ -221,6 +223,7 @@ def main(argv=None) -> dict[str, Any]:
     SystemExit: for an unknown ``--only`` label, and (after writing) when no cell ran.
   """
   args = parse_args(argv)
+  import speed_memory  # pylint: disable=import-outside-toplevel
   platforms.skip_absent_tpu()
   options = OPTIONS
   if args.only:

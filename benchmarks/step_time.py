@@ -17,6 +17,7 @@ and each config's time relative to the first. Writes ``step_time.json`` and
 when named).
 """
 
+import argparse
 import ast
 import importlib.util
 import json
@@ -29,11 +30,31 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from simpletron_jax.runtime import cli  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  """The command line (see the module docstring)."""
+  parser = cli.ArgumentParser(prog="step_time.py", description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--configs", nargs="+", required=True, help="path.py[:variant] ...")
+  parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2000])
+  parser.add_argument("--batch", type=int, default=None, help="default: config.batch_size")
+  parser.add_argument("--rounds", type=int, default=5, help="timed steps per config and length")
+  parser.add_argument("--vocab", type=int, default=16)
+  parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "cpu"),
+                      help="output folder (default runs/benchmarks/cpu; the committed tables: "
+                      "--out benchmarks/results/cpu)")
+  return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+  # The flags first: --help and a bad invocation end here, before the imports below load JAX.
+  _ARGS = parse_args()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from simpletron_jax.model import encoders  # noqa: E402
-from simpletron_jax.runtime import cli  # noqa: E402
 from simpletron_jax.train import run_config, steps, train_state  # noqa: E402
 
 
@@ -78,18 +99,10 @@ def random_batch(rng, batch_size: int, length: int, vocab: int, n_dev: int,
       "weights": np.ones(batch_size, np.float32)}, n_dev)
 
 
-def main():
-  """Command line: times the train step of each config at each length; see the module docstring."""
-  parser = cli.ArgumentParser(prog="step_time.py", description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--configs", nargs="+", required=True, help="path.py[:variant] ...")
-  parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2000])
-  parser.add_argument("--batch", type=int, default=None, help="default: config.batch_size")
-  parser.add_argument("--rounds", type=int, default=5, help="timed steps per config and length")
-  parser.add_argument("--vocab", type=int, default=16)
-  parser.add_argument("--out", default=os.path.join(ROOT, "runs", "benchmarks", "cpu"),
-                      help="output folder (default runs/benchmarks/cpu; the committed tables: "
-                      "--out benchmarks/results/cpu)")
-  args = parser.parse_args()
+def main(args: argparse.Namespace | None = None):
+  """Command line: times the train step of each config at each length; see the module docstring.
+  ``args``: the flags already parsed (:func:`parse_args`; default: parsed from ``sys.argv``)."""
+  args = parse_args() if args is None else args
 
   n_dev = jax.local_device_count()
   runs = []
@@ -149,4 +162,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  main(_ARGS)

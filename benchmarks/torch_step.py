@@ -61,14 +61,6 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-import speed_memory  # noqa: E402
-import step_time  # noqa: E402
-from simpletron_jax.model import layers  # noqa: E402
 from simpletron_jax.runtime import cli  # noqa: E402
 
 ATTENTIONS = ("softmax", "simple")
@@ -79,6 +71,60 @@ MODEL = {"emb_dim": 256, "num_heads": 4, "qkv_dim": 256, "mlp_dim": 1024, "num_l
 LEARNING_RATE = 1e-4
 ADAM = {"betas": (0.9, 0.98), "eps": 1e-9, "weight_decay": 0.1}
 GIB = 2.0 ** 30
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  """The command-line flags (see the module docstring)."""
+  parser = cli.ArgumentParser(prog="torch_step.py", description=__doc__.split("\n", maxsplit=1)[0])
+  parser.add_argument("--attentions", nargs="+", default=list(ATTENTIONS), choices=ATTENTIONS)
+  parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+  parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096, 16384])
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+  parser.add_argument("--steps", type=int, default=10, help="steps per timed run (at most)")
+  parser.add_argument("--rounds", type=int, default=3, help="timed runs per cell")
+  parser.add_argument("--run_seconds", type=float, default=0.0,
+                      help="cut a slow cell's runs to about this many seconds (0: off)")
+  parser.add_argument("--dropout", type=float, default=MODEL["dropout_rate"],
+                      help="embedding, residual and MLP dropout (speed_memory's "
+                      "--set dropout_rate=...)")
+  parser.add_argument("--attention_dropout", type=float, default=0.0,
+                      help="softmax's attention dropout (0: as speed_memory's softmax_flash)")
+  parser.add_argument("--compile_mode", default="default",
+                      choices=("default", "reduce-overhead", "max-autotune"),
+                      help="torch.compile's mode for the compile rows")
+  parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+  parser.add_argument("--jax_results", default=None,
+                      help="a speed_memory.json measured just before on the same machine, for "
+                      "the ratios")
+  parser.add_argument("--out", default="/tmp/torch_step")
+  args = parser.parse_args(argv)
+  for flag, value in (("--batch", args.batch), ("--steps", args.steps),
+                      ("--rounds", args.rounds)):
+    if value < 1:
+      parser.error(f"{flag} must be at least 1, got {value}")
+  if min(args.lengths) < 1:
+    parser.error(f"--lengths must be positive, got {args.lengths}")
+  for flag, rate in (("--dropout", args.dropout), ("--attention_dropout",
+                                                   args.attention_dropout)):
+    if not 0.0 <= rate < 1.0:
+      parser.error(f"{flag} must be in [0, 1), got {rate}")
+  return args
+
+
+if __name__ == "__main__":
+  # The flags first: --help and a bad invocation end here, before the imports below load
+  # PyTorch and JAX.
+  _ARGS = parse_args()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import speed_memory  # noqa: E402
+import step_time  # noqa: E402
+from simpletron_jax.model import layers  # noqa: E402
 
 
 class Attention(nn.Module):
@@ -522,47 +568,11 @@ def markdown_report(payload: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  """The command-line flags (see the module docstring)."""
-  parser = cli.ArgumentParser(prog="torch_step.py", description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--attentions", nargs="+", default=list(ATTENTIONS), choices=ATTENTIONS)
-  parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-  parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096, 16384])
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-  parser.add_argument("--steps", type=int, default=10, help="steps per timed run (at most)")
-  parser.add_argument("--rounds", type=int, default=3, help="timed runs per cell")
-  parser.add_argument("--run_seconds", type=float, default=0.0,
-                      help="cut a slow cell's runs to about this many seconds (0: off)")
-  parser.add_argument("--dropout", type=float, default=MODEL["dropout_rate"],
-                      help="embedding, residual and MLP dropout (speed_memory's "
-                      "--set dropout_rate=...)")
-  parser.add_argument("--attention_dropout", type=float, default=0.0,
-                      help="softmax's attention dropout (0: as speed_memory's softmax_flash)")
-  parser.add_argument("--compile_mode", default="default",
-                      choices=("default", "reduce-overhead", "max-autotune"),
-                      help="torch.compile's mode for the compile rows")
-  parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-  parser.add_argument("--jax_results", default=None,
-                      help="a speed_memory.json measured just before on the same machine, for "
-                      "the ratios")
-  parser.add_argument("--out", default="/tmp/torch_step")
-  args = parser.parse_args(argv)
-  for flag, value in (("--batch", args.batch), ("--steps", args.steps),
-                      ("--rounds", args.rounds)):
-    if value < 1:
-      parser.error(f"{flag} must be at least 1, got {value}")
-  if min(args.lengths) < 1:
-    parser.error(f"--lengths must be positive, got {args.lengths}")
-  for flag, rate in (("--dropout", args.dropout), ("--attention_dropout",
-                                                   args.attention_dropout)):
-    if not 0.0 <= rate < 1.0:
-      parser.error(f"{flag} must be in [0, 1), got {rate}")
-  return args
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None,
+         args: argparse.Namespace | None = None) -> dict[str, Any]:
   """Command line: measures every row, writes ``torch_step.json`` and ``torch_step.md``.
+  ``args``: the flags already parsed (:func:`parse_args`), as the script's own run passes them;
+  else they are parsed from ``argv``.
 
   Returns:
     The payload written to ``torch_step.json``.
@@ -573,7 +583,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     SystemExit: non-zero for ``--device cuda`` without a CUDA device, and when no cell ran
       (ok or OOM), after writing the outputs.
   """
-  args = parse_args(argv)
+  args = parse_args(argv) if args is None else args
   jax_payload = None
   if args.jax_results:
     if not os.path.exists(args.jax_results):
@@ -624,4 +634,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  main(args=_ARGS)

@@ -38,7 +38,7 @@ import json
 import math
 import os
 import sys
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -46,9 +46,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from simpletron_jax.runtime import cli  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax.tools import explain  # noqa: E402  pylint: disable=wrong-import-position
 
 from simpletron_jax.data import tasks as task_registry  # noqa: E402  pylint: disable=C0413
+
+if TYPE_CHECKING:   # the functions import it (it imports JAX): --help ends before JAX loads
+  from simpletron_jax.tools import explain
+
 IMAGE_TASKS = task_registry.shown_as("pixels")   # drawn as an image (TaskSpec.shown)
 TEXT_TASKS = task_registry.shown_as("bytes")     # bytes run on; other tasks' tokens are spaced
 CHARS_PER_LINE = 100
@@ -124,6 +127,7 @@ def load_run(workdir: str, which: str = "best", step: int | None = None):
   # pylint: disable=import-outside-toplevel  (the training modules load only for a run)
   from simpletron_jax.data.common import PairedExamples
   from simpletron_jax.model import encoders, lora
+  from simpletron_jax.tools import explain
   from simpletron_jax.train import saved_runs
 
   saved = saved_runs.load_run(workdir, which, step)
@@ -201,6 +205,7 @@ def record(ex: explain.Explanation, batch, task: str, meta: dict[str, Any],
            vocab: Sequence[str] | None = None) -> dict[str, Any]:
   """The JSON record of one example (module docstring); ``vocab`` as in
   :func:`token_strings`."""
+  from simpletron_jax.tools import explain  # pylint: disable=import-outside-toplevel
   probs = np.exp(ex.logits - ex.logits.max())
   probs = probs / probs.sum()
   docs = []
@@ -293,6 +298,7 @@ def draw(ex: explain.Explanation, batch, task: str, meta: dict[str, Any], path: 
   Raises:
     ImportError: matplotlib is missing (``pip install -e ".[bench]"``).
   """
+  from simpletron_jax.tools import explain  # pylint: disable=import-outside-toplevel
   try:
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
@@ -436,6 +442,7 @@ def explain_examples(args: argparse.Namespace) -> list[str]:
   Raises:
     FileNotFoundError, ValueError: user errors (see the module docstring).
   """
+  from simpletron_jax.tools import explain  # pylint: disable=import-outside-toplevel
   config, data, model, apply_fn, params, step = load_run(args.workdir, args.which, args.step)
   split = getattr(data, args.split)
   indices = example_indices(args.index, args.count, len(split))

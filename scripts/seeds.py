@@ -50,7 +50,8 @@ from simpletron_jax.runtime import cli, errors  # noqa: E402  pylint: disable=C0
 from simpletron_jax.runtime import overrides as overrides_lib  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.run import run_record  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.run import preemption  # noqa: E402
+# simpletron_jax.run.preemption (PREEMPTED_EXIT_CODE) imports JAX: imported where it is read, so
+# --help and a bad invocation end before JAX loads.
 
 RUN_FILES = ("config.json", "metrics.jsonl", "results.json")
 # The lines of train.py's output that are also printed while a seed trains: progress
@@ -179,6 +180,7 @@ def subprocess_trainer(config: str, overrides: Sequence[str], nice: int = 0,
     try:
       run_relayed(cmd, ROOT, log, f"seed {seed}", relay)
     except RuntimeError as e:
+      from simpletron_jax.run import preemption  # pylint: disable=import-outside-toplevel
       if re.search(rf"exited {preemption.PREEMPTED_EXIT_CODE}[:;]", str(e)):
         raise SeedPreempted(f"seed {seed}: train.py was preempted (SIGTERM or SIGINT) after "
                             "saving a checkpoint; rerun the same command to continue (log: "
@@ -313,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         config_for=lambda seed: expected_config(args.config, overrides, seed),
                         count_forced=args.count_forced)
   except SeedPreempted as e:   # saved: 75, as train.py, so a scheduler reruns the command
+    from simpletron_jax.run import preemption  # pylint: disable=import-outside-toplevel
     print(f"seeds.py: {e}", file=sys.stderr)
     raise SystemExit(preemption.PREEMPTED_EXIT_CODE) from None
   except SeedError as e:  # a named cause: one line, no traceback

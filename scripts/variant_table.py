@@ -39,7 +39,6 @@ from typing import Callable, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from simpletron_jax.model import attention  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.runtime import cli, overrides  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.run import run_record  # noqa: E402  pylint: disable=C0413
@@ -191,6 +190,8 @@ def main(argv: Sequence[str] | None = None, train_for: Callable[[int | None], Tr
     The ``table.json`` contents.
   """
   args = parse_args(argv)
+  # After the flags: the attention registry imports JAX.
+  from simpletron_jax.model import attention  # pylint: disable=import-outside-toplevel
   names = args.names or attention.names()
   tag = f"{args.task}_{args.variant}_table"
   run_root = os.path.abspath(args.runs or os.path.join(ROOT, "runs", tag))

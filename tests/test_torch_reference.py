@@ -13,19 +13,35 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 
-import jax_vs_torch  # noqa: E402
 import speed_memory  # noqa: E402
-import torch_step  # noqa: E402
 
 from simpletron_jax.model import encoders  # noqa: E402
 from simpletron_jax.train import steps  # noqa: E402
 
 TINY = {"emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_layers": 2}
 LENGTH = 12
+
+
+# PyTorch (and the benchmarks that import it) are imported by these fixtures, when a test runs,
+# not at collection: that import costs about 4 s in every process that collects the tests.
+@pytest.fixture(scope="module")
+def torch():
+  """The torch module; every test of this file is skipped where PyTorch is not installed."""
+  return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def torch_step(torch):  # pylint: disable=redefined-outer-name,unused-argument
+  import torch_step as module  # pylint: disable=import-outside-toplevel
+  return module
+
+
+@pytest.fixture(scope="module")
+def jax_vs_torch(torch):  # pylint: disable=redefined-outer-name,unused-argument
+  import jax_vs_torch as module  # pylint: disable=import-outside-toplevel
+  return module
 
 
 def _jax_model(kind: str):
@@ -36,13 +52,13 @@ def _jax_model(kind: str):
                                    num_classes=speed_memory.NUM_CLASSES)
 
 
-def test_the_torch_model_has_the_benchmark_model_sizes():
+def test_the_torch_model_has_the_benchmark_model_sizes(torch_step):
   model = speed_memory.lra_text_config(1024, "simple", {}, 32, "bfloat16").model
   assert {k: model[k] for k in torch_step.MODEL} == torch_step.MODEL
 
 
 @pytest.mark.parametrize("kind", ["softmax", "simple"])
-def test_torch_logits_and_gradients_equal_jax_with_padding(kind):
+def test_torch_logits_and_gradients_equal_jax_with_padding(kind, torch, torch_step):
   """Same parameters, a padded batch, no dropout: the logits, the loss and the gradient of
   every parameter agree in float32."""
   model = _jax_model(kind)
@@ -92,7 +108,7 @@ def test_torch_logits_and_gradients_equal_jax_with_padding(kind):
                                atol=1e-5, err_msg=name)
 
 
-def test_a_wrong_parameter_tree_is_refused():
+def test_a_wrong_parameter_tree_is_refused(torch_step):
   reference = torch_step.TextClassifier("simple", speed_memory.BYTE_VOCAB, 2, LENGTH, **TINY)
   params = jax.eval_shape(_jax_model("simple").init, jax.random.PRNGKey(0),
                           jnp.ones((1, LENGTH), jnp.int32))["params"]
@@ -102,7 +118,7 @@ def test_a_wrong_parameter_tree_is_refused():
     torch_step.load_flax_params(reference, wide)
 
 
-def test_the_benchmark_writes_rows_and_ratios_against_jax(tmp_path):
+def test_the_benchmark_writes_rows_and_ratios_against_jax(tmp_path, torch_step):
   """Eager rows at one length on CPU; the JAX row read from a speed_memory payload is divided
   by the fastest PyTorch row of each attention."""
   jax_path = tmp_path / "speed_memory.json"
@@ -128,7 +144,7 @@ def test_the_benchmark_writes_rows_and_ratios_against_jax(tmp_path):
   assert json.loads((tmp_path / "torch_step.json").read_text())["records"] == payload["records"]
 
 
-def test_the_report_gives_gpu_memory_and_the_failed_cells():
+def test_the_report_gives_gpu_memory_and_the_failed_cells(torch_step):
   """A GPU payload (peak memory recorded) with an OOM cell and the row it stopped."""
   def cell(label, length, status, **fields):
     kind = label.split("_")[1]
@@ -152,13 +168,14 @@ def test_the_report_gives_gpu_memory_and_the_failed_cells():
 
 @pytest.mark.parametrize("flags", [["--dropout", "1.0"], ["--attention_dropout", "-0.1"],
                                    ["--steps", "0"]])
-def test_bad_flags_are_refused(flags, capsys):
+def test_bad_flags_are_refused(flags, capsys, torch_step):
   with pytest.raises(SystemExit):
     torch_step.parse_args(flags)
   assert flags[0] in capsys.readouterr().err
 
 
-def test_a_non_finite_loss_is_an_error_and_a_foreign_json_is_refused(tmp_path, monkeypatch):
+def test_a_non_finite_loss_is_an_error_and_a_foreign_json_is_refused(tmp_path, monkeypatch, torch,
+                                                                      torch_step):
   monkeypatch.setattr(torch_step, "make_step",
                       lambda *args: lambda tokens, targets: torch.tensor(float("nan")))
   record = torch_step.measure("simple", "eager", 8, 2, "float32", 1, 1, torch.device("cpu"),
@@ -170,7 +187,8 @@ def test_a_non_finite_loss_is_an_error_and_a_foreign_json_is_refused(tmp_path, m
     torch_step.main(["--jax_results", str(foreign), "--out", str(tmp_path)])
 
 
-def test_the_interleaved_benchmark_times_both_frameworks_in_turn(tmp_path, monkeypatch):
+def test_the_interleaved_benchmark_times_both_frameworks_in_turn(tmp_path, monkeypatch, torch,
+                                                                  torch_step, jax_vs_torch):
   """benchmarks/jax_vs_torch.py: one JAX row against its PyTorch model, rounds interleaved;
   the PyTorch model starts from the JAX parameters, and a failing cell is a record."""
   jvt = jax_vs_torch

@@ -28,9 +28,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import exp_common  # noqa: E402  pylint: disable=wrong-import-position
-
-from simpletron_jax.model import transfer  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax.train import saved_runs  # noqa: E402  pylint: disable=wrong-import-position
+# transfer and saved_runs import JAX: the functions that use them import them, so --help and a
+# bad invocation end before JAX loads.
 
 NAME = "attention_swap"
 QUICK = {"steps": 600, "eval_every": 200, "finetune_steps": 200}
@@ -48,6 +47,7 @@ def layer_lists(target: str, num_layers: int, k: int) -> dict[str, tuple[str, ..
 
 def swapped_accuracy(base_cfg, base_params, per_layer, data) -> tuple[float, dict]:
   """Test accuracy of the trained softmax weights in a model with ``per_layer`` attentions."""
+  from simpletron_jax.model import transfer  # pylint: disable=import-outside-toplevel
   cfg = base_cfg.copy_and_resolve_references()
   cfg.model.attention_per_layer = tuple(per_layer)
   params, report = transfer.transfer_params(base_params, exp_common.init_params(cfg, data))
@@ -57,6 +57,7 @@ def swapped_accuracy(base_cfg, base_params, per_layer, data) -> tuple[float, dic
 
 def run(args, data_cache) -> dict:
   """Trains the softmax model, evaluates the swaps, trains the re-alignments."""
+  from simpletron_jax.train import saved_runs  # pylint: disable=import-outside-toplevel
   mode = QUICK if args.quick else PAPER
   base_cfg = exp_common.make_config(args, args.task, "softmax", mode["steps"],
                                     mode["eval_every"])

@@ -37,10 +37,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import exp_common  # noqa: E402  pylint: disable=wrong-import-position
-
-from simpletron_jax.train import saved_runs  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax.train import train_state  # noqa: E402  pylint: disable=wrong-import-position
-from simpletron_jax.data import batches  # noqa: E402
+# The training modules (saved_runs, train_state, batches) import JAX: the functions that use
+# them import them, so --help and a bad invocation end before JAX loads.
 
 NAME = "depth"
 QUICK = {"steps": 300, "eval_every": 100, "depths": [1, 2, 4, 8]}
@@ -56,6 +54,8 @@ def kv_matrices(config, params, data) -> list[np.ndarray]:
 
   ``L`` is each example's number of real tokens (CLS included), as in Simple attention.
   """
+  from simpletron_jax.data import batches  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import train_state  # pylint: disable=import-outside-toplevel
   model = train_state.build_model(config, data)
   batch = next(batches.eval_batches(data.val, batches.BatchConfig.from_config_dict(config), 32, 1))
   want = lambda mdl, _: mdl.name in ("key", "value")  # noqa: E731
@@ -86,6 +86,7 @@ def symmetry(m_KxK: np.ndarray) -> float:
 
 def block_stats(config, workdir, data) -> list[dict[str, float]]:
   """Spread and symmetry of each block's ``K^T V`` of a run's best checkpoint."""
+  from simpletron_jax.train import saved_runs  # pylint: disable=import-outside-toplevel
   params = saved_runs.load_run(workdir).params()
   stats = []
   for m_HxKxK in kv_matrices(config, params, data):

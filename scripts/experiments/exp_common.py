@@ -18,11 +18,12 @@ with one line, ``<script>: <cause>``, and exit status 1; ``--verbose`` shows the
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -30,14 +31,29 @@ if ROOT not in sys.path:
 
 import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 
-from configs import lra  # noqa: E402  pylint: disable=wrong-import-position
 from simpletron_jax.runtime import cli, overrides  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import (  # noqa: E402  pylint: disable=C0413
-    evaluation, run_config, steps, train_state)
-from simpletron_jax.data import batches, tasks  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.train import trainer  # noqa: E402  pylint: disable=C0413
-from simpletron_jax.run import run_record
+from simpletron_jax.run import run_record  # noqa: E402  pylint: disable=C0413
 from simpletron_jax.run.metric_logging import read_records  # noqa: E402  pylint: disable=C0413
+
+if TYPE_CHECKING:
+  from simpletron_jax.data import tasks
+
+# The modules below import JAX: each function imports what it needs when it runs, so a
+# script's --help and a bad invocation end before JAX loads. They are still attributes of this
+# module (exp_common.trainer, exp_common.lra), imported on first read (:func:`__getattr__`).
+_LAZY_MODULES = {"lra": "configs.lra", "evaluation": "simpletron_jax.train.evaluation",
+                 "run_config": "simpletron_jax.train.run_config",
+                 "steps": "simpletron_jax.train.steps",
+                 "train_state": "simpletron_jax.train.train_state",
+                 "trainer": "simpletron_jax.train.trainer",
+                 "batches": "simpletron_jax.data.batches", "tasks": "simpletron_jax.data.tasks"}
+
+
+def __getattr__(name: str) -> Any:
+  """``exp_common.<name>`` for a module of :data:`_LAZY_MODULES`: imported now."""
+  if name in _LAZY_MODULES:
+    return importlib.import_module(_LAZY_MODULES[name])
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 OUTPUT_EXTENSIONS = ("json", "md", "png")
@@ -136,6 +152,7 @@ def make_config(args, task: str, attention: str, steps: int | None = None,
   ``--config.*`` overrides come last; ValueError, one line, for an override of a field the
   config lacks or of another type (:func:`simpletron_jax.runtime.overrides.apply_overrides`).
   """
+  from configs import lra  # pylint: disable=import-outside-toplevel
   config = lra.make_config(task, attention, "tiny" if args.quick else None)
   steps = args.steps or steps or config.num_train_steps
   set_length(config, steps, args.eval_every or eval_every or config.eval_frequency)
@@ -166,6 +183,7 @@ class DataCache:
       return self._fixed
     key = config.task + json.dumps(config.data.to_dict(), sort_keys=True, default=str)
     if key not in self._cache:
+      from simpletron_jax.data import tasks  # pylint: disable=import-outside-toplevel
       self._cache[key] = tasks.load_task(config)
     return self._cache[key]
 
@@ -189,6 +207,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, data: tasks.TaskData)
     ValueError: if ``workdir`` holds a run of another config: its ``config.json`` has another
       :func:`simpletron_jax.run.run_record.config_fingerprint` (choose another ``--runs``).
   """
+  from simpletron_jax.train import trainer  # pylint: disable=import-outside-toplevel
   path = os.path.join(workdir, "results.json")
   saved = os.path.join(workdir, "config.json")
   if os.path.exists(saved):
@@ -214,6 +233,9 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
   """Accuracy and loss of ``params`` in the model of ``config`` on ``split``, of
   ``num_test_steps`` batches of the test split, ``num_eval_steps`` of the others (as
   ``final_test.evaluate_checkpoint``)."""
+  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.data import batches
+  from simpletron_jax.train import evaluation, steps, train_state
   model = train_state.build_model(config, data)
   _, p_eval = steps.pmap_steps(model.apply)
   limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
@@ -224,6 +246,7 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
 def init_params(config: ml_collections.ConfigDict, data: tasks.TaskData):
   """Freshly initialised parameters of the model of ``config`` (seed ``config.seed``)."""
   import jax  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.train import run_config, train_state  # pylint: disable=C0415
   model = train_state.build_model(config, data)
   return train_state.create_train_state(
 
