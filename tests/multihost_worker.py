@@ -52,6 +52,32 @@ def presence_data():
                         source="synthetic")
 
 
+_SINGLE_RUN = {}
+
+
+def single_process_run(folder):
+  """The workers' run in this process on its two devices, recorded as a worker records it:
+  ``(workdir, {"loads", "evals", "results"})``; trained in ``folder`` (which must outlive the
+  caller) the first time only. The test modules that compare two processes against it
+  (test_multihost.py, test_faults_lifecycle.py) share it when they run in one process."""
+  if "run" not in _SINGLE_RUN:
+    import jax  # pylint: disable=import-outside-toplevel
+    import pytest  # pylint: disable=import-outside-toplevel
+    from simpletron_jax.data import batches  # pylint: disable=import-outside-toplevel
+    from simpletron_jax.train import evaluation, trainer  # pylint: disable=import-outside-toplevel
+    assert jax.process_count() == 1 and jax.local_device_count() == 2
+    workdir, data = os.path.join(folder, "run"), presence_data()
+    record = {"loads": [], "evals": []}
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(batches, "make_batch", batches.make_batch)  # restored on exit
+      mp.setattr(evaluation, "evaluate", evaluation.evaluate)
+      _record_loads(batches, data, record["loads"])
+      _record_evals(evaluation, record["evals"])
+      record["results"] = trainer.train_and_evaluate(worker_config(), workdir, data=data)
+    _SINGLE_RUN["run"] = workdir, record
+  return _SINGLE_RUN["run"]
+
+
 def _record_loads(batches, data, loads):
   """Wraps batches.make_batch to append ``[split, indices]`` for every batch built."""
   names = {id(data.train): "train", id(data.val): "val", id(data.test): "test"}
@@ -89,6 +115,41 @@ def _record_writes(workdir, writes):
   builtins.open = recording
 
 
+def _cache_programs_from_this_process():
+  """Lets this process (not process 0) write its programs to the persistent compilation cache.
+
+  JAX writes the cache from process 0 only, and each process's programs have keys of their
+  own (they name its device), so process 1 compiled every program of every pair of runs
+  while process 0 read them back. Writing them here, the next pair reads the same
+  executables instead of compiling them again (many seconds per pair). Under a JAX whose
+  private writer has another signature, nothing changes.
+  """
+  import inspect  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax._src import compilation_cache, compiler  # pylint: disable=import-outside-toplevel
+  write = getattr(compiler, "_cache_write", None)
+  expected = ["cache_key", "compile_time_secs", "module_name", "backend", "executable",
+              "host_callbacks"]
+  if jax.process_index() == 0 or write is None or \
+      list(inspect.signature(write).parameters) != expected:
+    return
+
+  def write_here(cache_key, compile_time_secs, module_name, backend, executable,
+                 host_callbacks):
+    # What JAX's writer does on process 0: no programs with host callbacks, none compiled
+    # faster than the configured minimum; a failed write only costs the next run a compile.
+    minimum = jax.config.jax_persistent_cache_min_compile_time_secs
+    if host_callbacks or compile_time_secs < minimum:
+      return
+    try:
+      compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
+                                                int(compile_time_secs))
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  compiler._cache_write = write_here  # pylint: disable=protected-access
+
+
 def parse_args(argv):
   """The command line of the module docstring."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,6 +174,7 @@ def main(argv):
   from simpletron_jax.train import evaluation, trainer  # pylint: disable=import-outside-toplevel
   distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes, args.process_id,
                          timeout_s=TIMEOUT_S)
+  _cache_programs_from_this_process()
   import jax  # pylint: disable=import-outside-toplevel
   record = {"process_index": jax.process_index(), "process_count": jax.process_count(),
             "local_device_count": jax.local_device_count(), "loads": [], "evals": [],

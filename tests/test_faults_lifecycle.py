@@ -34,7 +34,6 @@ import chex
 import orbax.checkpoint as ocp
 import pytest
 
-from simpletron_jax.data import batches
 from simpletron_jax.train import trainer
 from simpletron_jax.run import run_folder, run_guard
 from simpletron_jax.runtime import atomic_io, errors
@@ -167,12 +166,16 @@ def test_preempted_runs_save_their_step_and_resume_bit_identical(presence_task, 
 TINY_LISTOPS = "configs/listops/simple.py:tiny"
 
 
+TINY_STEPS = 10
+
+
 def _tiny_listops_overrides(tmp_path):
-  """30 steps of the small ListOps run (conftest.SMALL_LISTOPS), logged every step, saved
-  every 15."""
+  """10 steps of the small ListOps run (conftest.SMALL_LISTOPS), logged every step, validated
+  and saved every 5. The SIGTERM comes after step 1's record: the 8 steps left take over a
+  second, far longer than the signal takes to land (the rerun trains what is left)."""
   return [f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
-          "--config.num_train_steps=30", "--config.log_every=1", "--config.eval_frequency=15",
-          "--config.checkpoint_every=15", "--config.warmup=1"]
+          f"--config.num_train_steps={TINY_STEPS}", "--config.log_every=1",
+          "--config.eval_frequency=5", "--config.checkpoint_every=5", "--config.warmup=1"]
 
 
 @pytest.mark.slow
@@ -199,13 +202,13 @@ def test_train_py_exits_75_on_sigterm_and_the_rerun_finishes(tmp_path):
                     stderr.strip().splitlines()[-1])
   assert match, stderr[-3000:]
   step = int(match.group(1))
-  assert step < 30 and _restored_steps(str(workdir))[-1] == step
+  assert step < TINY_STEPS and _restored_steps(str(workdir))[-1] == step
   assert not (workdir / run_folder.LOCK_FILE).exists()
   proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"Resumed from {workdir}/checkpoints at step {step}" in proc.stderr
   results = json.loads((workdir / "results.json").read_text())
-  assert results["complete"] is True and results["final_step"] == 30
+  assert results["complete"] is True and results["final_step"] == TINY_STEPS
   # scripts/seeds.py builds the same config from the same command line: the seed counts.
   expected = seeds.expected_config(TINY_LISTOPS, overrides, seed=0)
   assert run_record.config_fingerprint(expected) == results["config_fingerprint"]
@@ -262,7 +265,7 @@ def _run_two_processes(tmp_path, name, signalled):
 
 @pytest.mark.multihost
 @pytest.mark.slow
-def test_two_hosts_stop_at_the_same_step_when_one_gets_sigterm(tmp_path, monkeypatch):
+def test_two_hosts_stop_at_the_same_step_when_one_gets_sigterm(tmp_path, tmp_path_factory):
   codes, logs = _run_two_processes(tmp_path, "signalled", signalled=True)
   stopped = [re.findall(r"PreemptedError: preempted at step (\d+);", log) for log in logs]
   assert codes == [1, 1] and all(len(s) == 1 for s in stopped), "\n\n".join(logs)
@@ -275,12 +278,11 @@ def test_two_hosts_stop_at_the_same_step_when_one_gets_sigterm(tmp_path, monkeyp
   assert codes == [0, 0], "\n\n".join(log[-3000:] for log in logs)
   resumed = json.loads((tmp_path / "resumed_0.json").read_text())
   assert resumed["results"]["complete"] and resumed["results"]["final_step"] == 6
-  # The same run in this process on its two devices (as test_multihost.py compares them).
-  single, data, loads = str(tmp_path / "single"), worker.presence_data(), []
-  monkeypatch.setattr(batches, "make_batch", batches.make_batch)   # restored after
-  worker._record_loads(batches, data, loads)  # pylint: disable=protected-access
-  trainer.train_and_evaluate(worker.worker_config(), single, data=data)
-  train_loads = [idx for split, idx in loads if split == "train"]
+  # The same run in this process on its two devices (as test_multihost.py compares them,
+  # which shares it when it runs in this process).
+  single, record = worker.single_process_run(str(tmp_path_factory.mktemp("single")))
+  data = worker.presence_data()
+  train_loads = [idx for split, idx in record["loads"] if split == "train"]
   resumed_first = [idx for split, idx in resumed["loads"] if split == "train"][0]
   assert resumed_first == train_loads[step][:len(train_loads[step]) // 2], "resumed at `step`"
   chex.assert_trees_all_close(_params(workdir, worker.worker_config(), data),

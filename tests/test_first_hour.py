@@ -385,11 +385,16 @@ def test_seeds_relays_progress_and_passes_sigterm_on_to_train_py(tmp_path):
        "--config.num_train_steps=100000", "--config.log_every=1"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**os.environ, "SIMPLETRON_PROGRESS_SECONDS": "0.5"})
-  metrics = root / "seed0" / "metrics.jsonl"
+  metrics, log = root / "seed0" / "metrics.jsonl", root / "seed0" / "train.log"
+
+  def trained_a_while():
+    # seeds.py writes each line to train.log before it relays it: the second progress line
+    # of the loop in the log means the first was relayed (no fixed wait needed).
+    return (metrics.exists() and metrics.read_text().count('"split": "train"') >= 3
+            and len(re.findall(r"^train: \d+/100000 \(", log.read_text(), re.M)) >= 2)
+
   try:   # a few progress lines, then SIGTERM
-    _wait_for(lambda: metrics.exists() and metrics.read_text().count('"split": "train"') >= 3,
-              proc)
-    time.sleep(1.0)
+    _wait_for(trained_a_while, proc)
     children = _children(proc.pid)
     proc.send_signal(signal.SIGTERM)   # to seeds.py alone: train.py is in its own session
     out, err = proc.communicate(timeout=300)
@@ -407,7 +412,7 @@ def test_seeds_relays_progress_and_passes_sigterm_on_to_train_py(tmp_path):
   assert any(re.match(r"seed 0: train: \d+/100000 \(", l) for l in lines), out
   assert any(l.startswith("seed 0: train.py: preempted at step ") for l in lines), out
   assert not any("| encoder/" in l for l in lines)
-  log = (root / "seed0" / "train.log").read_text()
-  assert "| encoder/" in log and "preempted at step" in log
+  text = log.read_text()
+  assert "| encoder/" in text and "preempted at step" in text
   assert not [pid for pid in children if _alive(pid)], "train.py outlived seeds.py"
   assert [n for n in os.listdir(root / "seed0" / "checkpoints") if n.isdigit()]

@@ -21,10 +21,10 @@ import jax
 import numpy as np
 import pytest
 
-from simpletron_jax.data import batches, tasks
+from simpletron_jax.data import tasks
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.runtime import distributed
-from simpletron_jax.train import checkpoints, evaluation, run_config, train_state, trainer
+from simpletron_jax.train import checkpoints, run_config, train_state
 from tests import multihost_worker as worker
 from tests.conftest import ROOT
 
@@ -81,19 +81,9 @@ def straight(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-  """The same run in this process, on its 2 devices, with the same recording."""
-  assert jax.process_count() == 1 and jax.local_device_count() == 2
-  workdir = tmp_path_factory.mktemp("single") / "run"
-  data = worker.presence_data()
-  record = {"loads": [], "evals": []}
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(batches, "make_batch", batches.make_batch)  # restored on exit
-    mp.setattr(evaluation, "evaluate", evaluation.evaluate)
-    worker._record_loads(batches, data, record["loads"])  # pylint: disable=protected-access
-    worker._record_evals(evaluation, record["evals"])  # pylint: disable=protected-access
-    record["results"] = trainer.train_and_evaluate(worker.worker_config(), str(workdir),
-                                                   data=data)
-  return workdir, record
+  """The same run in this process, on its 2 devices, with the same recording (trained once
+  per process: test_faults_lifecycle.py compares against it too)."""
+  return worker.single_process_run(str(tmp_path_factory.mktemp("single")))
 
 
 def _final_params(workdir):
