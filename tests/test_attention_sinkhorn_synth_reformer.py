@@ -21,7 +21,8 @@ from simpletron_jax.model.attention import sinkhorn as sinkhorn_lib
 from simpletron_jax.model.attention import synthesizer as synthesizer_lib
 from tests.test_attention import _build
 from tests.test_attention_variants import (_assert_real_close, _check_padding_invariance,
-                                           _inputs, _mask, _quadratic_shapes)
+                                           _init, _inputs, _jit_apply, _mask,
+                                           _quadratic_shapes)
 
 B, L, E, H = 2, 12, 16, 4
 K = E // H
@@ -49,14 +50,17 @@ def _np_softmax(a):
   return np.exp(a - _np_lse(a, -1))
 
 
+# The parameters come from ``_init`` and the calls are jitted (``_jit_apply``): one program
+# per module and shape, not one compile per eager operation.
+
 def _apply_sown(module, params, x, mask):
   """``(y, intermediates)``."""
-  return module.apply(params, x, mask, mutable=["intermediates"])
+  return _jit_apply(module, sown=True)(params, x, mask)
 
 
 def _apply(module, x, mask, seed=1):
-  params = module.init(jax.random.PRNGKey(seed), x, mask)
-  return params, module.apply(params, x, mask)
+  params = _init(module, x, mask, seed=seed)
+  return params, _jit_apply(module)(params, x, mask)
 
 
 # --- Sinkhorn (Tay et al., 2020) -----------------------------------------------------------
@@ -123,12 +127,13 @@ def _randomise_sort_net(params, seed=7, scale=2.0):
   """Larger sorting logits than the Xavier init, so the permutation is far from uniform."""
   p = dict(params["params"])
   kernel = p["sort_net"]["kernel"]
-  p["sort_net"] = {"kernel": scale * jax.random.normal(jax.random.PRNGKey(seed), kernel.shape),
+  # The scale in numpy (float32): no compile.
+  p["sort_net"] = {"kernel": scale * np.asarray(jax.random.normal(jax.random.PRNGKey(seed),
+                                                                  kernel.shape)),
                    "bias": p["sort_net"]["bias"]}
   return {"params": p}
 
 
-# Shapes shared with the padding tests below (eager ops compile once per shape).
 @pytest.mark.parametrize("block,kwargs,pad", [
     (5, {"temperature": 2.0}, 0),                                     # LRA's row softmax
     (4, {"temperature": 0.5, "max_num_blocks": 3}, 7),                # fewer sort targets
@@ -138,7 +143,7 @@ def _randomise_sort_net(params, seed=7, scale=2.0):
 def test_sinkhorn_equals_naive_reference(block, kwargs, pad):
   module = _build("sinkhorn", block_size=block, **kwargs)
   x, mask = _inputs(L + pad), _mask(L + pad, (L, 7))
-  params = _randomise_sort_net(module.init(jax.random.PRNGKey(1), x, mask))
+  params = _randomise_sort_net(_init(module, x, mask))
   y, state = _apply_sown(module, params, x, mask)
   (perm,) = state["intermediates"]["permutation_BxHxNxM"]
   n = -(-(L + pad) // block)
@@ -152,10 +157,11 @@ def test_sinkhorn_equals_naive_reference(block, kwargs, pad):
 
 
 def test_log_sinkhorn_is_doubly_stochastic_and_ignores_invalid_blocks():
-  logits = 3.0 * jax.random.normal(jax.random.PRNGKey(0), (2, 6, 6))
-  valid = jnp.array([[True] * 6, [True, True, False, True, False, False]])
-  run = sinkhorn_lib.log_sinkhorn
-  perm = np.asarray(jnp.exp(run(logits, valid, 200)))
+  logits = 3.0 * np.asarray(jax.random.normal(jax.random.PRNGKey(0), (2, 6, 6)))  # numpy
+  valid = np.array([[True] * 6, [True, True, False, True, False, False]])
+  # One program for both calls, not one per op.
+  run = jax.jit(sinkhorn_lib.log_sinkhorn, static_argnums=2)
+  perm = np.exp(np.asarray(run(logits, valid, 200)))
   for b in range(2):
     idx = np.flatnonzero(np.asarray(valid[b]))
     sub = perm[b][np.ix_(idx, idx)]
@@ -165,13 +171,14 @@ def test_log_sinkhorn_is_doubly_stochastic_and_ignores_invalid_blocks():
     outside[np.ix_(idx, idx)] = False
     assert np.all(perm[b][outside] == 0.0)
   # The invalid entries' logits do not matter.
-  changed = logits.at[1, :, 4].set(100.0).at[1, 2, :].set(-50.0)
-  np.testing.assert_array_equal(
-      np.asarray(jnp.exp(run(changed, valid, 200)))[1], perm[1])
+  changed = logits.copy()
+  changed[1, :, 4], changed[1, 2, :] = 100.0, -50.0
+  np.testing.assert_array_equal(np.exp(np.asarray(run(changed, valid, 200)))[1], perm[1])
 
 
 def _apply_with_pad_values(module, params, x, mask, value):
-  return module.apply(params, jnp.where(mask[..., None], x, value), mask)
+  # The pads' values set in numpy (float32): no compile.
+  return _jit_apply(module)(params, np.where(mask[..., None], x, np.float32(value)), mask)
 
 
 @pytest.mark.parametrize("block", [4, 5])
@@ -179,7 +186,7 @@ def test_sinkhorn_ignores_what_the_pads_hold(block):
   # The groups follow the padded length (as in LRA), so invariance is to the pads' content.
   module = _build("sinkhorn", block_size=block)
   x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
-  params = _randomise_sort_net(module.init(jax.random.PRNGKey(1), x, mask))
+  params = _randomise_sort_net(_init(module, x, mask))
   y_a = _apply_with_pad_values(module, params, x, mask, 0.0)
   y_b = _apply_with_pad_values(module, params, x, mask, 55.0)
   _assert_real_close(y_b, y_a, mask)
@@ -191,14 +198,14 @@ def test_sinkhorn_ignores_what_the_pads_hold(block):
 def test_sinkhorn_lra_bugs_inert_sort_net_and_pads_as_keys():
   x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
   default = _build("sinkhorn", block_size=4)
-  params = default.init(jax.random.PRNGKey(1), x, mask)
+  params = _init(default, x, mask)
   sorted_a, sorted_b = _randomise_sort_net(params, seed=7), _randomise_sort_net(params, seed=8)
   # Default: the sort net matters. LRA's einsum: every sorted group is the sum of all groups.
-  assert not np.allclose(default.apply(sorted_a, x, mask), default.apply(sorted_b, x, mask),
-                         atol=1e-4)
+  run = _jit_apply(default)
+  assert not np.allclose(run(sorted_a, x, mask), run(sorted_b, x, mask), atol=1e-4)
   lra = _build("sinkhorn", block_size=4, lra_bugs=True)
-  np.testing.assert_allclose(lra.apply(sorted_a, x, mask), lra.apply(sorted_b, x, mask),
-                             atol=1e-5)
+  run_lra = _jit_apply(lra)
+  np.testing.assert_allclose(run_lra(sorted_a, x, mask), run_lra(sorted_b, x, mask), atol=1e-5)
   # LRA's keys include the pads (summed into every sorted group): their content matters.
   y_a = _apply_with_pad_values(lra, params, x, mask, 0.0)
   y_b = _apply_with_pad_values(lra, params, x, mask, 55.0)
@@ -241,8 +248,8 @@ def test_sinkhorn_lra_bugs_equals_lra_formula():
   # real tokens, so contiguous blocks and strided groups disagree.
   module = _build("sinkhorn", block_size=4, lra_bugs=True)
   x, mask = _inputs(L + 8), _mask(L + 8, (L, 7))
-  params = _randomise_sort_net(module.init(jax.random.PRNGKey(1), x, mask))
-  y = module.apply(params, x, mask)
+  params = _randomise_sort_net(_init(module, x, mask))
+  y = _jit_apply(module)(params, x, mask)
   naive = _sinkhorn_lra_naive(_np(params["params"]), x, mask, 4)
   np.testing.assert_allclose(np.asarray(y, np.float64), naive, rtol=1e-4, atol=1e-5)
 
@@ -315,7 +322,11 @@ def test_fixed_random_synthesizer_uses_seeded_rows(rank):
   module = _build("synthesizer_random", max_length=20, trainable=False, factorized_rank=rank,
                   random_seed=4)
   x, mask = _inputs(), _mask()
-  params, y = _apply(module, x, mask)
+  params = _init(module, x, mask)
+  # Eager calls: the rows are drawn in the call, and the draws (compiled once per shape)
+  # are shared by these calls and the reference below; a jitted call would compile them
+  # into each program.
+  y = module.apply(params, x, mask)
   p = _np(params["params"])
   assert set(p) == {"value", "out"}
   key = jax.random.PRNGKey(4)
@@ -342,14 +353,15 @@ def test_fixed_random_synthesizer_uses_seeded_rows(rank):
                                     {"trainable": False, "factorized_rank": 3},
                                     {"dot_product": True}])
 def test_random_synthesizer_options_are_padding_invariant(kwargs):
-  _check_padding_invariance(_build("synthesizer_random", max_length=20, **kwargs))
+  # Fixed rows are drawn in the call: eager calls (see _check_padding_invariance).
+  _check_padding_invariance(_build("synthesizer_random", max_length=20, **kwargs),
+                            jit=kwargs.get("trainable", True))
 
 
 def test_random_synthesizer_init_is_lras_xavier_uniform():
   # LRA's kernel_init on [H, M, M]: fans H * M each, so U(+-sqrt(3 / (H M))).
   module = _build("synthesizer_random", max_length=20)
-  r = np.asarray(module.init(jax.random.PRNGKey(0), _inputs(), _mask())["params"]
-                 ["random_logits"])
+  r = np.asarray(_init(module, _inputs(), _mask(), seed=0)["params"]["random_logits"])
   bound = np.sqrt(3.0 / (H * 20))
   assert np.abs(r).max() <= bound and np.abs(r).max() > 0.9 * bound
   assert abs(r.std() - bound / np.sqrt(3.0)) < 0.1 * bound
@@ -358,9 +370,10 @@ def test_random_synthesizer_init_is_lras_xavier_uniform():
 def test_random_synthesizer_lra_bugs_pad_queries_and_no_mask():
   x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
   default = _build("synthesizer_random", max_length=20, dot_product=True)
-  params = default.init(jax.random.PRNGKey(1), x, mask)
+  params = _init(default, x, mask)
   lra = _build("synthesizer_random", max_length=20, dot_product=True, lra_bugs=True)
-  y, y_lra = np.asarray(default.apply(params, x, mask)), np.asarray(lra.apply(params, x, mask))
+  y = np.asarray(_jit_apply(default)(params, x, mask))
+  y_lra = np.asarray(_jit_apply(lra)(params, x, mask))
   real = np.asarray(mask)
   np.testing.assert_allclose(y_lra[real], y[real], atol=1e-6)   # real queries unchanged
   # A pad query averages every value, pads included (LRA's -1e10 on query AND key).
@@ -370,9 +383,9 @@ def test_random_synthesizer_lra_bugs_pad_queries_and_no_mask():
   np.testing.assert_allclose(y_lra[~real], expected[~real], rtol=1e-4, atol=1e-5)
   # Without the dot product LRA applies no padding mask: the pads' content reaches real rows.
   nodot = _build("synthesizer_random", max_length=20, lra_bugs=True)
-  params = nodot.init(jax.random.PRNGKey(1), x, mask)
-  y_a = np.asarray(nodot.apply(params, jnp.where(mask[..., None], x, 0.0), mask))
-  y_b = np.asarray(nodot.apply(params, jnp.where(mask[..., None], x, 55.0), mask))
+  params = _init(nodot, x, mask)
+  y_a = np.asarray(_apply_with_pad_values(nodot, params, x, mask, 0.0))
+  y_b = np.asarray(_apply_with_pad_values(nodot, params, x, mask, 55.0))
   assert not np.allclose(y_a[real], y_b[real], atol=1e-4)
 
 
@@ -405,6 +418,9 @@ LRA_ROTATION_ROWS = np.array([[0.21046402, 2.7620263, -1.0005236, 1.4614954, -0.
                               [0.6792614, -0.56200176, 0.276424, 1.1766165, -0.89991933]])
 
 
+_lsh_buckets = jax.jit(reformer_lib.lsh_buckets)  # one program per shape, not one per op
+
+
 def _reformer_naive(p, x, mask, hashes, buckets, seed, normalize_keys=False,
                     across=True, lra_bugs=False):
   """Dense [L, L] masks per round: the n real tokens sorted by (bucket, position) and cut
@@ -421,7 +437,7 @@ def _reformer_naive(p, x, mask, hashes, buckets, seed, normalize_keys=False,
   q, v = _np_proj(p, "query", x), _np_proj(p, "value", x)
   k = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + 1e-6) if normalize_keys else q
   rot = reformer_lib.random_rotations(seed, K, hashes, buckets)
-  bkt = np.asarray(reformer_lib.lsh_buckets(jnp.asarray(q, jnp.float32), jnp.asarray(mask), rot))
+  bkt = np.asarray(_lsh_buckets(np.asarray(q, np.float32), mask, rot))
   b_, padded = mask.shape
   out = np.zeros((b_, H, padded, K))
   for b in range(b_):
@@ -458,7 +474,6 @@ def _reformer_naive(p, x, mask, hashes, buckets, seed, normalize_keys=False,
   return np.where(mask[..., None], y, 0.0), bkt
 
 
-# Shapes shared with the padding tests below (eager ops compile once per shape).
 @pytest.mark.parametrize("hashes,buckets,pad,options", [
     (2, 4, 7, {}),
     (3, 6, 0, {"normalize_keys": True, "attend_across_buckets": False}),
@@ -468,7 +483,7 @@ def _reformer_naive(p, x, mask, hashes, buckets, seed, normalize_keys=False,
 def test_reformer_equals_dense_masked_reference(hashes, buckets, pad, options):
   module = _build("reformer", num_hashes=hashes, num_buckets=buckets, hash_seed=3, **options)
   x, mask = _inputs(L + pad), _mask(L + pad, (L, 7))
-  params = module.init(jax.random.PRNGKey(1), x, mask)
+  params = _init(module, x, mask)
   y, state = _apply_sown(module, params, x, mask)
   naive, bkt = _reformer_naive(_np(params["params"]), x, mask, hashes, buckets, 3, **{
       "normalize_keys": options.get("normalize_keys", False),
@@ -495,18 +510,19 @@ def test_reformer_hash_is_deterministic_for_a_fixed_seed():
   # LRA's values (its jax 0.4 threefry bits), whatever the installed jax's default.
   np.testing.assert_allclose(np.asarray(reformer_lib.random_rotations(0, 16, 1, 10))[:2, 0],
                              LRA_ROTATION_ROWS, rtol=1e-6)
-  x, mask = _inputs().reshape(B, L, H, K), _mask()
-  a = reformer_lib.lsh_buckets(x, mask, rot)
-  np.testing.assert_array_equal(a, reformer_lib.lsh_buckets(x, mask, rot))
+  x, mask = np.asarray(_inputs()).reshape(B, L, H, K), _mask()  # numpy: no compiles
+  a = _lsh_buckets(x, mask, rot)
+  np.testing.assert_array_equal(a, jax.jit(reformer_lib.lsh_buckets)(x, mask, rot))  # retraced
   chex.assert_shape(a, (B, H, 2, L))
   # Angular: scaling a vector does not change its bucket.
-  np.testing.assert_array_equal(a, reformer_lib.lsh_buckets(3.0 * x, mask, rot))
-  # Two separately built (and traced) modules hash the same way, under jit too.
+  np.testing.assert_array_equal(a, _lsh_buckets(3.0 * x, mask, rot))
+  # Two separately built modules, each traced under its own jit, hash the same way. (Not
+  # _jit_apply: it would share one traced program between the two equal modules.)
   x2 = _inputs()
   modules = [_build("reformer", num_hashes=2, num_buckets=4) for _ in range(2)]
-  params = modules[0].init(jax.random.PRNGKey(1), x2, mask)
-  runs = [_apply_sown(modules[0], params, x2, mask)[1],
-          jax.jit(lambda p, x, m: _apply_sown(modules[1], p, x, m)[1])(params, x2, mask)]
+  params = _init(modules[0], x2, mask)
+  runs = [jax.jit(lambda p, x, m, module=module: module.apply(
+      p, x, m, mutable=["intermediates"])[1])(params, x2, mask) for module in modules]
   np.testing.assert_array_equal(*(r["intermediates"]["buckets_BxHxRxL"][0] for r in runs))
 
 

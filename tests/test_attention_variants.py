@@ -7,11 +7,14 @@ and padding-invariance tests for every registered name are in test_attention.py
 and test_models.py.
 """
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend import core as jex_core
 
 from simpletron_jax.model import attention
 from simpletron_jax.model.attention import performer as performer_lib
@@ -26,9 +29,44 @@ def _inputs(length=L, seed=0, width=E):
 
 
 def _mask(length=L, lengths=(L, 9)):
-  return jnp.arange(length)[None, :] < jnp.array(lengths)[:, None]
+  return np.arange(length)[None, :] < np.array(lengths)[:, None]  # numpy: no compile
 
 
+# Compiles: an eager call compiles each operation at each new shape (20-30 ms each) and
+# an init inside jit compiles the random draws of every parameter again, so the tests take
+# the parameters from ``_init`` and call the module through ``_jit_apply``.
+
+def _init(module, *args, seed=1, **kwargs):
+  """``module.init(PRNGKey(seed), *args, **kwargs)``'s variables, the same values.
+
+  The init is traced (``jax.make_jaxpr``, no compile) and only the equations that the
+  variables depend on are evaluated, as ``jax.core.eval_jaxpr`` does: the initialisers'
+  random draws, jitted functions compiled once per shape and shared by the tests. An eager
+  ``module.init`` also runs every operation of the call, one compile per operation and
+  shape; ``lazy_init`` still compiles a program per jitted ``jnp`` function of the call.
+  """
+  key = jax.random.PRNGKey(seed)
+  init = functools.partial(module.init, **kwargs)
+  closed, shapes = jax.make_jaxpr(init, return_shape=True)(key, *args)
+  jaxpr = closed.jaxpr
+  is_var = lambda v: not isinstance(v, jex_core.Literal)  # noqa: E731
+  needed, eqns = {v for v in jaxpr.outvars if is_var(v)}, []
+  for eqn in reversed(jaxpr.eqns):  # the equations the variables depend on
+    if any(v in needed for v in eqn.outvars):
+      eqns.append(eqn)
+      needed.update(filter(is_var, eqn.invars))
+  pruned = closed.replace(jaxpr=jaxpr.replace(eqns=eqns[::-1]))
+  leaves = jex_core.jaxpr_as_fun(pruned)(*jax.tree.leaves((key, *args)))
+  return jax.tree.unflatten(jax.tree.structure(shapes), leaves)
+
+
+@functools.cache
+def _jit_apply(module, sown=False):
+  """``module.apply`` (``sown``: with the ``intermediates`` collection mutable) as one
+  program, shared by the tests that call an equal module at the same shapes."""
+  if sown:
+    return jax.jit(lambda params, *args: module.apply(params, *args, mutable=["intermediates"]))
+  return jax.jit(module.apply)
 
 
 def _qkv(p, x):
@@ -57,23 +95,28 @@ def _kernel_attention_naive(phi_q, phi_k, v, mask, causal=False):
 
 
 def _check_causality(module, cut=7):
-  x = _inputs()
-  params = module.init(jax.random.PRNGKey(1), x)
-  x_changed = x.at[:, cut:].set(jax.random.normal(jax.random.PRNGKey(9), (B, L - cut, E)))
-  y, y_changed = module.apply(params, x), module.apply(params, x_changed)
+  x = np.asarray(_inputs())
+  x_changed = x.copy()
+  x_changed[:, cut:] = np.asarray(jax.random.normal(jax.random.PRNGKey(9), (B, L - cut, E)))
+  params = _init(module, x)
+  y, y_changed = _jit_apply(module)(params, x), _jit_apply(module)(params, x_changed)
   np.testing.assert_allclose(np.asarray(y_changed)[:, :cut], np.asarray(y)[:, :cut],
                              rtol=1e-5, atol=1e-5)
   assert not np.allclose(np.asarray(y_changed)[:, cut:], np.asarray(y)[:, cut:])
 
 
-def _check_padding_invariance(module, pads=7):
+def _check_padding_invariance(module, pads=7, jit=True):
+  """``jit=False``: eager calls, for a module that draws random numbers in its call (each
+  program would compile the draws again; eager calls share them)."""
+  apply = _jit_apply(module) if jit else module.apply
   x, mask = _inputs(), _mask()
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y = module.apply(params, x, mask)
-  x_padded = jnp.concatenate([x, 100.0 * _inputs(pads, seed=3)], axis=1)
-  mask_padded = jnp.concatenate([mask, jnp.zeros((B, pads), bool)], axis=1)
-  x_padded = jnp.where(mask_padded[..., None], x_padded, 55.0)
-  y_padded = module.apply(params, x_padded, mask_padded)
+  params = _init(module, x, mask)
+  y = apply(params, x, mask)
+  # The padded input in numpy (float32, the same values): no compiles.
+  x_padded = np.concatenate([np.asarray(x), 100.0 * np.asarray(_inputs(pads, seed=3))], axis=1)
+  mask_padded = np.concatenate([mask, np.zeros((B, pads), bool)], axis=1)
+  x_padded = np.where(mask_padded[..., None], x_padded, np.float32(55.0))
+  y_padded = apply(params, x_padded, mask_padded)
   _assert_real_close(y_padded[:, :L], y, mask)
 
 
@@ -83,15 +126,19 @@ def _phi(x):
   return jnp.where(x > 0, x + 1.0, jnp.exp(x))  # elu(x) + 1, written out
 
 
+@functools.partial(jax.jit, static_argnames="causal")  # one program per shape, not per op
+def _linear_naive(p, x, mask, causal=False):
+  q, k, v = _qkv(p, x)
+  return _out(p, _kernel_attention_naive(_phi(q), _phi(k), v, mask, causal=causal))
+
+
 @pytest.mark.parametrize("pad", [0, 7])
 def test_linear_equals_naive_quadratic_form(pad):
   module = _build("linear")
   x, mask = _inputs(L + pad), _mask(L + pad, (L, L - 4))
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y = module.apply(params, x, mask)
-  p = params["params"]
-  q, k, v = _qkv(p, x)
-  naive = _out(p, _kernel_attention_naive(_phi(q), _phi(k), v, mask))
+  params = _init(module, x, mask)
+  y = _jit_apply(module)(params, x, mask)
+  naive = _linear_naive(params["params"], x, mask)
   _assert_real_close(y, naive, mask)
 
 
@@ -99,11 +146,9 @@ def test_linear_equals_naive_quadratic_form(pad):
 def test_causal_linear_equals_naive_lower_triangular_form(chunk_size):
   module = _build("linear", causal=True, chunk_size=chunk_size)
   x, mask = _inputs(), _mask()
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y = module.apply(params, x, mask)
-  p = params["params"]
-  q, k, v = _qkv(p, x)
-  naive = _out(p, _kernel_attention_naive(_phi(q), _phi(k), v, mask, causal=True))
+  params = _init(module, x, mask)
+  y = _jit_apply(module)(params, x, mask)
+  naive = _linear_naive(params["params"], x, mask, causal=True)
   _assert_real_close(y, naive, mask)
 
 
@@ -119,38 +164,43 @@ def _performer_features(kernel, x_BxLxHxK, w_MxK):
   return jax.nn.relu(x_BxLxHxK) + 1e-3
 
 
+@functools.partial(jax.jit, static_argnames="kernel")  # one program per kernel, not per op
+def _performer_naive(p, x, mask, w, kernel):
+  q, k, v = _qkv(p, x)
+  return _out(p, _kernel_attention_naive(_performer_features(kernel, q, w),
+                                         _performer_features(kernel, k, w), v, mask))
+
+
 @pytest.mark.parametrize("kernel", ["softmax", "relu", "relu_deterministic"])
 def test_performer_with_fixed_features_equals_naive_quadratic_form(kernel):
   module = _build("performer", kernel=kernel, num_features=10, softmax_eps=0.0)
   x, mask = _inputs(), _mask()
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y, state = module.apply(params, x, mask, mutable=["intermediates"])
-  p = params["params"]
+  params = _init(module, x, mask)
+  y, state = _jit_apply(module, sown=True)(params, x, mask)
   if kernel == "relu_deterministic":
     assert "intermediates" not in state or not state["intermediates"]
     w = None
   else:
     (w,) = state["intermediates"]["projection_MxK"]
     chex.assert_shape(w, (10, K))
-  q, k, v = _qkv(p, x)
-  naive = _out(p, _kernel_attention_naive(_performer_features(kernel, q, w),
-                                          _performer_features(kernel, k, w), v, mask))
+  naive = _performer_naive(params["params"], x, mask, w, kernel)
   _assert_real_close(y, naive, mask, rtol=1e-4)
 
 
 def test_performer_softmax_kernel_approaches_softmax_attention():
   # The variance of positive random features grows like exp(|q|^2 + |k|^2) (Performer
   # paper's MSE analysis), so inputs are halved to keep the per-head norms moderate; there the
-  # error falls about as 1/sqrt(M). (M = 10 and 256 share compilations with other tests.)
-  x, mask = 0.5 * _inputs(), _mask()
+  # error falls about as 1/sqrt(M).
+  x, mask = 0.5 * np.asarray(_inputs()), _mask()  # numpy: the same float32 values
   exact_module = _build("softmax")
-  params = exact_module.init(jax.random.PRNGKey(1), x, mask)  # same parameter names
-  exact = np.asarray(exact_module.apply(params, x, mask))
+  params = _init(exact_module, x, mask)  # same parameter names
+  exact = np.asarray(_jit_apply(exact_module)(params, x, mask))
   real = np.asarray(mask)
 
   def error(num_features):
-    errs = [np.abs(np.asarray(_build("performer", num_features=num_features, feature_seed=s)
-                              .apply(params, x, mask)) - exact)[real].mean() for s in range(3)]
+    errs = [np.abs(np.asarray(_jit_apply(_build("performer", num_features=num_features,
+                                                feature_seed=s))(params, x, mask))
+                   - exact)[real].mean() for s in range(3)]
     return float(np.mean(errs))
 
   err_10, err_256, err_4096 = error(10), error(256), error(4096)
@@ -164,8 +214,9 @@ def test_orthogonal_random_matrix_blocks_and_reproducibility():
   w = performer_lib.gaussian_orthogonal_random_matrix(key, 10, 4)
   chex.assert_shape(w, (10, 4))
   np.testing.assert_array_equal(w, performer_lib.gaussian_orthogonal_random_matrix(key, 10, 4))
+  w = np.asarray(w)  # the Gram matrices in numpy (float32): no compiles
   for block in (w[0:4], w[4:8], w[8:10]):
-    gram = np.asarray(block @ block.T)
+    gram = block @ block.T
     np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0.0, atol=1e-5)
   with pytest.raises(ValueError, match="num_features"):
     performer_lib.gaussian_orthogonal_random_matrix(key, 0, 4)
@@ -174,23 +225,28 @@ def test_orthogonal_random_matrix_blocks_and_reproducibility():
 def test_performer_redraw_uses_the_random_features_rng():
   x, mask = _inputs(), _mask()
   fixed, redraw = _build("performer"), _build("performer", redraw=True)
-  params = fixed.init(jax.random.PRNGKey(1), x, mask)
-  y_fixed = fixed.apply(params, x, mask)
+  params = _init(fixed, x, mask)
+  y_fixed = _jit_apply(fixed)(params, x, mask)
+
+  @jax.jit  # every call in one program, not one per op; the rngs are arguments
+  def run(params, key_a, key_b, key_c):
+    train = lambda key: redraw.apply(params, x, mask, deterministic=False,  # noqa: E731
+                                     rngs={"random_features": key})
+    return (redraw.apply(params, x, mask), redraw.apply(params, x, mask, deterministic=False),
+            redraw.apply(params, x, mask, rngs={"random_features": key_a}),
+            train(key_a), train(key_b), train(key_c),
+            _build("performer", feature_seed=1).apply(params, x, mask))
+
+  y_eval, y_no_rng, y_eval_rng, y_a, y_b, y_a_again, other = run(
+      params, jax.random.PRNGKey(5), jax.random.PRNGKey(6), jax.random.PRNGKey(5))
   # Deterministic mode, or no "random_features" rng: the fixed matrix.
-  np.testing.assert_array_equal(redraw.apply(params, x, mask), y_fixed)
-  np.testing.assert_array_equal(redraw.apply(params, x, mask, deterministic=False), y_fixed)
-  np.testing.assert_array_equal(
-      redraw.apply(params, x, mask, rngs={"random_features": jax.random.PRNGKey(5)}), y_fixed)
-
-  def train(seed):
-    return redraw.apply(params, x, mask, deterministic=False,
-                        rngs={"random_features": jax.random.PRNGKey(seed)})
-
-  y_a, y_b = train(5), train(6)
+  np.testing.assert_array_equal(y_eval, y_fixed)
+  np.testing.assert_array_equal(y_no_rng, y_fixed)
+  np.testing.assert_array_equal(y_eval_rng, y_fixed)
+  # Training mode with the rng (seeds 5 and 6): a redrawn matrix, the same for the same seed.
   assert not np.allclose(y_a, y_fixed) and not np.allclose(y_a, y_b)
-  np.testing.assert_array_equal(y_a, train(5))
+  np.testing.assert_array_equal(y_a, y_a_again)
   # The fixed matrix depends on feature_seed only.
-  other = _build("performer", feature_seed=1).apply(params, x, mask)
   assert not np.allclose(other, y_fixed)
 
 
@@ -210,33 +266,41 @@ def test_lra_orthogonal_random_matrix_is_lras_construction():
   with jax.threefry_partitionable(False):  # LRA's draw_weights: all from the first split
     k0, _ = jax.random.split(key)
     norms = np.linalg.norm(np.asarray(jax.random.normal(k0, (10, 4))), axis=1)
-  np.testing.assert_allclose(np.linalg.norm(np.asarray(w), axis=1), norms, rtol=1e-5)
+  w = np.asarray(w)  # the norms and Gram matrices in numpy (float32): no compiles
+  np.testing.assert_allclose(np.linalg.norm(w, axis=1), norms, rtol=1e-5)
   for block in (w[0:4], w[4:8], w[8:10]):
-    gram = np.asarray(block @ block.T)
+    gram = block @ block.T
     np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0.0, atol=1e-4)
   with pytest.raises(ValueError, match="num_features"):
     performer_lib.lra_orthogonal_random_matrix(key, 0, 4)
 
 
 def test_performer_lra_bugs_draws_features_from_the_query_sum_every_call():
-  x, mask = _inputs(), _mask()
+  x, mask = np.asarray(_inputs()), _mask()
+  x_other = x.copy()  # numpy: no compile
+  x_other[1] = np.asarray(_inputs(seed=4))[1]
   lra = _build("performer", num_features=2, lra_bugs=True)
-  params = lra.init(jax.random.PRNGKey(1), x, mask)
-  y, state = lra.apply(params, x, mask, mutable=["intermediates"])
-  q = _proj(params["params"], "query", x)
-  want = performer_lib.lra_orthogonal_random_matrix(performer_lib.lra_query_seed_key(q), 2, K)
+  fixed = _build("performer", num_features=2)
+  params = _init(lra, x, mask)
+
+  @jax.jit  # one program, not one per op
+  def run(params, x, x_other, key):
+    y, state = lra.apply(params, x, mask, mutable=["intermediates"])
+    q = _proj(params["params"], "query", x)
+    want = performer_lib.lra_orthogonal_random_matrix(performer_lib.lra_query_seed_key(q), 2, K)
+    y_train = lra.apply(params, x, mask, deterministic=False, rngs={"random_features": key})
+    return (y, state, want, y_train, fixed.apply(params, x_other, mask),
+            fixed.apply(params, x, mask), lra.apply(params, x_other, mask))
+
+  y, state, want, y_train, fixed_other, fixed_y, lra_other = run(params, x, x_other,
+                                                                 jax.random.PRNGKey(3))
   np.testing.assert_allclose(state["intermediates"]["projection_MxK"][0], want, rtol=1e-6)
   # The same in training mode, with or without an rng: no "redraw" rng is used.
-  np.testing.assert_array_equal(
-      lra.apply(params, x, mask, deterministic=False,
-                rngs={"random_features": jax.random.PRNGKey(3)}), y)
+  np.testing.assert_array_equal(y_train, y)
   # Example 0's output depends on example 1 (the seed sums the whole batch) and on pads;
   # with the default fixed features it depends on neither.
-  x_other = x.at[1].set(_inputs(seed=4)[1])
-  fixed = _build("performer", num_features=2)
-  np.testing.assert_allclose(fixed.apply(params, x_other, mask)[0],
-                             fixed.apply(params, x, mask)[0], rtol=1e-6, atol=1e-6)
-  assert not np.allclose(lra.apply(params, x_other, mask)[0], y[0], atol=1e-4)
+  np.testing.assert_allclose(fixed_other[0], fixed_y[0], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(lra_other[0], y[0], atol=1e-4)
   with pytest.raises(AssertionError):
     _check_padding_invariance(_build("performer", num_features=2, lra_bugs=True))
 
@@ -244,20 +308,25 @@ def test_performer_lra_bugs_draws_features_from_the_query_sum_every_call():
 def test_performer_lra_bugs_leaves_the_relu_kernel_unchanged():
   x, mask = _inputs(), _mask()
   module = _build("performer", kernel="relu_deterministic")
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  np.testing.assert_array_equal(
-      _build("performer", kernel="relu_deterministic", lra_bugs=True).apply(params, x, mask),
-      module.apply(params, x, mask))
+  params = _init(module, x, mask)
+  lra = _build("performer", kernel="relu_deterministic", lra_bugs=True)
+  np.testing.assert_array_equal(_jit_apply(lra)(params, x, mask),
+                                _jit_apply(module)(params, x, mask))
 
 
 def test_feature_attention_small_denominator_guard():
-  phi_q = jnp.full((1, 2, 1, 1), 1e-4)
-  phi_k = jnp.full((1, 2, 1, 1), 1e-4)   # den = 2e-8 <= 1e-6: 2e-6 is added
-  v = jnp.ones((1, 2, 1, 3))
-  mask = jnp.ones((1, 2), bool)
-  plain = performer_lib.normalized_feature_attention(phi_q, phi_k, v, mask, eps=0.0)
-  guarded = performer_lib.normalized_feature_attention(phi_q, phi_k, v, mask, eps=0.0,
-                                                       small_den=1e-6)
+  phi_q = np.full((1, 2, 1, 1), 1e-4, np.float32)
+  phi_k = np.full((1, 2, 1, 1), 1e-4, np.float32)   # den = 2e-8 <= 1e-6: 2e-6 is added
+  v = np.ones((1, 2, 1, 3), np.float32)
+  mask = np.ones((1, 2), bool)
+
+  @jax.jit  # both forms in one program, not one per op
+  def run(phi_q, phi_k, v, mask):
+    return (performer_lib.normalized_feature_attention(phi_q, phi_k, v, mask, eps=0.0),
+            performer_lib.normalized_feature_attention(phi_q, phi_k, v, mask, eps=0.0,
+                                                       small_den=1e-6))
+
+  plain, guarded = run(phi_q, phi_k, v, mask)
   np.testing.assert_allclose(plain, 1.0, rtol=1e-5)
   np.testing.assert_allclose(guarded, 2e-8 / (2e-8 + 2e-6), rtol=1e-4)
 
@@ -270,11 +339,13 @@ def test_performer_unknown_kernel_is_a_clear_error():
 # --- AFT (Zhai et al., 2021) ---------------------------------------------------------------
 
 def _aft_params(module, x, mask, name, scale=1.0, shift=0.0):
-  params = module.init(jax.random.PRNGKey(1), x, mask)
+  params = _init(module, x, mask)
   p = dict(params["params"])
   if name in ("aft_full", "aft_local"):
     field = "pos_bias" if name == "aft_full" else "pos_bias_band"
-    p[field] = shift + scale * jax.random.normal(jax.random.PRNGKey(7), p[field].shape)
+    # The shift and scale in numpy (float32): no compiles.
+    p[field] = shift + scale * np.asarray(jax.random.normal(jax.random.PRNGKey(7),
+                                                            p[field].shape))
   return {"params": p}
 
 
@@ -322,7 +393,7 @@ def test_aft_equals_paper_formula(name, window, causal):
   module = _build(name, **kwargs)
   x, mask = _inputs(), _mask()
   params = _aft_params(module, x, mask, name)
-  y = module.apply(params, x, mask)
+  y = _jit_apply(module)(params, x, mask)
   p = params["params"]
   naive = _aft_naive(p, x, mask, _aft_dense_w(name, p, L, window), causal)
   _assert_real_close(y, naive, mask)
@@ -335,9 +406,9 @@ def test_aft_is_stable_for_large_keys_and_biases(name, window, scale):
   # stabilisers. (With a small window and keys spread by >100 the in-window terms of
   # AFT-local can underflow against the global key maximum, hence the smaller scale.)
   module = _build(name, window=window, max_length=16, activation="relu")
-  x, mask = scale * _inputs(), _mask()
+  x, mask = scale * np.asarray(_inputs()), _mask()  # numpy: the same float32 values
   params = _aft_params(module, x, mask, name, shift=200.0)
-  y = module.apply(params, x, mask)
+  y = _jit_apply(module)(params, x, mask)
   chex.assert_tree_all_finite(y)
   p = params["params"]
   naive = _aft_naive(p, x, mask, _aft_dense_w(name, p, L, window), False, activation="relu")
@@ -346,9 +417,9 @@ def test_aft_is_stable_for_large_keys_and_biases(name, window, scale):
 
 def test_aft_params_and_registry():
   x = _inputs()
-  full = _build("aft_full", max_length=16).init(jax.random.PRNGKey(0), x)["params"]
-  local = _build("aft_local", max_length=16, window=3).init(jax.random.PRNGKey(0), x)["params"]
-  simple = _build("aft_simple").init(jax.random.PRNGKey(0), x)["params"]
+  full = _init(_build("aft_full", max_length=16), x, seed=0)["params"]
+  local = _init(_build("aft_local", max_length=16, window=3), x, seed=0)["params"]
+  simple = _init(_build("aft_simple"), x, seed=0)["params"]
   chex.assert_shape(full["pos_bias"], (16, 16))
   chex.assert_shape(local["pos_bias_band"], (16, 5))
   assert set(simple) == {"query", "key", "value", "out"}
@@ -370,28 +441,33 @@ def test_aft_unknown_activation_is_a_clear_error():
 
 # --- Linformer (Wang et al., 2020) -------------------------------------------------------
 
+@functools.partial(jax.jit, static_argnames="share_kv")  # one program, not one per op
+def _linformer_dense(p, x, mask, share_kv):
+  q, k, v = _qkv(p, x)
+  m = mask[:, :, None, None]
+  e_LxR = p["proj_E"][:x.shape[1]]
+  f_LxR = e_LxR if share_kv else p["proj_F"][:x.shape[1]]
+  k_proj = jnp.einsum("lr,blhd->brhd", e_LxR, k * m)   # E^T K, pads zeroed first
+  v_proj = jnp.einsum("lr,blhd->brhd", f_LxR, v * m)   # E^T V (or F^T V)
+  logits = jnp.einsum("bihd,brhd->bhir", q, k_proj) / np.sqrt(K)
+  return _out(p, jnp.einsum("bhir,brhd->bihd", jax.nn.softmax(logits, -1), v_proj))
+
+
 @pytest.mark.parametrize("share_kv", [True, False])
 @pytest.mark.parametrize("pad", [0, 7])
 def test_linformer_equals_dense_form(pad, share_kv):
   module = _build("linformer", k=6, max_length=20, share_kv=share_kv)
   x, mask = _inputs(L + pad), _mask(L + pad, (L, L - 4))
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y = module.apply(params, x, mask)
+  params = _init(module, x, mask)
+  y = _jit_apply(module)(params, x, mask)
   p = params["params"]
-  q, k, v = _qkv(p, x)
-  m = mask[:, :, None, None]
-  e_LxR = p["proj_E"][:L + pad]
-  f_LxR = e_LxR if share_kv else p["proj_F"][:L + pad]
-  k_proj = jnp.einsum("lr,blhd->brhd", e_LxR, k * m)   # E^T K, pads zeroed first
-  v_proj = jnp.einsum("lr,blhd->brhd", f_LxR, v * m)   # E^T V (or F^T V)
-  logits = jnp.einsum("bihd,brhd->bhir", q, k_proj) / np.sqrt(K)
-  naive = _out(p, jnp.einsum("bhir,brhd->bihd", jax.nn.softmax(logits, -1), v_proj))
+  naive = _linformer_dense(p, x, mask, share_kv)
   _assert_real_close(y, naive, mask)
   assert ("proj_F" in p) == (not share_kv)
 
 
 def test_linformer_projection_has_lras_xavier_uniform_init():
-  p = _build("linformer", k=16, max_length=150).init(jax.random.PRNGKey(0), _inputs())["params"]
+  p = _init(_build("linformer", k=16, max_length=150), _inputs(), seed=0)["params"]
   e = np.asarray(p["proj_E"])
   bound = np.sqrt(6.0 / (150 + 16))   # LRA's lr_kernel: xavier_uniform on [max_len, k]
   assert e.shape == (150, 16) and e.dtype == np.float32

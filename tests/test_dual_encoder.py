@@ -3,7 +3,6 @@ invariance, a matching task it learns, and limited evaluations on a fixed random
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -57,13 +56,14 @@ def test_dual_encoder_logits_and_padding_invariance():
   a = rng.integers(1, 16, (3, 12)).astype(np.int32)
   b = rng.integers(1, 16, (3, 9)).astype(np.int32)
   b[0, 5:] = 0
-  params = model.init(jax.random.PRNGKey(0), a, None, b, None)
-  logits = model.apply(params, a, None, b, None)
+  # Jitted: one program per shape, not one per operation.
+  params = jax.jit(lambda r: model.init(r, a, None, b, None))(jax.random.PRNGKey(0))
+  apply = jax.jit(lambda p, x1, x2: model.apply(p, x1, None, x2, None))
+  logits = apply(params, a, b)
   chex.assert_shape(logits, (3, 2))
-  padded = model.apply(params, np.pad(a, ((0, 0), (0, 7))), None, np.pad(b, ((0, 0), (0, 20))),
-                       None)
+  padded = apply(params, np.pad(a, ((0, 0), (0, 7))), np.pad(b, ((0, 0), (0, 20))))
   np.testing.assert_allclose(np.asarray(padded), np.asarray(logits), rtol=1e-5, atol=1e-5)
-  swapped = model.apply(params, b, None, a, None)  # [u, v] (LRA's code) is order-sensitive
+  swapped = apply(params, b, a)  # [u, v] (LRA's code) is order-sensitive
   assert not np.allclose(np.asarray(swapped), np.asarray(logits))
   assert "head_hidden2" in params["params"]
 
@@ -72,9 +72,13 @@ def test_dual_encoder_logits_and_padding_invariance():
 def test_dual_encoder_learns_matching(tmp_path):
   task = _matching_task()
   # The marker agreement is u * v in the NLI head; LRA's [u, v] (the default) needs more
-  # steps to learn it than this test can afford.
-  config = tiny_config(num_train_steps=200, eval_frequency=100, checkpoint_every=100,
-                       log_every=20, **{"data.bucket": 16, "model.interaction": "nli"})
+  # steps to learn it than this test can afford. Dropout off: the train step compiles without
+  # the masks' random bits, and learns faster (validation 0.57 at step 60, 1.0 at 120). Bucket
+  # 0: every batch at one width (40), so one train and one eval program.
+  config = tiny_config(num_train_steps=120, eval_frequency=60, checkpoint_every=60,
+                       log_every=20, **{"data.bucket": 0, "model.interaction": "nli",
+                                        "model.dropout_rate": 0.0,
+                                        "model.attention_dropout_rate": 0.0})
   results = trainer.train_and_evaluate(config, str(tmp_path / "run"), data=task)
   assert results["test_majority_rate"] < 0.6
   assert results["test_accuracy"] > 0.85, results

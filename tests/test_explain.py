@@ -88,15 +88,20 @@ def test_implicit_map_times_values_is_the_modules_output(name, kwargs, pads_mask
   x, mask = _inputs()
   module = _module(name, **kwargs)
   params = module.init(jax.random.PRNGKey(1), x, mask)["params"]
-  y, a = _apply_with_map(module, params, x, mask)
-  assert a.shape == (2, H, 9, 9) and a.dtype == jnp.float32
   out_proj = name in ("simple_resl", "linear", "performer")
+
+  @jax.jit   # one program, not one per operation
+  def outputs(params):
+    y, a = _apply_with_map(module, params, x, mask)
+    _, a_short = _apply_with_map(module, params, x[1:, :6], mask[1:, :6])
+    return y, a, _output_from_map(params, a, x, out_proj), a_short
+  y, a, y_from_map, a_short = outputs(params)
+  assert a.shape == (2, H, 9, 9) and a.dtype == jnp.float32
   # Every row, the pad rows of the second example included.
-  np.testing.assert_allclose(_output_from_map(params, a, x, out_proj), y, rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(y_from_map, y, rtol=2e-5, atol=2e-6)
   if pads_masked:
     assert float(jnp.abs(a[1, :, :, 6:]).max()) == 0.0   # pads get exactly zero weight
     # The real positions' map does not depend on the padding.
-    _, a_short = _apply_with_map(module, params, x[1:, :6], mask[1:, :6])
     np.testing.assert_allclose(a[1, :, :6, :6], a_short[0], rtol=1e-5, atol=1e-6)
   else:
     assert float(jnp.abs(a[1, :, :, 6:]).max()) > 0.0    # the authors' pads are keys
@@ -138,28 +143,37 @@ def test_softmax_sown_weights_are_the_modules_weights(kwargs):
   module = attention.get("softmax").build(num_heads=H, qkv_dim=E, out_dim=E, dropout_rate=0.1,
                                           dtype=jnp.float32, use_bias=True, **kwargs)
   params = module.init(jax.random.PRNGKey(1), x, mask)["params"]
-  spy = _WeightsSpy()
-  with nn.intercept_methods(spy):
-    y, a = _apply_with_map(module, params, x, mask)
-  (used,) = spy.weights
+
+  @jax.jit   # one program, not one per operation; the spy's weights come out with the map
+  def outputs(params):
+    spy = _WeightsSpy()
+    with nn.intercept_methods(spy):
+      y, a = _apply_with_map(module, params, x, mask)
+    return y, a, spy.weights, _output_from_map(params, a, x, True)
+  y, a, weights, y_from_map = outputs(params)
+  (used,) = weights
   np.testing.assert_array_equal(a, used)
   n = kwargs.get("num_queries") or 9
   assert a.shape == (2, H, n, 9)
   np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-6)
   if not kwargs.get("lra_masking"):   # LRA's mask lets a pad query spread over the pads
     assert float(jnp.abs(a[1, :, :, 6:]).max()) == 0.0
-  np.testing.assert_allclose(_output_from_map(params, a, x, True), y, rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(y_from_map, y, rtol=2e-5, atol=2e-6)
 
 
 def test_softmax_xla_implementation_sows_the_einsum_weights():
   x, mask = _inputs()
   einsum, xla = _module("softmax"), _module("softmax", implementation="xla")
   params = einsum.init(jax.random.PRNGKey(1), x, mask)["params"]
-  _, a = _apply_with_map(einsum, params, x, mask)
-  y_xla, a_xla = _apply_with_map(xla, params, x, mask)
+
+  @jax.jit   # one program, not one per operation
+  def outputs(params):
+    _, a = _apply_with_map(einsum, params, x, mask)
+    y_xla, a_xla = _apply_with_map(xla, params, x, mask)
+    return a, y_xla, a_xla, _output_from_map(params, a_xla, x, True)
+  a, y_xla, a_xla, y_from_map = outputs(params)
   np.testing.assert_array_equal(a, a_xla)
-  np.testing.assert_allclose(_output_from_map(params, a_xla, x, True), y_xla, rtol=2e-5,
-                             atol=2e-6)
+  np.testing.assert_allclose(y_from_map, y_xla, rtol=2e-5, atol=2e-6)
 
 
 def test_maps_come_out_only_when_asked():
@@ -209,8 +223,9 @@ def test_value_jacobian_equals_the_sown_maps():
   model = _classifier(("softmax", "simple"))
   batch = _batch()
   params = _params(model, batch)
-  _, sown = explain.sown_maps(model.apply, params, batch)
-  jac = explain.value_jacobian_maps(model.apply, params, batch)
+  # each under jit: one program, not one per operation
+  _, sown = jax.jit(lambda p: explain.sown_maps(model.apply, p, batch))(params)
+  jac = jax.jit(lambda p: explain.value_jacobian_maps(model.apply, p, batch))(params)
   assert sorted(sown) == sorted(jac) == [(0, 0), (1, 0)]
   for key in sown:
     assert jac[key].shape == sown[key].shape == (1, H, 13, 13)
@@ -221,7 +236,9 @@ def test_value_jacobian_of_the_random_synthesizer_is_its_softmax():
   model = _classifier(("synthesizer_random",), max_length=13)
   batch = _batch()
   params = _params(model, batch)
-  (jac,) = explain.value_jacobian_maps(model.apply, params, batch).values()
+  # under jit: one program, not one per operation
+  (jac,) = jax.jit(lambda p: explain.value_jacobian_maps(model.apply, p, batch))(
+      params).values()
   logits = np.asarray(params["encoder"]["encoderblock_0"]["attention"]["random_logits"],
                       np.float64)
   keep = np.concatenate([[True], batch["mask"][0]])   # CLS, then the tokens
@@ -296,11 +313,15 @@ def test_train_step_program_is_unchanged_by_the_sow(monkeypatch):
   config.model.mlp_dim = 16
   config.model.max_length = 16
   model = encoders.build_classifier(config.model, vocab_size=16, num_classes=10)
-  state = steps.replicate(train_state.create_train_state(
-      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
-      config.model.max_length))
-  p_train, _ = steps.pmap_steps(model.apply)
   n = jax.local_device_count()
+  # Lowering needs the state's shapes only (replicated: a leading device axis); nothing is
+  # initialized or compiled.
+  state = jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct((n, *s.shape), s.dtype),
+      jax.eval_shape(lambda key: train_state.create_train_state(
+          run_config.TrainConfig.from_config_dict(config), model, key,
+          config.model.max_length), jax.random.PRNGKey(0)))
+  p_train, _ = steps.pmap_steps(model.apply)
   tokens = np.ones((n, 2, 16), np.int32)
   tokens[:, 1, 10:] = 0
   batch = {"inputs": tokens, "mask": tokens > 0, "targets": np.zeros((n, 2), np.int32),

@@ -3,6 +3,7 @@ their fallbacks, and the last encoder block on the CLS position only."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -28,6 +29,13 @@ def _softmax(dtype=jnp.float32, heads=2, dim=16, **kwargs):
   return attention.get("softmax").build(num_heads=heads, qkv_dim=dim, out_dim=dim,
                                         dropout_rate=kwargs.pop("dropout_rate", 0.0),
                                         dtype=dtype, **kwargs)
+
+
+@jax.jit
+def _softmax_params(x_BxLxE, mask_BxL):
+  """``_softmax()``'s parameters, which no option (implementation, causal, dropout) changes:
+  one init program for the module tests below, not one per test or per operation."""
+  return _softmax().init(jax.random.PRNGKey(1), x_BxLxE, mask_BxL)
 
 
 @pytest.fixture
@@ -93,7 +101,7 @@ def test_recording_fallbacks_keeps_each_threads_reasons_even_once_logged(fresh_l
 def test_flash_on_cpu_logs_once_and_computes_softmax(fresh_log, caplog):
   x, mask = _x_and_mask()
   reference = _softmax()
-  params = jax.jit(reference.init)(jax.random.PRNGKey(1), x, mask)
+  params = _softmax_params(x, mask)
   with caplog.at_level(logging.WARNING, logger=softmax.__name__):
     y_flash = jax.jit(_softmax(implementation="flash").apply)(params, x, mask)
     jax.jit(_softmax(implementation="flash").apply)(params, x, mask)
@@ -108,11 +116,13 @@ def test_flash_on_cpu_logs_once_and_computes_softmax(fresh_log, caplog):
 def test_fused_with_active_dropout_uses_einsum_and_says_why(fresh_log, caplog):
   x, mask = _x_and_mask()
   module = _softmax(implementation="xla", dropout_rate=0.5)
-  params = module.init(jax.random.PRNGKey(1), x, mask)
+  params = _softmax_params(x, mask)
   rngs = {"dropout": jax.random.PRNGKey(2)}
 
   def train_mode(m):
-    return m.apply(params, x, mask, deterministic=False, rngs=rngs)
+    # jitted: one program, not one per operation; the fallback is chosen (and logged) while
+    # tracing, inside the caplog block
+    return jax.jit(lambda p: m.apply(p, x, mask, deterministic=False, rngs=rngs))(params)
   with caplog.at_level(logging.WARNING, logger=softmax.__name__):
     y = train_mode(module)
   y_einsum = train_mode(_softmax(implementation="einsum", dropout_rate=0.5))
@@ -123,10 +133,12 @@ def test_fused_with_active_dropout_uses_einsum_and_says_why(fresh_log, caplog):
 @pytest.mark.parametrize("causal", [False, True])
 def test_xla_equals_einsum_with_padding(causal):
   x, mask = _x_and_mask()
-  params = _softmax().init(jax.random.PRNGKey(1), x, mask)
+  params = _softmax_params(x, mask)
   real = np.asarray(mask)
-  y = {impl: np.asarray(_softmax(implementation=impl, causal=causal).apply(params, x, mask))
-       for impl in ("einsum", "xla")}
+  # both implementations in one program, not one per operation
+  y = jax.jit(lambda p: {impl: _softmax(implementation=impl, causal=causal).apply(p, x, mask)
+                         for impl in ("einsum", "xla")})(params)
+  y = {impl: np.asarray(out) for impl, out in y.items()}
   np.testing.assert_allclose(y["xla"][real], y["einsum"][real], rtol=1e-5, atol=1e-5)
 
 
@@ -156,10 +168,15 @@ def test_flash_padding_to_the_tile_keeps_the_function(causal):
   flash = lambda q, kk, v: softmax.flash_attention(q, kk, v, mask, causal,  # noqa: E731
                                                    implementation="xla")
   einsum = lambda q, kk, v: softmax.einsum_attention(q, kk, v, keep)  # noqa: E731
+
+  @jax.jit   # both outputs and all gradients in one program, not one per operation
+  def outputs_and_grads(q, kk, v):
+    return ([fn(q, kk, v) for fn in (flash, einsum)],
+            [jax.grad(loss(fn), argnums=(0, 1, 2))(q, kk, v) for fn in (flash, einsum)])
+  (y_flash, y_einsum), grads = outputs_and_grads(q, kk, v)
   real = np.asarray(mask)
-  np.testing.assert_allclose(np.asarray(flash(q, kk, v))[real],
-                             np.asarray(einsum(q, kk, v))[real], rtol=1e-5, atol=1e-5)
-  grads = [jax.grad(loss(fn), argnums=(0, 1, 2))(q, kk, v) for fn in (flash, einsum)]
+  np.testing.assert_allclose(np.asarray(y_flash)[real], np.asarray(y_einsum)[real], rtol=1e-5,
+                             atol=1e-5)
   chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
@@ -218,14 +235,25 @@ def _tokens():
   return jnp.asarray(rng.integers(1, 20, (3, 12)) * real, jnp.int32)
 
 
+def _classifier_params(model, tokens):
+  """``model``'s parameters, initialized eagerly: a classifier's init compiles to a large
+  program (a random draw per parameter), while its eager operations, one small program per
+  shape, are shared by every classifier of this file."""
+  return model.init(jax.random.PRNGKey(0), tokens)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits_and_grads(model, params, tokens):
+  """One program per model (modules compare by their fields): two tests share a reference."""
+  loss = lambda p: jnp.sum(jnp.sin(model.apply(p, tokens)))  # noqa: E731
+  return model.apply(params, tokens), jax.grad(loss)(params)
+
+
 def _assert_same_logits_and_grads(model, reference, tokens):
   """``model`` and ``reference`` (same parameters) agree in logits and every gradient."""
-  params = jax.jit(reference.init)(jax.random.PRNGKey(0), tokens)
-
-  def logits_and_grads(m):
-    loss = lambda p: jnp.sum(jnp.sin(m.apply(p, tokens)))  # noqa: E731
-    return jax.jit(lambda p: (m.apply(p, tokens), jax.grad(loss)(p)))(params)
-  (logits, grads), (logits_ref, grads_ref) = map(logits_and_grads, (model, reference))
+  params = _classifier_params(reference, tokens)
+  logits, grads = _logits_and_grads(model, params, tokens)
+  logits_ref, grads_ref = _logits_and_grads(reference, params, tokens)
   chex.assert_trees_all_close(logits, logits_ref, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(grads, grads_ref, rtol=1e-4, atol=1e-6)
 
@@ -275,11 +303,15 @@ def test_num_queries_is_not_a_user_option():
 
 def test_length_multiple_keeps_the_logits_of_every_attention_it_allows():
   tokens = _tokens()   # 12 tokens + CLS = 13 positions, padded to 16
-  for name in [n for n in attention.names() if attention.get(n).length_padding_exact]:
-    reference, padded = _classifier(name, False), _classifier(name, False, length_multiple=8)
-    params = reference.init(jax.random.PRNGKey(0), tokens)
-    chex.assert_trees_all_close(padded.apply(params, tokens), reference.apply(params, tokens),
-                                rtol=1e-5, atol=1e-6, custom_message=name)
+  names = [n for n in attention.names() if attention.get(n).length_padding_exact]
+  params = {name: _classifier_params(_classifier(name, False), tokens) for name in names}
+
+  @jax.jit   # every attention's two applies in one program, not one per operation
+  def padded_and_reference(params):
+    return {name: (_classifier(name, False, length_multiple=8).apply(params[name], tokens),
+                   _classifier(name, False).apply(params[name], tokens)) for name in names}
+  for name, (logits, logits_ref) in padded_and_reference(params).items():
+    chex.assert_trees_all_close(logits, logits_ref, rtol=1e-5, atol=1e-6, custom_message=name)
 
 
 def test_length_multiple_keeps_the_gradients_and_pads_the_blocks():

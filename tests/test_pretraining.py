@@ -14,7 +14,6 @@ import pytest
 
 from configs import lra
 from simpletron_jax.data import batches, tasks
-from simpletron_jax.data.common import make_batch
 from simpletron_jax.model import encoders, transfer
 from simpletron_jax.train import evaluation, pretraining, recipes, steps, trainer
 from tests.test_train import Killed, _final_params, majority_split, tiny_config
@@ -81,10 +80,13 @@ def test_loss_counts_only_masked_real_tokens_numpy_reference():
   batch = {"inputs": tokens, "mask": mask, "targets": np.zeros(4, np.int32),
            "weights": np.array([1, 1, 1, 0], np.float32)}   # the last row is a filler
   rng = jax.random.PRNGKey(5)
-  loss, metrics = steps.loss_fn(params, model.apply, batch, rng, False)
+  # one program for the three losses and one for the forward pass, not one per operation
+  loss_fn = jax.jit(lambda p, r: steps.loss_fn(p, model.apply, batch, r, False))
+  loss, metrics = loss_fn(params, rng)
   sums = _sums(metrics)
-  out = model.apply({"params": params}, tokens, mask, deterministic=False,
-                    rngs={"dropout": rng, "random_features": jax.random.fold_in(rng, 0x5EED)})
+  out = jax.jit(lambda p: model.apply(
+      {"params": p}, tokens, mask, deterministic=False,
+      rngs={"dropout": rng, "random_features": jax.random.fold_in(rng, 0x5EED)}))(params)
   logits = np.asarray(out["logits"], np.float64)
   sel = np.asarray(out["weights"]) > 0
   assert not sel[~mask].any() and sel.any()
@@ -97,9 +99,9 @@ def test_loss_counts_only_masked_real_tokens_numpy_reference():
   np.testing.assert_allclose(float(loss), nll[sel].mean(), rtol=1e-5)
   np.testing.assert_allclose(float(sums["accuracy"]), (logits.argmax(-1) == tokens)[sel].sum())
   # the mask is a pure function of the step's key: the same key masks the same tokens
-  _, again = steps.loss_fn(params, model.apply, batch, rng, False)
+  _, again = loss_fn(params, rng)
   chex.assert_trees_all_equal(metrics, again)
-  other = _sums(steps.loss_fn(params, model.apply, batch, jax.random.PRNGKey(6), False)[1])
+  other = _sums(loss_fn(params, jax.random.PRNGKey(6))[1])
   assert float(other["count"]) != float(sums["count"]) or float(other["loss"]) != float(
       sums["loss"])
 
@@ -107,11 +109,12 @@ def test_loss_counts_only_masked_real_tokens_numpy_reference():
 def test_pads_are_never_targets_in_the_model_and_eval_is_deterministic():
   model, params = _lm(_spt_config())
   tokens, mask = _batch(np.random.default_rng(4), b=8, length=20)
-  out = model.apply({"params": params}, tokens, mask, deterministic=True)
+  apply = jax.jit(lambda p, t, m: model.apply({"params": p}, t, m, deterministic=True))
+  out = apply(params, tokens, mask)   # one program, not one per operation
   weights = np.asarray(out["weights"])
   assert weights.shape == tokens.shape and out["logits"].shape == (8, 20, 17)
   assert not weights[~mask].any() and weights[mask].any()
-  again = model.apply({"params": params}, tokens, mask, deterministic=True)
+  again = apply(params, tokens, mask)
   np.testing.assert_array_equal(weights, np.asarray(again["weights"]))
 
 
@@ -134,9 +137,11 @@ def test_pretraining_lowers_the_masked_token_loss():
     updates, opt = tx.update(grads, opt)
     return optax.apply_updates(params, updates), opt, loss
 
+  eval_metrics = jax.jit(   # one program for both evaluations
+      lambda p: steps.loss_fn(p, model.apply, batch, jax.random.PRNGKey(0), True)[1])
+
   def eval_loss(params):
-    _, metrics = steps.loss_fn(params, model.apply, batch, jax.random.PRNGKey(0), True)
-    return steps.means(metrics)["loss"]
+    return steps.means(eval_metrics(params))["loss"]
 
   before = eval_loss(params)
   for i in range(60):
@@ -171,7 +176,7 @@ def test_tied_head_uses_the_embedding():
   model, params = _lm(config)
   assert "lm_logits" not in params and params["lm_bias"].shape == (17,)
   tokens, mask = _batch(np.random.default_rng(1))
-  out = model.apply({"params": params}, tokens, mask, deterministic=True)
+  out = jax.jit(lambda p: model.apply({"params": p}, tokens, mask, deterministic=True))(params)
   assert out["logits"].shape == (4, 12, 17)
 
 
@@ -187,8 +192,10 @@ def test_lm_head_is_one_dense_by_default_and_mlp_adds_berts_transform():
                                                              "lm_transform"]
   # same encoder, different head: the logits differ, their shapes do not
   shared = {**params_mlp, "encoder": params["encoder"]}
-  a = model.apply({"params": params}, tokens, mask, deterministic=True)["logits"]
-  b = model_mlp.apply({"params": shared}, tokens, mask, deterministic=True)["logits"]
+  # both heads in one program, not one per operation
+  a, b = jax.jit(lambda p, p_mlp: [
+      m.apply({"params": q}, tokens, mask, deterministic=True)["logits"]
+      for m, q in ((model, p), (model_mlp, p_mlp))])(params, shared)
   assert a.shape == b.shape == (4, 12, 17) and not np.allclose(a, b)
   config.pretrain.lm_head = "deep"
   with pytest.raises(ValueError, match="pretrain.lm_head"):
@@ -205,7 +212,8 @@ def test_next_token_targets_and_causal_check():
   config = _spt_config("causal", attention="aft_simple")
   config.model.attention_kwargs = ml_collections.ConfigDict({"causal": True})
   model, params = _lm(config)
-  out = model.apply({"params": params}, tokens, tokens > 0, deterministic=True)
+  out = jax.jit(lambda p: model.apply({"params": p}, tokens, tokens > 0, deterministic=True))(
+      params)   # one program, not one per operation
   np.testing.assert_array_equal(out["targets"], targets)
 
 
@@ -227,9 +235,11 @@ def test_encoder_states_are_one_per_token():
   encoder = encoders.build_encoder(config.model, vocab_size=16, return_states=True)
   tokens, mask = _batch(np.random.default_rng(2))
   params = encoder.init(jax.random.PRNGKey(0), tokens, mask)
-  states = encoder.apply(params, tokens, mask)
+  pooling = encoders.build_encoder(config.model, vocab_size=16)
+  # both applies in one program, not one per operation
+  states, pooled = jax.jit(lambda p: (encoder.apply(p, tokens, mask),
+                                      pooling.apply(p, tokens, mask)))(params)
   assert states.shape == (4, 12, config.model.emb_dim)
-  pooled = encoders.build_encoder(config.model, vocab_size=16).apply(params, tokens, mask)
   assert pooled.shape == (4, config.model.emb_dim)
 
 
@@ -319,9 +329,12 @@ def test_pixel_tasks_predict_the_256_values_with_an_explicit_mask(task):
   tokens[0] = 0   # an all-black row: every pixel is real
   tokens = jnp.asarray(tokens, jnp.int32)
   mask = jnp.ones((2, 16), bool)   # pixel value 0 is real
-  params = model.init({"params": jax.random.PRNGKey(0)}, tokens, mask,
-                      deterministic=True)["params"]
-  out = model.apply({"params": params}, tokens, mask, deterministic=True)
+
+  @jax.jit   # init and apply in one program, not one per operation
+  def init_and_apply(key):
+    params = model.init({"params": key}, tokens, mask, deterministic=True)["params"]
+    return params, model.apply({"params": params}, tokens, mask, deterministic=True)
+  params, out = init_and_apply(jax.random.PRNGKey(0))
   assert out["logits"].shape == (2, 16, 257)
   # black pixels are targets too: the mask, not the id, decides
   assert np.asarray(out["weights"])[0].sum() > 0

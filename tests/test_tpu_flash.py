@@ -35,14 +35,25 @@ def _x_and_mask(lengths, length=33, emb=16, dtype=jnp.float32):
   return x_BxLxE, mask_BxL
 
 
-def _outputs_and_grads(fn, *args):
-  """``y = fn(*args)`` and the pull-back of the cotangent ``cos(y)`` to every argument, in one
-  jitted trace (the interpret mode's simulation runs faster compiled than eagerly)."""
-  @jax.jit
+def _pull_back(fn, *args):
+  """``y = fn(*args)`` and the pull-back of the cotangent ``cos(y)`` to every argument."""
+  y, vjp = jax.vjp(fn, *args)
+  return y, vjp(jnp.cos(y))
+
+
+def _both_outputs_and_grads(kernel, reference, *args):
+  """:func:`_pull_back` of ``kernel`` (traced for a TPU, in Pallas's interpret mode) and of
+  ``reference`` (traced for this host) in one jitted program (the interpret mode's simulation
+  runs faster compiled than eagerly; one program, not two), and the jaxpr text of that trace
+  (read from it, not from a second trace). Returns ``(kernel's, reference's, jaxpr)``."""
   def run(*args):
-    y, vjp = jax.vjp(fn, *args)
-    return y, vjp(jnp.cos(y))
-  return run(*args)
+    with base.compiling_for("tpu"):
+      ours = _pull_back(kernel, *args)
+    return ours, _pull_back(reference, *args)
+  with pltpu.force_tpu_interpret_mode():
+    traced = jax.jit(run).trace(*args)
+    ours, ref = traced.lower().compile()(*args)
+  return ours, ref, str(traced.jaxpr)
 
 
 def test_compiling_for_sets_the_target_platform_in_its_block_only():
@@ -69,17 +80,16 @@ def test_flash_equals_einsum_in_tpu_interpret_mode(causal, lengths):
   # L = 33 (odd, like max_length + CLS) pads to one 128 block; outputs at every position,
   # pads included, and the gradients of the parameters and the input.
   x, mask = _x_and_mask(lengths)
-  params = _softmax().init(jax.random.PRNGKey(1), x, mask)
+  params = jax.jit(_softmax().init)(jax.random.PRNGKey(1), x, mask)   # one program
 
   def apply(impl):
     module = _softmax(implementation=impl, causal=causal)
     return lambda p, x_: module.apply(p, x_, mask)
-  with pltpu.force_tpu_interpret_mode(), base.compiling_for("tpu"):
-    with softmax.recording_fallbacks() as reasons:
-      assert "pallas_call" in str(jax.make_jaxpr(apply("flash"))(params, x))
-      y_flash, (g_params, g_x) = _outputs_and_grads(apply("flash"), params, x)
+  with softmax.recording_fallbacks() as reasons:
+    (y_flash, (g_params, g_x)), (y_einsum, (e_params, e_x)), jaxpr = _both_outputs_and_grads(
+        apply("flash"), apply("einsum"), params, x)
+  assert "pallas_call" in jaxpr
   assert reasons == []
-  y_einsum, (e_params, e_x) = _outputs_and_grads(apply("einsum"), params, x)
   np.testing.assert_allclose(np.asarray(y_flash), np.asarray(y_einsum), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(g_x), np.asarray(e_x), rtol=1e-5, atol=1e-5)
   chex.assert_trees_all_close(g_params, e_params, rtol=1e-5, atol=1e-4)
@@ -97,11 +107,10 @@ def test_tpu_kernel_over_several_blocks_equals_einsum(causal):
   keep = mask[:, None, None, :]
   if causal:
     keep = keep & jnp.tril(jnp.ones((length, length), bool))[None, None]
-  with pltpu.force_tpu_interpret_mode():
-    y, grads = _outputs_and_grads(
-        lambda *qkv: softmax.tpu_flash_attention(*qkv, mask, causal), q, kk, v)
-  y_ref, grads_ref = _outputs_and_grads(
+  (y, grads), (y_ref, grads_ref), jaxpr = _both_outputs_and_grads(
+      lambda *qkv: softmax.tpu_flash_attention(*qkv, mask, causal),
       lambda *qkv: softmax.einsum_attention(*qkv, keep), q, kk, v)
+  assert "pallas_call" in jaxpr
   np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-5, atol=1e-5)
   chex.assert_trees_all_close(grads, grads_ref, rtol=1e-5, atol=1e-5)
 
@@ -138,15 +147,26 @@ def test_tpu_limits_fall_back_to_xla_naming_the_kernel(dtype, head_dim, why):
 
 def test_tpu_fallbacks_in_the_module_say_why_and_keep_the_function():
   x, mask = _x_and_mask((33, 20))
-  params = _softmax().init(jax.random.PRNGKey(1), x, mask)
+  params = jax.jit(_softmax().init)(jax.random.PRNGKey(1), x, mask)
   rngs = {"dropout": jax.random.PRNGKey(2)}
+  reasons = []
 
   def apply(deterministic=True, **kwargs):
     return _softmax(**kwargs).apply(params, x, mask, deterministic=deterministic, rngs=rngs)
-  with base.compiling_for("tpu"), softmax.recording_fallbacks() as reasons:
-    y_dropout = apply(False, implementation="flash", dropout_rate=0.5)
-    y_lra = apply(implementation="flash", lra_masking=True)
-    y_cls = _softmax(implementation="flash", num_queries=1).apply(params, x, mask)
+
+  # The three fallbacks (traced for a TPU) and the implementations they fall back to (traced
+  # for this host) in one jitted program, not one program per operation.
+  @jax.jit
+  def outputs():
+    with base.compiling_for("tpu"), softmax.recording_fallbacks() as recorded:
+      fallbacks = (apply(False, implementation="flash", dropout_rate=0.5),
+                   apply(implementation="flash", lra_masking=True),
+                   _softmax(implementation="flash", num_queries=1).apply(params, x, mask))
+    reasons.extend(recorded)
+    return fallbacks, (apply(False, dropout_rate=0.5),   # einsum's
+                       apply(implementation="xla", lra_masking=True),
+                       _softmax(implementation="xla", num_queries=1).apply(params, x, mask))
+  (y_dropout, y_lra, y_cls), (y_einsum, y_xla_lra, y_xla) = outputs()
   assert reasons == [
       f"softmax implementation 'flash' ({TPU_KERNEL}) has no attention dropout; using "
       "'einsum' (set model.attention_dropout_rate=0 to use it)",
@@ -154,11 +174,8 @@ def test_tpu_fallbacks_in_the_module_say_why_and_keep_the_function():
       f"{TPU_KERNEL} runs full self-attention only here; the block with num_queries=1 uses "
       "'xla'"]
   assert not any("cuDNN" in r for r in reasons)
-  np.testing.assert_array_equal(np.asarray(y_dropout),
-                                np.asarray(apply(False, dropout_rate=0.5)))   # einsum's
-  np.testing.assert_array_equal(np.asarray(y_lra),
-                                np.asarray(apply(implementation="xla", lra_masking=True)))
-  y_xla = _softmax(implementation="xla", num_queries=1).apply(params, x, mask)
+  np.testing.assert_array_equal(np.asarray(y_dropout), np.asarray(y_einsum))
+  np.testing.assert_array_equal(np.asarray(y_lra), np.asarray(y_xla_lra))
   np.testing.assert_array_equal(np.asarray(y_cls), np.asarray(y_xla))
 
 
