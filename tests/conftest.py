@@ -2,7 +2,8 @@
 
 * two fake CPU devices for pmap;
 * XLA's cheapest CPU compilation (``--xla_backend_optimization_level=0``, no expensive LLVM
-  passes, no fusion emitters).
+  passes, no fusion emitters, each program's machine code emitted as one module rather than
+  split for parallel threads: with both cores busy running tests the split only added work).
   Compiling takes most of the suite's time and running the tiny test programs little, and
   every comparison in the suite is between programs compiled with the same flags or against
   numpy with a tolerance (the one bit-for-bit comparison of two different programs,
@@ -21,6 +22,7 @@ and the repository root on ``sys.path`` so ``configs`` imports.
 """
 
 import atexit
+import gc
 import os
 import shutil
 import sys
@@ -29,7 +31,8 @@ import tempfile
 _TEST_XLA_FLAGS = ("--xla_force_host_platform_device_count=2",
                    "--xla_backend_optimization_level=0",
                    "--xla_llvm_disable_expensive_passes=true",
-                   "--xla_cpu_use_fusion_emitters=false")
+                   "--xla_cpu_use_fusion_emitters=false",
+                   "--xla_cpu_parallel_codegen_split_count=1")
 _flags = os.environ.get("XLA_FLAGS", "").split()
 os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in _TEST_XLA_FLAGS if f not in _flags])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -41,6 +44,10 @@ if not os.environ.get("SIMPLETRON_TEST_NO_CACHE") and "JAX_COMPILATION_CACHE_DIR
   atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+if "SIMPLETRON_TEST_DATA_CACHE" not in os.environ:
+  _DATA_CACHE = tempfile.mkdtemp(prefix="simpletron_test_data_cache_")
+  atexit.register(shutil.rmtree, _DATA_CACHE, ignore_errors=True)
+  os.environ["SIMPLETRON_TEST_DATA_CACHE"] = _DATA_CACHE
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
@@ -54,8 +61,11 @@ from simpletron_jax.data.common import RaggedExamples  # noqa: E402
 
 # The small ListOps run of the tests that start train.py: 64/32/32 examples of at most 60
 # tokens and one block, every batch at one width (64), so that each step function compiles
-# once and the runs share their programs through the session's compilation cache.
-SMALL_LISTOPS = ("--config.data.num_train=64", "--config.data.num_val=32",
+# once and the runs share their programs through the session's compilation cache. The data
+# are generated once per session into a folder the workers share (an override given after
+# these takes precedence, for a test that checks what a run writes to its cache).
+SMALL_LISTOPS = (f"--config.data.cache_dir={os.environ['SIMPLETRON_TEST_DATA_CACHE']}",
+                 "--config.data.num_train=64", "--config.data.num_val=32",
                  "--config.data.num_test=32", "--config.data.max_tokens=60",
                  "--config.model.max_length=64", "--config.data.bucket=0",
                  "--config.model.num_layers=1")
@@ -129,3 +139,16 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "paper_cells" in item.keywords:
       item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+  """Fewer, shorter garbage collections in the process that runs the tests: what collection
+  imported stays out of them (``gc.freeze``), and they start after 20,000 new objects instead
+  of 700. Tracing and lowering make many short-lived objects, and each full collection walked
+  the whole heap (JAX's caches included): on ``test_explain.py``, ``test_train.py`` and
+  ``test_lra_golden.py`` with ``-n 2`` the workers spent 3.1 to 4.6 s in it, against 1.1 to
+  1.9 s (``benchmarks/results/cpu/test_suite.md``)."""
+  del session
+  gc.collect()
+  gc.freeze()
+  gc.set_threshold(20000, 20, 20)

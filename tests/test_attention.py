@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax.model import attention
+from tests.module_support import init_variables, jit_apply
 
 B, L, E, H = 2, 12, 16, 4
 
@@ -34,8 +35,8 @@ def test_output_shape(name):
   module = _build(name)
   x = _inputs()
   mask = jnp.ones((B, L), bool)
-  params = jax.jit(module.init)(jax.random.PRNGKey(1), x, mask)   # one program, not one per op
-  y = jax.jit(module.apply)(params, x, mask)
+  params = init_variables(module, x, mask)
+  y = jit_apply(module)(params, x, mask)
   chex.assert_shape(y, (B, L, E))
   chex.assert_tree_all_finite(y)
 
@@ -46,8 +47,8 @@ def test_simple_equals_naive_quadratic_form(pad, layout):
   x = _inputs(L + pad)
   lengths = jnp.array([L, L - 4])
   mask = jnp.arange(L + pad)[None, :] < lengths[:, None]
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y = module.apply(params, x, mask)
+  params = init_variables(module, x, mask)
+  y = jit_apply(module)(params, x, mask)
   p = params["params"]
   q, k, v = (_proj(p, n, x) for n in ("query", "key", "value"))
   m = mask[:, :, None, None]
@@ -69,8 +70,8 @@ def test_flat_head_projection_is_dense_general():
   dense = nn.DenseGeneral(features=(H, E // H), kernel_init=base.KERNEL_INIT,
                           bias_init=base.BIAS_INIT)
   flat = base.HeadProjection(H, E // H)
-  params = dense.init(jax.random.PRNGKey(3), x)
-  chex.assert_trees_all_equal(flat.init(jax.random.PRNGKey(3), x), params)
+  params = init_variables(dense, x, seed=3)   # module.init's values (tests/module_support.py)
+  chex.assert_trees_all_equal(init_variables(flat, x, seed=3), params)
 
   def out_and_grads(module):
     loss = lambda p, t: jnp.sum(jnp.sin(module.apply(p, t)))  # noqa: E731
@@ -82,8 +83,8 @@ def test_softmax_equals_naive_form():
   module = _build("softmax")
   x = _inputs()
   mask = jnp.arange(L)[None, :] < jnp.array([L, 7])[:, None]
-  params = module.init(jax.random.PRNGKey(1), x, mask)
-  y = module.apply(params, x, mask)
+  params = init_variables(module, x, mask)
+  y = jit_apply(module)(params, x, mask)
   p = params["params"]
   q, k, v = (_proj(p, n, x) for n in ("query", "key", "value"))
   logits = jnp.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(E // H)
@@ -98,10 +99,10 @@ def test_fused_softmax_matches_einsum():
   x = _inputs()
   mask = jnp.arange(L)[None, :] < jnp.array([L, 7])[:, None]
   einsum_mod, fused_mod = _build("softmax"), _build("softmax", implementation="fused")
-  params = einsum_mod.init(jax.random.PRNGKey(1), x, mask)
+  params = init_variables(einsum_mod, x, mask)
   real = np.asarray(mask)
-  np.testing.assert_allclose(np.asarray(fused_mod.apply(params, x, mask))[real],
-                             np.asarray(einsum_mod.apply(params, x, mask))[real],
+  np.testing.assert_allclose(np.asarray(jit_apply(fused_mod)(params, x, mask))[real],
+                             np.asarray(jit_apply(einsum_mod)(params, x, mask))[real],
                              rtol=1e-5, atol=1e-5)
 
 
@@ -121,8 +122,8 @@ def test_padding_invariance(name, causal):
   module = _build(name, **kwargs)
   x = _inputs()
   mask = jnp.arange(L)[None, :] < jnp.array([L, 9])[:, None]
-  params = jax.jit(module.init)(jax.random.PRNGKey(1), x, mask)
-  apply = jax.jit(module.apply)   # both lengths compiled alike, one program each
+  params = init_variables(module, x, mask)
+  apply = jit_apply(module)   # both lengths compiled alike, one program each
   y = apply(params, x, mask)
   pads = 7
   x_padded = jnp.concatenate([x, 100.0 * _inputs(pads, seed=3)], axis=1)
@@ -140,10 +141,10 @@ def test_causality(name):
   kwargs = {"causal": True, "chunk_size": 5} if name == "simple" else {"causal": True}
   module = _build(name, **kwargs)
   x = _inputs()
-  params = module.init(jax.random.PRNGKey(1), x)
+  params = init_variables(module, x)
   cut = 7
   x_changed = x.at[:, cut:].set(jax.random.normal(jax.random.PRNGKey(9), (B, L - cut, E)))
-  y, y_changed = module.apply(params, x), module.apply(params, x_changed)
+  y, y_changed = jit_apply(module)(params, x), jit_apply(module)(params, x_changed)
   np.testing.assert_allclose(np.asarray(y_changed)[:, :cut], np.asarray(y)[:, :cut],
                              rtol=1e-5, atol=1e-5)
   assert not np.allclose(np.asarray(y_changed)[:, cut:], np.asarray(y)[:, cut:])
@@ -152,8 +153,8 @@ def test_causality(name):
 def test_causal_simple_equals_naive_lower_triangular_form():
   module = _build("simple", causal=True, chunk_size=5)  # L=12: chunks do not divide L
   x = _inputs()
-  params = module.init(jax.random.PRNGKey(1), x)
-  y = module.apply(params, x)
+  params = init_variables(module, x)
+  y = jit_apply(module)(params, x)
   p = params["params"]
   q, k, v = (_proj(p, n, x) for n in ("query", "key", "value"))
   scores = jnp.einsum("bihd,bjhd->bhij", q, k) * jnp.tril(jnp.ones((L, L)))
@@ -164,8 +165,8 @@ def test_causal_simple_equals_naive_lower_triangular_form():
 
 def test_simple_has_no_output_projection_and_resl_has_one():
   x = _inputs()
-  simple_params = _build("simple").init(jax.random.PRNGKey(0), x)["params"]
-  resl_params = _build("simple_resl").init(jax.random.PRNGKey(0), x)["params"]
+  simple_params = jax.eval_shape(_build("simple").init, jax.random.PRNGKey(0), x)["params"]
+  resl_params = jax.eval_shape(_build("simple_resl").init, jax.random.PRNGKey(0), x)["params"]
   assert set(simple_params) == {"query", "key", "value"}
   assert set(resl_params) == {"query", "key", "value", "out"}
   assert attention.get("simple_res").double_skip and not attention.get("simple").double_skip

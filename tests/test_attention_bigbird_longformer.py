@@ -19,6 +19,7 @@ import pytest
 
 from simpletron_jax.model import attention
 from simpletron_jax.model.attention import bigbird as bigbird_lib
+from tests.module_support import init_variables
 from tests.test_attention import _build, _proj
 
 B, E, H = 2, 16, 4
@@ -39,7 +40,7 @@ def _data(pad, garbage=False):
 @functools.lru_cache(maxsize=None)
 def _params(name):
   x, mask = _data(0)
-  return jax.jit(_build(name).init)(jax.random.PRNGKey(1), x, mask)
+  return init_variables(_build(name), x, mask, seed=1)
 
 
 @functools.lru_cache(maxsize=None)

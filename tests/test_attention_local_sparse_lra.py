@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from configs import lra
+from tests.module_support import init_variables
 from tests.test_attention import _build, _proj
 
 B, E, H = 2, 16, 4
@@ -39,7 +40,7 @@ def _data(garbage=0.0):
 @functools.lru_cache(maxsize=None)
 def _params():
   x, mask = _data()
-  return jax.jit(_build("local").init)(jax.random.PRNGKey(1), x, mask)
+  return init_variables(_build("local"), x, mask, seed=1)
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,10 +19,10 @@ from simpletron_jax.model import attention
 from simpletron_jax.model.attention import reformer as reformer_lib
 from simpletron_jax.model.attention import sinkhorn as sinkhorn_lib
 from simpletron_jax.model.attention import synthesizer as synthesizer_lib
+from tests.module_support import init_variables, jit_apply
 from tests.test_attention import _build
 from tests.test_attention_variants import (_assert_real_close, _check_padding_invariance,
-                                           _init, _inputs, _jit_apply, _mask,
-                                           _quadratic_shapes)
+                                           _inputs, _mask, _quadratic_shapes)
 
 B, L, E, H = 2, 12, 16, 4
 K = E // H
@@ -50,17 +50,17 @@ def _np_softmax(a):
   return np.exp(a - _np_lse(a, -1))
 
 
-# The parameters come from ``_init`` and the calls are jitted (``_jit_apply``): one program
-# per module and shape, not one compile per eager operation.
+# The parameters come from ``init_variables`` and the calls are jitted (``jit_apply``): one
+# program per module and shape, not one compile per eager operation.
 
 def _apply_sown(module, params, x, mask):
   """``(y, intermediates)``."""
-  return _jit_apply(module, sown=True)(params, x, mask)
+  return jit_apply(module, sown=True)(params, x, mask)
 
 
 def _apply(module, x, mask, seed=1):
-  params = _init(module, x, mask, seed=seed)
-  return params, _jit_apply(module)(params, x, mask)
+  params = init_variables(module, x, mask, seed=seed)
+  return params, jit_apply(module)(params, x, mask)
 
 
 # --- Sinkhorn (Tay et al., 2020) -----------------------------------------------------------
@@ -143,7 +143,7 @@ def _randomise_sort_net(params, seed=7, scale=2.0):
 def test_sinkhorn_equals_naive_reference(block, kwargs, pad):
   module = _build("sinkhorn", block_size=block, **kwargs)
   x, mask = _inputs(L + pad), _mask(L + pad, (L, 7))
-  params = _randomise_sort_net(_init(module, x, mask))
+  params = _randomise_sort_net(init_variables(module, x, mask))
   y, state = _apply_sown(module, params, x, mask)
   (perm,) = state["intermediates"]["permutation_BxHxNxM"]
   n = -(-(L + pad) // block)
@@ -178,7 +178,7 @@ def test_log_sinkhorn_is_doubly_stochastic_and_ignores_invalid_blocks():
 
 def _apply_with_pad_values(module, params, x, mask, value):
   # The pads' values set in numpy (float32): no compile.
-  return _jit_apply(module)(params, np.where(mask[..., None], x, np.float32(value)), mask)
+  return jit_apply(module)(params, np.where(mask[..., None], x, np.float32(value)), mask)
 
 
 @pytest.mark.parametrize("block", [4, 5])
@@ -186,7 +186,7 @@ def test_sinkhorn_ignores_what_the_pads_hold(block):
   # The groups follow the padded length (as in LRA), so invariance is to the pads' content.
   module = _build("sinkhorn", block_size=block)
   x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
-  params = _randomise_sort_net(_init(module, x, mask))
+  params = _randomise_sort_net(init_variables(module, x, mask))
   y_a = _apply_with_pad_values(module, params, x, mask, 0.0)
   y_b = _apply_with_pad_values(module, params, x, mask, 55.0)
   _assert_real_close(y_b, y_a, mask)
@@ -198,13 +198,13 @@ def test_sinkhorn_ignores_what_the_pads_hold(block):
 def test_sinkhorn_lra_bugs_inert_sort_net_and_pads_as_keys():
   x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
   default = _build("sinkhorn", block_size=4)
-  params = _init(default, x, mask)
+  params = init_variables(default, x, mask)
   sorted_a, sorted_b = _randomise_sort_net(params, seed=7), _randomise_sort_net(params, seed=8)
   # Default: the sort net matters. LRA's einsum: every sorted group is the sum of all groups.
-  run = _jit_apply(default)
+  run = jit_apply(default)
   assert not np.allclose(run(sorted_a, x, mask), run(sorted_b, x, mask), atol=1e-4)
   lra = _build("sinkhorn", block_size=4, lra_bugs=True)
-  run_lra = _jit_apply(lra)
+  run_lra = jit_apply(lra)
   np.testing.assert_allclose(run_lra(sorted_a, x, mask), run_lra(sorted_b, x, mask), atol=1e-5)
   # LRA's keys include the pads (summed into every sorted group): their content matters.
   y_a = _apply_with_pad_values(lra, params, x, mask, 0.0)
@@ -248,8 +248,8 @@ def test_sinkhorn_lra_bugs_equals_lra_formula():
   # real tokens, so contiguous blocks and strided groups disagree.
   module = _build("sinkhorn", block_size=4, lra_bugs=True)
   x, mask = _inputs(L + 8), _mask(L + 8, (L, 7))
-  params = _randomise_sort_net(_init(module, x, mask))
-  y = _jit_apply(module)(params, x, mask)
+  params = _randomise_sort_net(init_variables(module, x, mask))
+  y = jit_apply(module)(params, x, mask)
   naive = _sinkhorn_lra_naive(_np(params["params"]), x, mask, 4)
   np.testing.assert_allclose(np.asarray(y, np.float64), naive, rtol=1e-4, atol=1e-5)
 
@@ -322,7 +322,7 @@ def test_fixed_random_synthesizer_uses_seeded_rows(rank):
   module = _build("synthesizer_random", max_length=20, trainable=False, factorized_rank=rank,
                   random_seed=4)
   x, mask = _inputs(), _mask()
-  params = _init(module, x, mask)
+  params = init_variables(module, x, mask)
   # Eager calls: the rows are drawn in the call, and the draws (compiled once per shape)
   # are shared by these calls and the reference below; a jitted call would compile them
   # into each program.
@@ -361,7 +361,7 @@ def test_random_synthesizer_options_are_padding_invariant(kwargs):
 def test_random_synthesizer_init_is_lras_xavier_uniform():
   # LRA's kernel_init on [H, M, M]: fans H * M each, so U(+-sqrt(3 / (H M))).
   module = _build("synthesizer_random", max_length=20)
-  r = np.asarray(_init(module, _inputs(), _mask(), seed=0)["params"]["random_logits"])
+  r = np.asarray(init_variables(module, _inputs(), _mask(), seed=0)["params"]["random_logits"])
   bound = np.sqrt(3.0 / (H * 20))
   assert np.abs(r).max() <= bound and np.abs(r).max() > 0.9 * bound
   assert abs(r.std() - bound / np.sqrt(3.0)) < 0.1 * bound
@@ -370,10 +370,10 @@ def test_random_synthesizer_init_is_lras_xavier_uniform():
 def test_random_synthesizer_lra_bugs_pad_queries_and_no_mask():
   x, mask = _inputs(L + 7), _mask(L + 7, (L, 7))
   default = _build("synthesizer_random", max_length=20, dot_product=True)
-  params = _init(default, x, mask)
+  params = init_variables(default, x, mask)
   lra = _build("synthesizer_random", max_length=20, dot_product=True, lra_bugs=True)
-  y = np.asarray(_jit_apply(default)(params, x, mask))
-  y_lra = np.asarray(_jit_apply(lra)(params, x, mask))
+  y = np.asarray(jit_apply(default)(params, x, mask))
+  y_lra = np.asarray(jit_apply(lra)(params, x, mask))
   real = np.asarray(mask)
   np.testing.assert_allclose(y_lra[real], y[real], atol=1e-6)   # real queries unchanged
   # A pad query averages every value, pads included (LRA's -1e10 on query AND key).
@@ -383,7 +383,7 @@ def test_random_synthesizer_lra_bugs_pad_queries_and_no_mask():
   np.testing.assert_allclose(y_lra[~real], expected[~real], rtol=1e-4, atol=1e-5)
   # Without the dot product LRA applies no padding mask: the pads' content reaches real rows.
   nodot = _build("synthesizer_random", max_length=20, lra_bugs=True)
-  params = _init(nodot, x, mask)
+  params = init_variables(nodot, x, mask)
   y_a = np.asarray(_apply_with_pad_values(nodot, params, x, mask, 0.0))
   y_b = np.asarray(_apply_with_pad_values(nodot, params, x, mask, 55.0))
   assert not np.allclose(y_a[real], y_b[real], atol=1e-4)
@@ -483,7 +483,7 @@ def _reformer_naive(p, x, mask, hashes, buckets, seed, normalize_keys=False,
 def test_reformer_equals_dense_masked_reference(hashes, buckets, pad, options):
   module = _build("reformer", num_hashes=hashes, num_buckets=buckets, hash_seed=3, **options)
   x, mask = _inputs(L + pad), _mask(L + pad, (L, 7))
-  params = _init(module, x, mask)
+  params = init_variables(module, x, mask)
   y, state = _apply_sown(module, params, x, mask)
   naive, bkt = _reformer_naive(_np(params["params"]), x, mask, hashes, buckets, 3, **{
       "normalize_keys": options.get("normalize_keys", False),
@@ -517,10 +517,10 @@ def test_reformer_hash_is_deterministic_for_a_fixed_seed():
   # Angular: scaling a vector does not change its bucket.
   np.testing.assert_array_equal(a, _lsh_buckets(3.0 * x, mask, rot))
   # Two separately built modules, each traced under its own jit, hash the same way. (Not
-  # _jit_apply: it would share one traced program between the two equal modules.)
+  # jit_apply: it would share one traced program between the two equal modules.)
   x2 = _inputs()
   modules = [_build("reformer", num_hashes=2, num_buckets=4) for _ in range(2)]
-  params = _init(modules[0], x2, mask)
+  params = init_variables(modules[0], x2, mask)
   runs = [jax.jit(lambda p, x, m, module=module: module.apply(
       p, x, m, mutable=["intermediates"])[1])(params, x2, mask) for module in modules]
   np.testing.assert_array_equal(*(r["intermediates"]["buckets_BxHxRxL"][0] for r in runs))

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from simpletron_jax.model import attention
+from tests.module_support import init_variables
 from tests.test_attention import _build, _proj
 
 B, E, H = 2, 16, 4
@@ -34,7 +35,7 @@ NAMES = ("local", "sparse", "bigbird")
 @functools.lru_cache(maxsize=None)
 def _params():
   x, mask = _data(0)
-  return jax.jit(_build("local").init)(jax.random.PRNGKey(1), x, mask)
+  return init_variables(_build("local"), x, mask, seed=1)
 
 
 def _data(pad, garbage=False):

@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend import core as jex_core
 
 from simpletron_jax.model import attention
 from simpletron_jax.model.attention import performer as performer_lib
+from tests.module_support import init_variables, jit_apply
 from tests.test_attention import _build, _proj  # same shapes (B, L, E, H) as this file
 
 B, L, E, H = 2, 12, 16, 4
@@ -32,42 +32,8 @@ def _mask(length=L, lengths=(L, 9)):
   return np.arange(length)[None, :] < np.array(lengths)[:, None]  # numpy: no compile
 
 
-# Compiles: an eager call compiles each operation at each new shape (20-30 ms each) and
-# an init inside jit compiles the random draws of every parameter again, so the tests take
-# the parameters from ``_init`` and call the module through ``_jit_apply``.
-
-def _init(module, *args, seed=1, **kwargs):
-  """``module.init(PRNGKey(seed), *args, **kwargs)``'s variables, the same values.
-
-  The init is traced (``jax.make_jaxpr``, no compile) and only the equations that the
-  variables depend on are evaluated, as ``jax.core.eval_jaxpr`` does: the initialisers'
-  random draws, jitted functions compiled once per shape and shared by the tests. An eager
-  ``module.init`` also runs every operation of the call, one compile per operation and
-  shape; ``lazy_init`` still compiles a program per jitted ``jnp`` function of the call.
-  """
-  key = jax.random.PRNGKey(seed)
-  init = functools.partial(module.init, **kwargs)
-  closed, shapes = jax.make_jaxpr(init, return_shape=True)(key, *args)
-  jaxpr = closed.jaxpr
-  is_var = lambda v: not isinstance(v, jex_core.Literal)  # noqa: E731
-  needed, eqns = {v for v in jaxpr.outvars if is_var(v)}, []
-  for eqn in reversed(jaxpr.eqns):  # the equations the variables depend on
-    if any(v in needed for v in eqn.outvars):
-      eqns.append(eqn)
-      needed.update(filter(is_var, eqn.invars))
-  pruned = closed.replace(jaxpr=jaxpr.replace(eqns=eqns[::-1]))
-  leaves = jex_core.jaxpr_as_fun(pruned)(*jax.tree.leaves((key, *args)))
-  return jax.tree.unflatten(jax.tree.structure(shapes), leaves)
-
-
-@functools.cache
-def _jit_apply(module, sown=False):
-  """``module.apply`` (``sown``: with the ``intermediates`` collection mutable) as one
-  program, shared by the tests that call an equal module at the same shapes."""
-  if sown:
-    return jax.jit(lambda params, *args: module.apply(params, *args, mutable=["intermediates"]))
-  return jax.jit(module.apply)
-
+# Compiles: the tests take the parameters from ``init_variables`` and call the module
+# through ``jit_apply`` (tests/module_support.py).
 
 def _qkv(p, x):
   return tuple(_proj(p, n, x) for n in ("query", "key", "value"))
@@ -98,8 +64,8 @@ def _check_causality(module, cut=7):
   x = np.asarray(_inputs())
   x_changed = x.copy()
   x_changed[:, cut:] = np.asarray(jax.random.normal(jax.random.PRNGKey(9), (B, L - cut, E)))
-  params = _init(module, x)
-  y, y_changed = _jit_apply(module)(params, x), _jit_apply(module)(params, x_changed)
+  params = init_variables(module, x)
+  y, y_changed = jit_apply(module)(params, x), jit_apply(module)(params, x_changed)
   np.testing.assert_allclose(np.asarray(y_changed)[:, :cut], np.asarray(y)[:, :cut],
                              rtol=1e-5, atol=1e-5)
   assert not np.allclose(np.asarray(y_changed)[:, cut:], np.asarray(y)[:, cut:])
@@ -108,9 +74,9 @@ def _check_causality(module, cut=7):
 def _check_padding_invariance(module, pads=7, jit=True):
   """``jit=False``: eager calls, for a module that draws random numbers in its call (each
   program would compile the draws again; eager calls share them)."""
-  apply = _jit_apply(module) if jit else module.apply
+  apply = jit_apply(module) if jit else module.apply
   x, mask = _inputs(), _mask()
-  params = _init(module, x, mask)
+  params = init_variables(module, x, mask)
   y = apply(params, x, mask)
   # The padded input in numpy (float32, the same values): no compiles.
   x_padded = np.concatenate([np.asarray(x), 100.0 * np.asarray(_inputs(pads, seed=3))], axis=1)
@@ -136,8 +102,8 @@ def _linear_naive(p, x, mask, causal=False):
 def test_linear_equals_naive_quadratic_form(pad):
   module = _build("linear")
   x, mask = _inputs(L + pad), _mask(L + pad, (L, L - 4))
-  params = _init(module, x, mask)
-  y = _jit_apply(module)(params, x, mask)
+  params = init_variables(module, x, mask)
+  y = jit_apply(module)(params, x, mask)
   naive = _linear_naive(params["params"], x, mask)
   _assert_real_close(y, naive, mask)
 
@@ -146,8 +112,8 @@ def test_linear_equals_naive_quadratic_form(pad):
 def test_causal_linear_equals_naive_lower_triangular_form(chunk_size):
   module = _build("linear", causal=True, chunk_size=chunk_size)
   x, mask = _inputs(), _mask()
-  params = _init(module, x, mask)
-  y = _jit_apply(module)(params, x, mask)
+  params = init_variables(module, x, mask)
+  y = jit_apply(module)(params, x, mask)
   naive = _linear_naive(params["params"], x, mask, causal=True)
   _assert_real_close(y, naive, mask)
 
@@ -175,8 +141,8 @@ def _performer_naive(p, x, mask, w, kernel):
 def test_performer_with_fixed_features_equals_naive_quadratic_form(kernel):
   module = _build("performer", kernel=kernel, num_features=10, softmax_eps=0.0)
   x, mask = _inputs(), _mask()
-  params = _init(module, x, mask)
-  y, state = _jit_apply(module, sown=True)(params, x, mask)
+  params = init_variables(module, x, mask)
+  y, state = jit_apply(module, sown=True)(params, x, mask)
   if kernel == "relu_deterministic":
     assert "intermediates" not in state or not state["intermediates"]
     w = None
@@ -193,12 +159,12 @@ def test_performer_softmax_kernel_approaches_softmax_attention():
   # error falls about as 1/sqrt(M).
   x, mask = 0.5 * np.asarray(_inputs()), _mask()  # numpy: the same float32 values
   exact_module = _build("softmax")
-  params = _init(exact_module, x, mask)  # same parameter names
-  exact = np.asarray(_jit_apply(exact_module)(params, x, mask))
+  params = init_variables(exact_module, x, mask)  # same parameter names
+  exact = np.asarray(jit_apply(exact_module)(params, x, mask))
   real = np.asarray(mask)
 
   def error(num_features):
-    errs = [np.abs(np.asarray(_jit_apply(_build("performer", num_features=num_features,
+    errs = [np.abs(np.asarray(jit_apply(_build("performer", num_features=num_features,
                                                 feature_seed=s))(params, x, mask))
                    - exact)[real].mean() for s in range(3)]
     return float(np.mean(errs))
@@ -225,8 +191,8 @@ def test_orthogonal_random_matrix_blocks_and_reproducibility():
 def test_performer_redraw_uses_the_random_features_rng():
   x, mask = _inputs(), _mask()
   fixed, redraw = _build("performer"), _build("performer", redraw=True)
-  params = _init(fixed, x, mask)
-  y_fixed = _jit_apply(fixed)(params, x, mask)
+  params = init_variables(fixed, x, mask)
+  y_fixed = jit_apply(fixed)(params, x, mask)
 
   @jax.jit  # every call in one program, not one per op; the rngs are arguments
   def run(params, key_a, key_b, key_c):
@@ -281,7 +247,7 @@ def test_performer_lra_bugs_draws_features_from_the_query_sum_every_call():
   x_other[1] = np.asarray(_inputs(seed=4))[1]
   lra = _build("performer", num_features=2, lra_bugs=True)
   fixed = _build("performer", num_features=2)
-  params = _init(lra, x, mask)
+  params = init_variables(lra, x, mask)
 
   @jax.jit  # one program, not one per op
   def run(params, x, x_other, key):
@@ -308,10 +274,10 @@ def test_performer_lra_bugs_draws_features_from_the_query_sum_every_call():
 def test_performer_lra_bugs_leaves_the_relu_kernel_unchanged():
   x, mask = _inputs(), _mask()
   module = _build("performer", kernel="relu_deterministic")
-  params = _init(module, x, mask)
+  params = init_variables(module, x, mask)
   lra = _build("performer", kernel="relu_deterministic", lra_bugs=True)
-  np.testing.assert_array_equal(_jit_apply(lra)(params, x, mask),
-                                _jit_apply(module)(params, x, mask))
+  np.testing.assert_array_equal(jit_apply(lra)(params, x, mask),
+                                jit_apply(module)(params, x, mask))
 
 
 def test_feature_attention_small_denominator_guard():
@@ -339,7 +305,7 @@ def test_performer_unknown_kernel_is_a_clear_error():
 # --- AFT (Zhai et al., 2021) ---------------------------------------------------------------
 
 def _aft_params(module, x, mask, name, scale=1.0, shift=0.0):
-  params = _init(module, x, mask)
+  params = init_variables(module, x, mask)
   p = dict(params["params"])
   if name in ("aft_full", "aft_local"):
     field = "pos_bias" if name == "aft_full" else "pos_bias_band"
@@ -393,7 +359,7 @@ def test_aft_equals_paper_formula(name, window, causal):
   module = _build(name, **kwargs)
   x, mask = _inputs(), _mask()
   params = _aft_params(module, x, mask, name)
-  y = _jit_apply(module)(params, x, mask)
+  y = jit_apply(module)(params, x, mask)
   p = params["params"]
   naive = _aft_naive(p, x, mask, _aft_dense_w(name, p, L, window), causal)
   _assert_real_close(y, naive, mask)
@@ -408,7 +374,7 @@ def test_aft_is_stable_for_large_keys_and_biases(name, window, scale):
   module = _build(name, window=window, max_length=16, activation="relu")
   x, mask = scale * np.asarray(_inputs()), _mask()  # numpy: the same float32 values
   params = _aft_params(module, x, mask, name, shift=200.0)
-  y = _jit_apply(module)(params, x, mask)
+  y = jit_apply(module)(params, x, mask)
   chex.assert_tree_all_finite(y)
   p = params["params"]
   naive = _aft_naive(p, x, mask, _aft_dense_w(name, p, L, window), False, activation="relu")
@@ -417,9 +383,9 @@ def test_aft_is_stable_for_large_keys_and_biases(name, window, scale):
 
 def test_aft_params_and_registry():
   x = _inputs()
-  full = _init(_build("aft_full", max_length=16), x, seed=0)["params"]
-  local = _init(_build("aft_local", max_length=16, window=3), x, seed=0)["params"]
-  simple = _init(_build("aft_simple"), x, seed=0)["params"]
+  full = init_variables(_build("aft_full", max_length=16), x, seed=0)["params"]
+  local = init_variables(_build("aft_local", max_length=16, window=3), x, seed=0)["params"]
+  simple = init_variables(_build("aft_simple"), x, seed=0)["params"]
   chex.assert_shape(full["pos_bias"], (16, 16))
   chex.assert_shape(local["pos_bias_band"], (16, 5))
   assert set(simple) == {"query", "key", "value", "out"}
@@ -458,8 +424,8 @@ def _linformer_dense(p, x, mask, share_kv):
 def test_linformer_equals_dense_form(pad, share_kv):
   module = _build("linformer", k=6, max_length=20, share_kv=share_kv)
   x, mask = _inputs(L + pad), _mask(L + pad, (L, L - 4))
-  params = _init(module, x, mask)
-  y = _jit_apply(module)(params, x, mask)
+  params = init_variables(module, x, mask)
+  y = jit_apply(module)(params, x, mask)
   p = params["params"]
   naive = _linformer_dense(p, x, mask, share_kv)
   _assert_real_close(y, naive, mask)
@@ -467,7 +433,7 @@ def test_linformer_equals_dense_form(pad, share_kv):
 
 
 def test_linformer_projection_has_lras_xavier_uniform_init():
-  p = _init(_build("linformer", k=16, max_length=150), _inputs(), seed=0)["params"]
+  p = init_variables(_build("linformer", k=16, max_length=150), _inputs(), seed=0)["params"]
   e = np.asarray(p["proj_E"])
   bound = np.sqrt(6.0 / (150 + 16))   # LRA's lr_kernel: xavier_uniform on [max_len, k]
   assert e.shape == (150, 16) and e.dtype == np.float32

@@ -24,6 +24,7 @@ import pytest
 from configs import lra
 from simpletron_jax.model import encoders
 from simpletron_jax.train import run_config, steps, train_state
+from tests.module_support import init_variables
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "authors")
 TASKS = ("listops", "retrieval")
@@ -143,7 +144,7 @@ def _params(task, model, data, hp):
   the two trees have the same leaves and shapes."""
   tokens = jnp.asarray(data["inputs"])
   second = (tokens, None) if task == "retrieval" else ()
-  ours = _flat(jax.device_get(model.init(jax.random.PRNGKey(0), tokens, None, *second)["params"]))
+  ours = _flat(jax.device_get(init_variables(model, tokens, None, *second, seed=0)["params"]))
   theirs = {k[len("param/"):]: v for k, v in data.items() if k.startswith("param/")}
   mapped, used = {}, set()
   for path, leaf in ours.items():

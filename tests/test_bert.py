@@ -25,6 +25,7 @@ from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.runtime import errors
 from simpletron_jax.tools import bert_import
 from simpletron_jax.train import recipes, saved_runs
+from tests.module_support import init_variables
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.
 SIZES = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -53,7 +54,7 @@ def init_params(config, real=False):
   model = encoders.build_classifier(config.model, vocab_size=SIZES["vocab_size"], num_classes=4)
   tokens = jnp.ones((1, MAX_LENGTH), jnp.int32)
   if real:
-    return model, jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"]
+    return model, init_variables(model, tokens, seed=0)["params"]
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)["params"]
   return model, jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 

@@ -29,8 +29,8 @@ def test_train_then_eval(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   _run("train.py", "--config", "configs/listops/simple.py:tiny", "--workdir", workdir,
-       f"--config.data.cache_dir={tmp_path / 'cache'}", f"--xla_cache_dir={tmp_path / 'xla'}",
-       *SMALL)
+       f"--xla_cache_dir={tmp_path / 'xla'}", *SMALL,
+       f"--config.data.cache_dir={tmp_path / 'cache'}")   # after SMALL's shared folder
   assert os.listdir(tmp_path / "xla"), "train.py must write its compiled steps to the cache"
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
@@ -59,7 +59,7 @@ def test_train_then_eval(tmp_path, monkeypatch):
 ])
 def test_bad_config_is_reported(tmp_path, override, message):
   proc = _run("train.py", "--config", "configs/listops/simple.py:tiny", "--workdir",
-              str(tmp_path / "run"), f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL,
+              str(tmp_path / "run"), *SMALL,
               override, check=False)
   assert proc.returncode != 0
   assert re.search(message, proc.stderr), proc.stderr[-2000:]

@@ -27,6 +27,7 @@ from simpletron_jax.model import attention, encoders
 from simpletron_jax.model.attention import base
 from simpletron_jax.tools import explain
 from simpletron_jax.train import run_config, steps, train_state, trainer
+from tests.module_support import init_variables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E, H = 8, 2   # width and heads of the module-level tests
@@ -87,7 +88,7 @@ IMPLICIT_CASES = [
 def test_implicit_map_times_values_is_the_modules_output(name, kwargs, pads_masked):
   x, mask = _inputs()
   module = _module(name, **kwargs)
-  params = module.init(jax.random.PRNGKey(1), x, mask)["params"]
+  params = init_variables(module, x, mask)["params"]
   out_proj = name in ("simple_resl", "linear", "performer")
 
   @jax.jit   # one program, not one per operation
@@ -111,7 +112,7 @@ def test_simple_map_is_q_dot_k_over_sqrt_length():
   """The map of the paper, written out: ``A_ij = q_i . k_j / sqrt(L)``, L the real tokens."""
   x, mask = _inputs()
   module = _module("simple")
-  params = module.init(jax.random.PRNGKey(1), x, mask)["params"]
+  params = init_variables(module, x, mask)["params"]
   _, a = _apply_with_map(module, params, x, mask)
   q = np.einsum("le,ehk->lhk", x[1, :6], params["query"]["kernel"]) + params["query"]["bias"]
   k = np.einsum("le,ehk->lhk", x[1, :6], params["key"]["kernel"]) + params["key"]["bias"]
@@ -142,7 +143,7 @@ def test_softmax_sown_weights_are_the_modules_weights(kwargs):
   x, mask = _inputs()
   module = attention.get("softmax").build(num_heads=H, qkv_dim=E, out_dim=E, dropout_rate=0.1,
                                           dtype=jnp.float32, use_bias=True, **kwargs)
-  params = module.init(jax.random.PRNGKey(1), x, mask)["params"]
+  params = init_variables(module, x, mask)["params"]
 
   @jax.jit   # one program, not one per operation; the spy's weights come out with the map
   def outputs(params):
@@ -164,7 +165,7 @@ def test_softmax_sown_weights_are_the_modules_weights(kwargs):
 def test_softmax_xla_implementation_sows_the_einsum_weights():
   x, mask = _inputs()
   einsum, xla = _module("softmax"), _module("softmax", implementation="xla")
-  params = einsum.init(jax.random.PRNGKey(1), x, mask)["params"]
+  params = init_variables(einsum, x, mask)["params"]
 
   @jax.jit   # one program, not one per operation
   def outputs(params):
@@ -179,7 +180,7 @@ def test_softmax_xla_implementation_sows_the_einsum_weights():
 def test_maps_come_out_only_when_asked():
   x, mask = _inputs()
   module = _module("simple")
-  variables = module.init(jax.random.PRNGKey(1), x, mask)
+  variables = init_variables(module, x, mask)
   assert set(variables) == {"params"}   # init sows nothing
   y, state = module.apply(variables, x, mask, mutable=[base.MAPS])
   assert state[base.MAPS]["map"][0].shape == (2, H, 9, 9)
@@ -215,7 +216,7 @@ def _batch(dual=False):
 
 
 def _params(model, batch):
-  return model.init(jax.random.PRNGKey(2), *explain.model_args(batch))["params"]
+  return init_variables(model, *explain.model_args(batch), seed=2)["params"]
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.model.attention import softmax
+from tests.module_support import init_variables
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -31,11 +32,10 @@ def _softmax(dtype=jnp.float32, heads=2, dim=16, **kwargs):
                                         dtype=dtype, **kwargs)
 
 
-@jax.jit
 def _softmax_params(x_BxLxE, mask_BxL):
-  """``_softmax()``'s parameters, which no option (implementation, causal, dropout) changes:
-  one init program for the module tests below, not one per test or per operation."""
-  return _softmax().init(jax.random.PRNGKey(1), x_BxLxE, mask_BxL)
+  """``_softmax()``'s parameters, which no option (implementation, causal, dropout) changes
+  (tests/module_support.py: no program of the whole init)."""
+  return init_variables(_softmax(), x_BxLxE, mask_BxL)
 
 
 @pytest.fixture
@@ -188,7 +188,7 @@ def test_flash_equals_einsum_on_gpu_bfloat16_with_padding(fresh_log, caplog):
                         dtype=jnp.bfloat16)
   einsum = _softmax(jnp.bfloat16, heads=4, dim=256)
   flash = _softmax(jnp.bfloat16, heads=4, dim=256, implementation="flash")
-  params = einsum.init(jax.random.PRNGKey(1), x, mask)
+  params = init_variables(einsum, x, mask)
   with caplog.at_level(logging.WARNING, logger=softmax.__name__):
     y_flash = flash.apply(params, x, mask)
   assert not caplog.records, [r.getMessage() for r in caplog.records]
@@ -236,10 +236,10 @@ def _tokens():
 
 
 def _classifier_params(model, tokens):
-  """``model``'s parameters, initialized eagerly: a classifier's init compiles to a large
-  program (a random draw per parameter), while its eager operations, one small program per
-  shape, are shared by every classifier of this file."""
-  return model.init(jax.random.PRNGKey(0), tokens)
+  """``model``'s parameters: only the init's random draws run (tests/module_support.py), one
+  small program per shape, shared by every classifier of the suite; a classifier's jitted
+  init compiles to a large program (a random draw per parameter)."""
+  return init_variables(model, tokens, seed=0)
 
 
 @functools.partial(jax.jit, static_argnums=0)

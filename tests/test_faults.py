@@ -494,7 +494,7 @@ def test_cli_refuses_a_locked_workdir_and_stops_on_nan(tmp_path):
   workdir.mkdir()
   holder = _lock_holder(workdir)
   common = ["train.py", "--config", "configs/listops/simple.py:tiny",
-            f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
+            *SMALL_LISTOPS,
             "--config.num_train_steps=6",
             "--config.eval_frequency=3", "--config.checkpoint_every=3", "--config.warmup=1"]
   try:

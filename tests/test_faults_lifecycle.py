@@ -169,11 +169,11 @@ TINY_LISTOPS = "configs/listops/simple.py:tiny"
 TINY_STEPS = 10
 
 
-def _tiny_listops_overrides(tmp_path):
+def _tiny_listops_overrides():
   """10 steps of the small ListOps run (conftest.SMALL_LISTOPS), logged every step, validated
   and saved every 5. The SIGTERM comes after step 1's record: the 8 steps left take over a
   second, far longer than the signal takes to land (the rerun trains what is left)."""
-  return [f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
+  return [*SMALL_LISTOPS,
           f"--config.num_train_steps={TINY_STEPS}", "--config.log_every=1",
           "--config.eval_frequency=5", "--config.checkpoint_every=5", "--config.warmup=1"]
 
@@ -181,7 +181,7 @@ def _tiny_listops_overrides(tmp_path):
 @pytest.mark.slow
 def test_train_py_exits_75_on_sigterm_and_the_rerun_finishes(tmp_path):
   workdir = tmp_path / "run"
-  overrides = _tiny_listops_overrides(tmp_path)
+  overrides = _tiny_listops_overrides()
   command = [sys.executable, "train.py", "--config", TINY_LISTOPS, *overrides,
              "--workdir", str(workdir)]
   proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

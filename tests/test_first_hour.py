@@ -190,8 +190,7 @@ def test_wandb_without_api_key_leaves_no_run_folder(tmp_path):
   root = tmp_path / "runs"
   proc = subprocess.run(
       [sys.executable, "train.py", *TINY, "--workdir", str(root / "run"),
-       f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.wandb.project=p",
-       *SMALL_LISTOPS, "--config.num_train_steps=2"],
+       "--config.wandb.project=p", *SMALL_LISTOPS, "--config.num_train_steps=2"],
       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 1, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
@@ -381,7 +380,7 @@ def test_seeds_relays_progress_and_passes_sigterm_on_to_train_py(tmp_path):
   root = tmp_path / "seeds"
   proc = subprocess.Popen(
       [sys.executable, "scripts/seeds.py", *TINY, "--seeds", "0", "--workdir_root", str(root),
-       f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
+       *SMALL_LISTOPS, f"--config.data.cache_dir={tmp_path / 'cache'}",   # relays generating
        "--config.num_train_steps=100000", "--config.log_every=1"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**os.environ, "SIMPLETRON_PROGRESS_SECONDS": "0.5"})

@@ -9,6 +9,7 @@ import pytest
 
 from configs.listops import simple as simple_config
 from simpletron_jax.model import attention, encoders, layers
+from tests.module_support import init_variables, jit_apply
 
 
 def _model_config(name, pool="CLS", learned=False):
@@ -34,8 +35,8 @@ def test_logits_shape_and_padding_invariance(name, pool, learned):
   rng = np.random.default_rng(0)
   tokens = rng.integers(1, 16, (3, 20)).astype(np.int32)
   tokens[1, 13:] = 0  # a shorter example inside the batch
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.asarray(tokens))
-  apply = jax.jit(model.apply)  # one compile per shape; eager flax compiles every operation
+  params = init_variables(model, jnp.asarray(tokens), seed=0)
+  apply = jit_apply(model)  # one compile per shape; eager flax compiles every operation
   logits = apply(params, jnp.asarray(tokens))
   chex.assert_shape(logits, (3, 10))
   chex.assert_type(logits, jnp.float32)
@@ -47,9 +48,9 @@ def test_logits_shape_and_padding_invariance(name, pool, learned):
 def test_explicit_mask_keeps_zero_tokens():
   model = encoders.build_classifier(_model_config("simple", "MEAN"), vocab_size=16, num_classes=2)
   tokens = jnp.array([[0, 5, 0, 7]], jnp.int32)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens)   # one program, not one per op
-  implicit = jax.jit(model.apply)(params, tokens)
-  explicit = jax.jit(model.apply)(params, tokens, jnp.ones((1, 4), bool))
+  params = init_variables(model, tokens, seed=0)
+  implicit = jit_apply(model)(params, tokens)
+  explicit = jit_apply(model)(params, tokens, jnp.ones((1, 4), bool))
   assert not np.allclose(np.asarray(implicit), np.asarray(explicit))
 
 
@@ -85,8 +86,8 @@ def test_bfloat16_activations_run():
   config.dtype = "bfloat16"
   model = encoders.build_classifier(config, vocab_size=16, num_classes=2)
   tokens = jnp.ones((2, 10), jnp.int32)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens)
-  logits = jax.jit(model.apply)(params, tokens)
+  params = init_variables(model, tokens, seed=0)
+  logits = jit_apply(model)(params, tokens)
   chex.assert_type(logits, jnp.float32)
   chex.assert_tree_all_finite(logits)
 

@@ -105,7 +105,7 @@ def trained(no_tf_env, tmp_path_factory):
   base = tmp_path_factory.mktemp("no_tf_run")
   workdir = str(base / "run")
   proc = _run(no_tf_env, "train.py", "--config", "configs/listops/simple.py:tiny",
-              "--workdir", workdir, f"--config.data.cache_dir={base / 'cache'}", *SMALL)
+              "--workdir", workdir, *SMALL)
   return workdir, proc
 
 

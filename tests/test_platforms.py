@@ -100,7 +100,7 @@ def test_train_py_prints_no_tpu_line(tmp_path):
   _needs_libtpu_and_no_tpu()
   proc = subprocess.run(
       [sys.executable, "train.py", "--config", "configs/listops/simple.py:tiny", "--workdir",
-       str(tmp_path / "run"), f"--config.data.cache_dir={tmp_path / 'cache'}", *SMALL_LISTOPS,
+       str(tmp_path / "run"), *SMALL_LISTOPS,
        "--config.num_train_steps=2",
        "--config.eval_frequency=2", "--config.warmup=1", "--config.checkpoint_every=2"],
       env=_env_without_jax_platforms(), cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -16,6 +16,7 @@ from configs import lra
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import encoders, transfer
 from simpletron_jax.train import evaluation, pretraining, recipes, steps, trainer
+from tests.module_support import init_variables
 from tests.test_train import Killed, _final_params, majority_split, tiny_config
 
 
@@ -62,8 +63,7 @@ def test_eval_keys_depend_on_the_row_only():
 def _lm(config, vocab=16):
   model = pretraining.build_model(config, vocab_size=vocab, num_classes=2)
   tokens = jnp.ones((1, 8), jnp.int32)
-  params = model.init({"params": jax.random.PRNGKey(0)}, tokens, None,
-                      deterministic=True)["params"]
+  params = init_variables(model, tokens, None, deterministic=True, seed=0)["params"]
   return model, params
 
 
@@ -156,8 +156,8 @@ def test_fine_tuning_starts_from_the_pretrained_encoder_exactly():
   ft = _spt_config("none")
   clf = pretraining.build_model(ft, vocab_size=16, num_classes=2)
   assert isinstance(clf, encoders.ClassificationEncoder)
-  target = clf.init({"params": jax.random.PRNGKey(1)}, jnp.ones((1, 8), jnp.int32), None,
-                    deterministic=True)["params"]
+  target = init_variables(clf, jnp.ones((1, 8), jnp.int32), None, deterministic=True,
+                          seed=1)["params"]
   copied, report = transfer.transfer_params(params, target)
   assert sorted(report.new) == ["head_hidden/bias", "head_hidden/kernel",
                                 "head_logits/bias", "head_logits/kernel"]
@@ -234,7 +234,7 @@ def test_encoder_states_are_one_per_token():
   encoders.ModelConfig.from_config_dict(config.model)
   encoder = encoders.build_encoder(config.model, vocab_size=16, return_states=True)
   tokens, mask = _batch(np.random.default_rng(2))
-  params = encoder.init(jax.random.PRNGKey(0), tokens, mask)
+  params = init_variables(encoder, tokens, mask, seed=0)
   pooling = encoders.build_encoder(config.model, vocab_size=16)
   # both applies in one program, not one per operation
   states, pooled = jax.jit(lambda p: (encoder.apply(p, tokens, mask),
@@ -385,8 +385,8 @@ def test_spt_script_arms_share_the_fine_tuning_recipe():
 def test_spt_evaluation_majority_rate_counts_the_class_labels_not_the_tokens():
   task, config = majority_split(), _spt_config(eval_batch_size=8)
   model = pretraining.build_model(config, vocab_size=16, num_classes=task.num_classes)
-  params = model.init({"params": jax.random.PRNGKey(0)}, jnp.ones((1, 8), jnp.int32), None,
-                      deterministic=True)["params"]
+  params = init_variables(model, jnp.ones((1, 8), jnp.int32), None, deterministic=True,
+                          seed=0)["params"]
   _, p_eval = steps.pmap_steps(model.apply)
   result = evaluation.evaluate(p_eval, steps.replicate(params), task.test,
                                batches.BatchConfig.from_config_dict(config))

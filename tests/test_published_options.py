@@ -17,7 +17,7 @@ from simpletron_jax.model import attention, encoders, layers
 from simpletron_jax.model.attention import simple
 # Parameters without running the call eagerly, and calls as one jitted program (shared by
 # equal modules at the same shapes): fewer compiles than one per eager operation.
-from tests.test_attention_variants import _init, _jit_apply
+from tests.module_support import init_variables, jit_apply
 
 B, L, E, H = 2, 10, 8, 2
 
@@ -61,8 +61,8 @@ def _authors_simple(q, k, v):
 def test_simple_options_match_numpy(normalizer, mask_pads):
   module = _build("simple", normalizer=normalizer, mask_pads=mask_pads)
   x, mask = _x(), _mask()
-  params = _init(module, x, mask)
-  y = np.asarray(_jit_apply(module)(params, x, mask)).reshape(B, L, H, E // H)
+  params = init_variables(module, x, mask)
+  y = np.asarray(jit_apply(module)(params, x, mask)).reshape(B, L, H, E // H)
   q, k, v = (_np_proj(params["params"], n, x) for n in ("query", "key", "value"))
   m = mask[:, :, None, None] if mask_pads else np.ones_like(mask)[:, :, None, None]
   kv = np.einsum("blhd,blhe->bhde", k * m, v * m)
@@ -81,8 +81,8 @@ def test_authors_config_attention_matches_authors_formula():
   module = _build("simple", **kwargs)
   length = config.model.max_length + 1
   x, mask = _x(length), _mask(length, real=(30, 7))
-  params = _init(module, x, mask, seed=2)
-  y = np.asarray(_jit_apply(module)(params, x, mask)).reshape(B, length, H, E // H)
+  params = init_variables(module, x, mask, seed=2)
+  y = np.asarray(jit_apply(module)(params, x, mask)).reshape(B, length, H, E // H)
   q, k, v = (_np_proj(params["params"], n, x) for n in ("query", "key", "value"))
   np.testing.assert_allclose(y, _authors_simple(q, k, v), rtol=1e-4, atol=1e-5)
 
@@ -93,7 +93,7 @@ def test_kv_dropout_drops_entries_of_kv():
   rate, length = 0.5, 40
   module = _build("simple", normalizer="padded", mask_pads=False, kv_dropout_rate=rate)
   x = _x(length)
-  params = _init(module, x, None)
+  params = init_variables(module, x, None)
   train = jax.jit(lambda params, key: module.apply(params, x, None, deterministic=False,
                                                    rngs={"dropout": key}))  # one program
   y = np.asarray(train(params, jax.random.PRNGKey(5)), np.float64)
@@ -108,7 +108,7 @@ def test_kv_dropout_drops_entries_of_kv():
       dropped = np.isclose(m_KxK, 0.0, atol=1e-4)
       assert np.all(kept | dropped)
       assert 0 < dropped.sum() < dropped.size
-  eval_y = _jit_apply(module)(params, x, None)  # no dropout when deterministic
+  eval_y = jit_apply(module)(params, x, None)  # no dropout when deterministic
   ref = _authors_simple(q, k, v).astype(np.float32)
   np.testing.assert_allclose(np.asarray(eval_y).reshape(ref.shape), ref, rtol=1e-4, atol=1e-5)
 
@@ -136,8 +136,8 @@ def test_kv_dropout_hook_sees_kv_before_the_query_product(block_diagonal):
 def test_causal_padded_normalizer_matches_numpy():
   module = _build("simple", causal=True, chunk_size=3, normalizer="padded", mask_pads=False)
   x, mask = _x(), _mask()
-  params = _init(module, x, mask)
-  y = np.asarray(_jit_apply(module)(params, x, mask)).reshape(B, L, H, E // H)
+  params = init_variables(module, x, mask)
+  y = np.asarray(jit_apply(module)(params, x, mask)).reshape(B, L, H, E // H)
   q, k, v = (_np_proj(params["params"], n, x) for n in ("query", "key", "value"))
   scores = np.einsum("bihd,bjhd->bhij", q, k) * np.tril(np.ones((L, L)))
   ref = np.einsum("bhij,bjhd->bihd", scores, v) / np.sqrt(np.arange(1, L + 1))[None, :, None,
@@ -196,21 +196,21 @@ def _lra_linformer(q, k, v, e_MxR):
 def test_lra_masking_matches_lra_numpy(name, kwargs, ref):
   x, mask = _x(), _mask()
   module = _build(name, lra_masking=True, **kwargs)
-  params = _init(module, x, mask)
+  params = init_variables(module, x, mask)
   p = params["params"]
-  y = np.asarray(_jit_apply(module)(params, x, mask))
+  y = np.asarray(jit_apply(module)(params, x, mask))
   q, k, v = (_np_proj(p, n, x) for n in ("query", "key", "value"))
   heads = (_lra_linformer(q, k, v, np.asarray(p["proj_E"])) if ref is None else ref(q, k, v))
   np.testing.assert_allclose(y, _np_out(p, heads), rtol=2e-4, atol=2e-5)
   # The default ignores pads: appending pads changes no real output; LRA's bug does.
-  correct = _jit_apply(_build(name, **kwargs))
+  correct = jit_apply(_build(name, **kwargs))
   xp = np.concatenate([x, _x(3, seed=9)], axis=1)
   mp = np.concatenate([mask, np.zeros((B, 3), bool)], axis=1)
   real = mask[0]
   np.testing.assert_allclose(np.asarray(correct(params, xp, mp))[0, :L][real],
                              np.asarray(correct(params, x, mask))[0][real],
                              rtol=1e-5, atol=1e-5)
-  assert not np.allclose(np.asarray(_jit_apply(module)(params, xp, mp))[0, :L], y[0],
+  assert not np.allclose(np.asarray(jit_apply(module)(params, xp, mp))[0, :L], y[0],
                          atol=1e-5)
 
 
@@ -250,7 +250,7 @@ def _jit_apply_captured(module):
 def test_pos_emb_init_zeros_and_zero_pad_embedding():
   tokens = _tokens()
   enc = _encoder(num_layers=0, pos_emb_init="zeros", zero_pad_embedding=True)
-  params = _init(enc, tokens, seed=0)
+  params = init_variables(enc, tokens, seed=0)
   chex.assert_trees_all_equal(params["params"]["posembed"]["pos_embedding"],
                               np.zeros((L + 1, E), np.float32))
   _, state = _jit_apply_captured(enc)(params, tokens)
@@ -258,7 +258,7 @@ def test_pos_emb_init_zeros_and_zero_pad_embedding():
   table = np.asarray(params["params"]["embed"]["embedding"])
   np.testing.assert_array_equal(embedded_BxLxE, np.where(tokens[..., None] > 0,
                                                          table[tokens], 0.0))
-  normal = _init(_encoder(num_layers=0), tokens, seed=0)["params"]["posembed"]
+  normal = init_variables(_encoder(num_layers=0), tokens, seed=0)["params"]["posembed"]
   assert 0.01 < float(np.std(np.asarray(normal["pos_embedding"]))) < 0.03
   with pytest.raises(ValueError, match="model.pos_emb_init='ones'"):  # raised while tracing
     jax.eval_shape(_encoder(num_layers=0, pos_emb_init="ones").init, jax.random.PRNGKey(0),
@@ -270,7 +270,7 @@ def test_embedding_dropout_off_and_no_final_layer_norm():
   CLS embedding exactly (CLS + its position); with embedding dropout it does not."""
   tokens = _tokens()
   enc = _encoder(num_layers=0, embedding_dropout=False, final_layer_norm=False)
-  params = _init(enc, tokens, seed=0)
+  params = init_variables(enc, tokens, seed=0)
   assert "encoder_norm" not in params["params"]
   p = params["params"]
   cls_E = np.asarray(p["cls"])[0, 0] + np.asarray(p["posembed"]["pos_embedding"])[0]
@@ -291,7 +291,7 @@ def test_embedding_dropout_off_and_no_final_layer_norm():
 def test_attention_branch_dropout(branch_dropout):
   block = layers.EncoderBlock(_encoder(attention_branch_dropout=branch_dropout).config, 0)
   x, mask = _x(), _mask()
-  params = _init(block, x, mask, seed=0, deterministic=True)
+  params = init_variables(block, x, mask, seed=0, deterministic=True)
   # One program, not one per op.
   out, state = jax.jit(lambda params, x, mask, key: block.apply(
       params, x, mask, deterministic=False, rngs={"dropout": key},
@@ -310,7 +310,7 @@ def _gelu_exact(t):
 def test_gelu_head_matches_numpy():
   tokens = _tokens()
   model = encoders.ClassificationEncoder(encoder=_encoder(head_activation="gelu"), num_classes=3)
-  params = _init(model, tokens, seed=0)
+  params = init_variables(model, tokens, seed=0)
   logits, state = _jit_apply_captured(model)(params, tokens)
   pooled = np.asarray(state["intermediates"]["encoder"]["__call__"][0], np.float64)
   p = params["params"]
@@ -325,7 +325,7 @@ def test_dual_interaction_matches_numpy(interaction, width):
   tokens = _tokens()
   model = encoders.DualEncoderClassifier(encoder=_encoder(interaction=interaction),
                                          num_classes=2)
-  params = _init(model, tokens, None, tokens[::-1], None, seed=0)
+  params = init_variables(model, tokens, None, tokens[::-1], None, seed=0)
   p = params["params"]
   chex.assert_shape(p["head_hidden"]["kernel"], (width * E, 16))
   logits, state = _jit_apply_captured(model)(params, tokens, None, tokens[::-1], None)

@@ -19,6 +19,7 @@ import speed_memory  # noqa: E402
 
 from simpletron_jax.model import encoders  # noqa: E402
 from simpletron_jax.train import steps  # noqa: E402
+from tests.module_support import init_variables  # noqa: E402
 
 TINY = {"emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_layers": 2}
 LENGTH = 12
@@ -68,7 +69,7 @@ def test_torch_logits_and_gradients_equal_jax_with_padding(kind, torch, torch_st
   tokens[np.arange(LENGTH)[None, :] >= lengths[:, None]] = 0
   mask = tokens > 0
   targets = np.array([0, 1, 1], np.int32)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.asarray(tokens))["params"]
+  params = init_variables(model, jnp.asarray(tokens), seed=0)["params"]
   # Move every parameter off its initial value (zero CLS, 1e-6 biases, unit LayerNorm scales),
   # so a parameter loaded into the wrong place cannot go unnoticed; on the host, not op by op.
   params = jax.tree_util.tree_map(

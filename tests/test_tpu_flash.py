@@ -19,6 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from simpletron_jax.model import attention
 from simpletron_jax.model.attention import base, softmax
+from tests.module_support import init_variables
 
 TPU_KERNEL = softmax.FLASH_KERNELS["tpu"]
 
@@ -80,7 +81,7 @@ def test_flash_equals_einsum_in_tpu_interpret_mode(causal, lengths):
   # L = 33 (odd, like max_length + CLS) pads to one 128 block; outputs at every position,
   # pads included, and the gradients of the parameters and the input.
   x, mask = _x_and_mask(lengths)
-  params = jax.jit(_softmax().init)(jax.random.PRNGKey(1), x, mask)   # one program
+  params = init_variables(_softmax(), x, mask, seed=1)
 
   def apply(impl):
     module = _softmax(implementation=impl, causal=causal)
@@ -147,7 +148,7 @@ def test_tpu_limits_fall_back_to_xla_naming_the_kernel(dtype, head_dim, why):
 
 def test_tpu_fallbacks_in_the_module_say_why_and_keep_the_function():
   x, mask = _x_and_mask((33, 20))
-  params = jax.jit(_softmax().init)(jax.random.PRNGKey(1), x, mask)
+  params = init_variables(_softmax(), x, mask, seed=1)
   rngs = {"dropout": jax.random.PRNGKey(2)}
   reasons = []
 

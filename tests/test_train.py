@@ -258,6 +258,22 @@ def test_precompiled_steps_train_the_same_run_without_compiling_in_the_loop(pres
                                precompile_workers=-1)
 
 
+def test_runs_that_differ_only_outside_the_optimizer_share_one():
+  """The train state's ``tx`` is part of its pytree structure, so a new optimizer object
+  retraces the train step: runs of an equal model that differ in seed, batch size or length
+  get the same object; any field the optimizer reads gives another."""
+  def tx(**overrides):
+    return train_state.make_optimizer(run_config.TrainConfig.from_config_dict(
+        tiny_config(**overrides)))
+  base = tx()
+  assert tx(seed=3, batch_size=8, num_train_steps=7, max_train_minutes=2.0) is base
+  for field, value in (("learning_rate", 0.01), ("warmup", 5), ("weight_decay", 0.25),
+                       ("grad_clip_norm", 1.0), ("grad_accum_steps", 2)):
+    assert tx(**{field: value}) is not base, field
+  cosine = "constant * linear_warmup * cosine_decay"   # decays over num_train_steps
+  assert tx(factors=cosine, num_train_steps=7) is not tx(factors=cosine, num_train_steps=8)
+
+
 def test_batch_size_must_split_over_devices_and_micro_steps():
   config = tiny_config(batch_size=15)
   with pytest.raises(ValueError, match="batch_size=15 must be divisible"):

@@ -6,6 +6,7 @@ instead of flax.optim. A *step* is one optimizer update on ``batch_size`` exampl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -30,12 +31,22 @@ def make_schedule(train: TrainConfig) -> Callable:
       warmup_steps=train.warmup, steps_per_cycle=train.num_train_steps)
 
 
-@functools.lru_cache(maxsize=8)
 def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
   """AdamW with LRA's decoupled decay ``p -= lr * wd * p``, after global-norm clipping when
   ``grad_clip_norm > 0`` (LRA's Path-X recipe); frozen and LoRA base parameters get zero
-  updates; ``optax.MultiSteps`` when ``grad_accum_steps > 1``. One object per equal
-  ``train`` within a process, so equal runs reuse their compiled steps."""
+  updates; ``optax.MultiSteps`` when ``grad_accum_steps > 1``. One object per equal optimizer
+  within a process, whatever the fields it does not read (the seed, the batch size, the run's
+  length unless the schedule decays over it), so runs of an equal model reuse their traced
+  and compiled steps."""
+  cycle = "cosine_decay" in train.factors   # the one factor that reads num_train_steps
+  return _optimizer(dataclasses.replace(
+      train, num_train_steps=train.num_train_steps if cycle else 1, batch_size=1, seed=0,
+      init_from="", init_include=(), max_train_minutes=0.0, parallelism="pmap",
+      lora=dataclasses.replace(train.lora, alpha=0.0, targets=())))
+
+
+@functools.lru_cache(maxsize=8)
+def _optimizer(train: TrainConfig) -> optax.GradientTransformation:
   tx = optax.adamw(make_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
                    eps=train.adam_eps, weight_decay=train.weight_decay)
   if train.grad_clip_norm > 0:
