@@ -41,6 +41,15 @@ def test_output_shape(name):
   chex.assert_tree_all_finite(y)
 
 
+def test_init_variables_gives_module_inits_values():
+  # The suite's parameters come from tests/module_support.py's init_variables, which evaluates
+  # only the init's random draws: it must return what module.init returns, every collection.
+  module = _build("performer")   # projections and its random features
+  x, mask = _inputs(), jnp.ones((B, L), bool)
+  chex.assert_trees_all_equal(init_variables(module, x, mask, seed=5),
+                              module.init(jax.random.PRNGKey(5), x, mask))
+
+
 @pytest.mark.parametrize("pad,layout", [(0, {}), (5, {}), (3, {"block_diagonal": True})])
 def test_simple_equals_naive_quadratic_form(pad, layout):
   module = _build("simple", **layout)
