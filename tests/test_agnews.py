@@ -19,7 +19,7 @@ import pytest
 
 from configs import lra
 from simpletron_jax.data import agnews, tasks
-from tests.conftest import ROOT
+from tests.conftest import ROOT, tempfile_dir
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "agnews")
 
@@ -159,7 +159,8 @@ def _fake_tfds_ag_news(tmp_path, rows):
     def _generate_examples(self, split_rows):
       yield from enumerate(split_rows)
 
-  AgNewsFake(data_dir=str(tmp_path / "build"), file_format="array_record").download_and_prepare()
+  with tempfile_dir(tmp_path / "tmp"):
+    AgNewsFake(data_dir=str(tmp_path / "build"), file_format="array_record").download_and_prepare()
   target = tmp_path / "tfds" / agnews.TFDS_NAME / "1.0.0"
   target.parent.mkdir(parents=True)
   (tmp_path / "build" / "ag_news_fake" / "1.0.0").rename(target)

@@ -12,6 +12,7 @@ from PIL import Image
 from configs import lra
 from simpletron_jax.data import batches, image, pathfinder as pf, tasks
 from simpletron_jax.data.common import RaggedExamples
+from tests.conftest import tempfile_dir
 
 # ----------------------------------------------------------------------------
 # Config fields.
@@ -109,8 +110,9 @@ def _fake_tfds(tfds, tmp_path, features, splits):
         yield key, row
 
   splits = {s: list(r if isinstance(r[0], tuple) else enumerate(r)) for s, r in splits.items()}
-  builder = Fake(data_dir=str(tmp_path / "build"), file_format="array_record")
-  builder.download_and_prepare()
+  with tempfile_dir(tmp_path / "tmp"):
+    builder = Fake(data_dir=str(tmp_path / "build"), file_format="array_record")
+    builder.download_and_prepare()
   return builder
 
 

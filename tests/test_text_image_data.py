@@ -15,6 +15,7 @@ import pytest
 
 from simpletron_jax.data import image, tasks, text
 from simpletron_jax.data.common import make_batch
+from tests.conftest import tempfile_dir
 
 DATA_ROOT = os.path.expanduser(os.environ.get("SIMPLETRON_JAX_TEST_DATA")
                                or tasks.DEFAULT_DATA_ROOT)
@@ -239,7 +240,8 @@ def _prepare_fake_tfds(tmp_path, name, config, features, splits):
     def _generate_examples(self, rows):
       yield from enumerate(rows)
 
-  Fake(data_dir=str(tmp_path / "build"), file_format="array_record").download_and_prepare()
+  with tempfile_dir(tmp_path / "tmp"):
+    Fake(data_dir=str(tmp_path / "build"), file_format="array_record").download_and_prepare()
   built = tmp_path / "build" / "fake" / (config or "") / "1.0.0"
   target = tmp_path / "tfds" / name / (config or "") / "1.0.0"
   target.parent.mkdir(parents=True)
