@@ -22,7 +22,6 @@ and the repository root on ``sys.path`` so ``configs`` imports.
 """
 
 import atexit
-import contextlib
 import gc
 import os
 import shutil
@@ -85,22 +84,6 @@ def presence_examples(n: int, rng: np.random.Generator, max_len: int = 40) -> Ra
     seqs.append(seq)
     labels.append(label)
   return RaggedExamples.from_sequences(seqs, labels)
-
-
-@contextlib.contextmanager
-def tempfile_dir(path):
-  """Inside the block, ``tempfile``'s default folder is ``path`` (made if missing).
-
-  For building fake tfds data sets: a tfds builder whose folder has no ``dataset_info.json``
-  yet makes an empty ``tmp*tfds`` folder (``DatasetInfo.initialize_from_bucket``) that
-  nothing removes; under a test's ``tmp_path`` pytest removes it.
-  """
-  os.makedirs(path, exist_ok=True)
-  saved, tempfile.tempdir = tempfile.tempdir, os.fspath(path)
-  try:
-    yield
-  finally:
-    tempfile.tempdir = saved
 
 
 @pytest.fixture(scope="session")
