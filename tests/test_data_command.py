@@ -404,15 +404,31 @@ def test_prepare_generates_listops_and_pathfinder_as_training_would(tmp_path):
 
 def _command(*args, cache, **popen):
   """``python -m simpletron_jax.data <args>`` with the cache in ``cache``, from the repository
-  root."""
-  env = {**os.environ, "SIMPLETRON_JAX_CACHE": str(cache), "TQDM_DISABLE": "1"}
+  root (with Python's fault handler on, so that SIGABRT prints every thread's stack)."""
+  env = {**os.environ, "SIMPLETRON_JAX_CACHE": str(cache), "TQDM_DISABLE": "1",
+         "PYTHONFAULTHANDLER": "1"}
   return subprocess.Popen([sys.executable, "-m", "simpletron_jax.data", *args], cwd=ROOT,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           **popen)
 
 
 def _finish(process, timeout=120):
-  out, err = process.communicate(timeout=timeout)
+  """The exit status and output lines of ``process``. A process still running after
+  ``timeout`` seconds fails the test with its signal masks (Linux) and the Python stacks its
+  SIGABRT printed."""
+  try:
+    out, err = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    try:
+      with open(f"/proc/{process.pid}/status") as f:
+        masks = ", ".join(" ".join(line.split()) for line in f
+                          if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+      masks = "(no /proc)"
+    process.send_signal(signal.SIGABRT)
+    _, err = process.communicate(timeout=60)
+    pytest.fail(f"still running after {timeout} s; {masks}; its stacks at SIGABRT:\n"
+                f"{err[-6000:]}")
   return process.returncode, out.splitlines(), err.splitlines()
 
 
