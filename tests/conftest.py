@@ -86,6 +86,18 @@ def presence_examples(n: int, rng: np.random.Generator, max_len: int = 40) -> Ra
   return RaggedExamples.from_sequences(seqs, labels)
 
 
+def prepare_fake_tfds(builder_class, tmp_path):
+  """Builds a test's fake tfds dataset under ``tmp_path / "build"`` (array_record files) and
+  returns its builder. tfds makes an empty tmp*tfds folder when it constructs a builder
+  without dataset_info.json and never removes it; with ``tempfile.tempdir`` at ``tmp_path``
+  meanwhile, pytest does."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(tempfile, "tempdir", str(tmp_path))
+    builder = builder_class(data_dir=str(tmp_path / "build"), file_format="array_record")
+    builder.download_and_prepare()
+  return builder
+
+
 @pytest.fixture(scope="session")
 def presence_task() -> tasks.TaskData:
   """Train/val/test splits of the presence task (vocab 16, 2 classes)."""

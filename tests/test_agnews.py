@@ -13,14 +13,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import tempfile
 
 import numpy as np
 import pytest
 
 from configs import lra
 from simpletron_jax.data import agnews, tasks
-from tests.conftest import ROOT
+from tests.conftest import ROOT, prepare_fake_tfds
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "agnews")
 
@@ -160,11 +159,7 @@ def _fake_tfds_ag_news(tmp_path, rows):
     def _generate_examples(self, split_rows):
       yield from enumerate(split_rows)
 
-  # tfds makes an empty tmp*tfds folder for a builder without dataset_info.json and never
-  # removes it: under tmp_path, pytest does.
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(tempfile, "tempdir", str(tmp_path))
-    AgNewsFake(data_dir=str(tmp_path / "build"), file_format="array_record").download_and_prepare()
+  prepare_fake_tfds(AgNewsFake, tmp_path)
   target = tmp_path / "tfds" / agnews.TFDS_NAME / "1.0.0"
   target.parent.mkdir(parents=True)
   (tmp_path / "build" / "ag_news_fake" / "1.0.0").rename(target)

@@ -426,7 +426,11 @@ def _finish(process, timeout=120):
     except OSError:
       masks = "(no /proc)"
     process.send_signal(signal.SIGABRT)
-    _, err = process.communicate(timeout=60)
+    try:
+      _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:   # SIGABRT blocked or ignored: the masks say which
+      process.kill()
+      _, err = process.communicate()
     pytest.fail(f"still running after {timeout} s; {masks}; its stacks at SIGABRT:\n"
                 f"{err[-6000:]}")
   return process.returncode, out.splitlines(), err.splitlines()

@@ -4,8 +4,6 @@ Pathfinder's tfds split (``data.split_hash="lra"``) and the dropped last eval ba
 
 from __future__ import annotations
 
-import tempfile
-
 import ml_collections
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ from PIL import Image
 from configs import lra
 from simpletron_jax.data import batches, image, pathfinder as pf, tasks
 from simpletron_jax.data.common import RaggedExamples
+from tests.conftest import prepare_fake_tfds
 
 # ----------------------------------------------------------------------------
 # Config fields.
@@ -111,13 +110,7 @@ def _fake_tfds(tfds, tmp_path, features, splits):
         yield key, row
 
   splits = {s: list(r if isinstance(r[0], tuple) else enumerate(r)) for s, r in splits.items()}
-  # tfds makes an empty tmp*tfds folder for a builder without dataset_info.json and never
-  # removes it: under tmp_path, pytest does.
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(tempfile, "tempdir", str(tmp_path))
-    builder = Fake(data_dir=str(tmp_path / "build"), file_format="array_record")
-    builder.download_and_prepare()
-  return builder
+  return prepare_fake_tfds(Fake, tmp_path)
 
 
 # ----------------------------------------------------------------------------

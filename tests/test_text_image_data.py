@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 import time
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 
 from simpletron_jax.data import image, tasks, text
 from simpletron_jax.data.common import make_batch
+from tests.conftest import prepare_fake_tfds
 
 DATA_ROOT = os.path.expanduser(os.environ.get("SIMPLETRON_JAX_TEST_DATA")
                                or tasks.DEFAULT_DATA_ROOT)
@@ -240,11 +240,7 @@ def _prepare_fake_tfds(tmp_path, name, config, features, splits):
     def _generate_examples(self, rows):
       yield from enumerate(rows)
 
-  # tfds makes an empty tmp*tfds folder for a builder without dataset_info.json and never
-  # removes it: under tmp_path, pytest does.
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(tempfile, "tempdir", str(tmp_path))
-    Fake(data_dir=str(tmp_path / "build"), file_format="array_record").download_and_prepare()
+  prepare_fake_tfds(Fake, tmp_path)
   built = tmp_path / "build" / "fake" / (config or "") / "1.0.0"
   target = tmp_path / "tfds" / name / (config or "") / "1.0.0"
   target.parent.mkdir(parents=True)
