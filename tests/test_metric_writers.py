@@ -160,7 +160,9 @@ def test_the_writers_are_clus_metric_writers():
 def _wandb_records(path):
   """The records of a ``.wandb`` log: W&B's 7-byte header, then LevelDB-log chunks (32 KiB
   blocks; a chunk is crc32c(4) length(2) type(1) and data; type 1 is a whole record, 2..4
-  its first, middle and last pieces), each record a ``wandb_internal_pb2.Record``."""
+  its first, middle and last pieces), each record a ``wandb_internal_pb2.Record``. W&B's
+  service writes the file while this reads it, so a chunk cut short at the end is not yet a
+  record and is left for the next read."""
   from wandb.proto import wandb_internal_pb2  # pylint: disable=import-outside-toplevel
   with open(path, "rb") as f:
     data = f.read()
@@ -174,6 +176,8 @@ def _wandb_records(path):
     if kind == 0:   # zero padding
       pos += block - pos % block
       continue
+    if pos + 7 + length > len(data):   # the service has not finished writing this chunk
+      break
     pending += data[pos + 7:pos + 7 + length]
     pos += 7 + length
     if kind in (1, 4):
