@@ -87,9 +87,10 @@ def presence_examples(n: int, rng: np.random.Generator, max_len: int = 40) -> Ra
 
 
 def prepare_fake_tfds(builder_class, tmp_path):
-  """Builds a test's fake tfds dataset under ``tmp_path / "build"`` (array_record files) and
-  returns its builder. tfds makes an empty tmp*tfds folder when it constructs a builder
-  without dataset_info.json and never removes it; with ``tempfile.tempdir`` at ``tmp_path``
+  """Builds a test's fake tfds dataset, ``builder_class`` (a ``tfds.core.GeneratorBasedBuilder``
+  subclass), under ``tmp_path / "build"`` (array_record files) and returns its builder.
+  tfds makes an empty tmp*tfds folder when it constructs a builder without
+  dataset_info.json and never removes it; with ``tempfile.tempdir`` at ``tmp_path``
   meanwhile, pytest does."""
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(tempfile, "tempdir", str(tmp_path))
