@@ -86,17 +86,39 @@ def presence_examples(n: int, rng: np.random.Generator, max_len: int = 40) -> Ra
   return RaggedExamples.from_sequences(seqs, labels)
 
 
-def prepare_fake_tfds(builder_class, tmp_path):
-  """Builds a test's fake tfds dataset, ``builder_class`` (a ``tfds.core.GeneratorBasedBuilder``
-  subclass), under ``tmp_path / "build"`` (array_record files) and returns its builder.
-  tfds makes an empty tmp*tfds folder when it constructs a builder without
-  dataset_info.json and never removes it; with ``tempfile.tempdir`` at ``tmp_path``
-  meanwhile, pytest does."""
+def fake_tfds(tmp_path, features, splits, config=None):
+  """Builds a tiny tfds data set, readable without TensorFlow, and returns its version folder.
+
+  ``features``: a dict of ``tfds.features`` by name; ``splits``: split name -> list of rows
+  (dicts of ``features``), keyed by their index, or list of ``(key, row)`` pairs; ``config``:
+  a builder config name, or None. The builder is named ``fake`` and writes array_record files
+  under ``tmp_path / "build"``, so the result is ``build/fake[/config]/1.0.0``. Skips the test
+  without tensorflow_datasets or array_record. tfds makes an empty tmp*tfds folder when it
+  constructs a builder without dataset_info.json and never removes it; with
+  ``tempfile.tempdir`` at ``tmp_path`` meanwhile, pytest does."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  pytest.importorskip("array_record")
+
+  class Fake(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    # tfds looks for checksum files beside the builder's module; a module inside the
+    # ``tests`` package sends it down a path that needs importlib_resources.
+    __module__ = "__main__"
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=config)] if config else []
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
+
+    def _split_generators(self, dl_manager):
+      return {split: self._generate_examples(rows) for split, rows in splits.items()}
+
+    def _generate_examples(self, rows):
+      yield from (row if isinstance(row, tuple) else (i, row) for i, row in enumerate(rows))
+
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(tempfile, "tempdir", str(tmp_path))
-    builder = builder_class(data_dir=str(tmp_path / "build"), file_format="array_record")
-    builder.download_and_prepare()
-  return builder
+    Fake(data_dir=str(tmp_path / "build"), file_format="array_record").download_and_prepare()
+  return tmp_path / "build" / "fake" / (config or "") / "1.0.0"
 
 
 @pytest.fixture(scope="session")

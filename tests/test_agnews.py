@@ -19,7 +19,7 @@ import pytest
 
 from configs import lra
 from simpletron_jax.data import agnews, tasks
-from tests.conftest import ROOT, prepare_fake_tfds
+from tests.conftest import ROOT, fake_tfds
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "agnews")
 
@@ -142,27 +142,13 @@ def test_csv_in_an_ag_news_csv_folder(tmp_path):
 def _fake_tfds_ag_news(tmp_path, rows):
   """A prepared tfds ``ag_news_subset`` (array_record) at ``{tmp}/tfds``."""
   tfds = pytest.importorskip("tensorflow_datasets")
-  pytest.importorskip("array_record")
   features = {"title": tfds.features.Text(), "description": tfds.features.Text(),
               "label": tfds.features.ClassLabel(names=list(agnews.CLASSES))}
 
-  class AgNewsFake(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    __module__ = "__main__"   # keeps tfds from looking for checksums beside a test module
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
-
-    def _split_generators(self, dl_manager):
-      return {split: self._generate_examples(r) for split, r in rows.items()}
-
-    def _generate_examples(self, split_rows):
-      yield from enumerate(split_rows)
-
-  prepare_fake_tfds(AgNewsFake, tmp_path)
+  built = fake_tfds(tmp_path, features, rows)
   target = tmp_path / "tfds" / agnews.TFDS_NAME / "1.0.0"
   target.parent.mkdir(parents=True)
-  (tmp_path / "build" / "ag_news_fake" / "1.0.0").rename(target)
+  built.rename(target)
   return str(tmp_path / "tfds")
 
 

@@ -12,7 +12,7 @@ from PIL import Image
 from configs import lra
 from simpletron_jax.data import batches, image, pathfinder as pf, tasks
 from simpletron_jax.data.common import RaggedExamples
-from tests.conftest import prepare_fake_tfds
+from tests.conftest import fake_tfds
 
 # ----------------------------------------------------------------------------
 # Config fields.
@@ -66,7 +66,6 @@ def test_lra_split_reaches_load_image(tmp_path):
 def test_lra_split_is_tfds_train_90_percent(tmp_path):
   """With a tfds source, data.lra_split gives tfds's own ``train[:90%]`` / ``train[90%:]``."""
   tfds = pytest.importorskip("tensorflow_datasets")
-  pytest.importorskip("array_record")
   rng = np.random.default_rng(0)
   n = 40
   rgb = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
@@ -76,10 +75,10 @@ def test_lra_split_is_tfds_train_90_percent(tmp_path):
   features = {"image": tfds.features.Tensor(shape=(32, 32, 3), dtype=np.uint8),
               "label": tfds.features.ClassLabel(names=list(image.CLASSES)),
               "id": tfds.features.Text()}
-  _fake_tfds(tfds, tmp_path, features, rows)   # keys: the row index, as tfds's cifar.py
+  built = fake_tfds(tmp_path, features, rows)   # keys: the row index, as tfds's cifar.py
   version_dir = tmp_path / "tfds" / "cifar10" / "3.0.2"
   version_dir.parent.mkdir(parents=True)
-  (tmp_path / "build" / "fake" / "1.0.0").rename(version_dir)
+  built.rename(version_dir)
   out = image.load_image(data_dir=None, tfds_data_dir=str(tmp_path / "tfds"), seed=0,
                          lra_split=True)
   gray = {image.rgb_to_grayscale(rgb[i]).tobytes(): i for i in range(n)}
@@ -90,27 +89,6 @@ def test_lra_split_is_tfds_train_90_percent(tmp_path):
                     ref.as_data_source(split=f"train[{cut}]"))
           for s, cut in (("train", ":90%"), ("val", "90%:"))}
   assert got == want and len(got["val"]) == 4
-
-
-def _fake_tfds(tfds, tmp_path, features, splits):
-  """Builds a tiny array_record tfds data set whose example keys are the row indices."""
-
-  class Fake(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    __module__ = "__main__"   # see tests/test_text_image_data.py
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
-
-    def _split_generators(self, dl_manager):
-      return {split: self._generate_examples(rows) for split, rows in splits.items()}
-
-    def _generate_examples(self, rows):
-      for key, row in rows:
-        yield key, row
-
-  splits = {s: list(r if isinstance(r[0], tuple) else enumerate(r)) for s, r in splits.items()}
-  return prepare_fake_tfds(Fake, tmp_path)
 
 
 # ----------------------------------------------------------------------------
@@ -204,13 +182,12 @@ def test_pathfinder_lra_split_members(tmp_path):
 def test_pathfinder_lra_split_is_tfds_slicing(tmp_path):
   """A tfds build of LRA's keys (salt: the level, as LRA's split name) sliced by tfds."""
   tfds = pytest.importorskip("tensorflow_datasets")
-  pytest.importorskip("array_record")
   rows = _lra_level(tmp_path / "data")
   examples = [(f"{folder}_{name}_{line}", {"index": index})
               for folder, name, line, index, _ in rows]
-  _fake_tfds(tfds, tmp_path, {"index": tfds.features.Scalar(dtype=np.int64)},
-             {"easy": examples})
-  ref = tfds.builder_from_directory(str(tmp_path / "build" / "fake" / "1.0.0"))
+  built = fake_tfds(tmp_path, {"index": tfds.features.Scalar(dtype=np.int64)},
+                    {"easy": examples})
+  ref = tfds.builder_from_directory(str(built))
   empty = {r[3] for r in rows if r[4]}
   want = {s: sorted(int(r["index"]) for r in ref.as_data_source(split=f"easy[{cut}]")
                     if int(r["index"]) not in empty)

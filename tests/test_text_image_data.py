@@ -15,7 +15,7 @@ import pytest
 
 from simpletron_jax.data import image, tasks, text
 from simpletron_jax.data.common import make_batch
-from tests.conftest import prepare_fake_tfds
+from tests.conftest import fake_tfds
 
 DATA_ROOT = os.path.expanduser(os.environ.get("SIMPLETRON_JAX_TEST_DATA")
                                or tasks.DEFAULT_DATA_ROOT)
@@ -221,27 +221,7 @@ def test_text_not_found_names_the_config_field(tmp_path):
 
 def _prepare_fake_tfds(tmp_path, name, config, features, splits):
   """Writes a tiny prepared tfds data set and moves it to ``{tmp}/tfds/{name}[/{config}]``."""
-  tfds = pytest.importorskip("tensorflow_datasets")
-  pytest.importorskip("array_record")
-
-  class Fake(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    # tfds looks for checksum files beside the builder's module; a module inside the
-    # ``tests`` package sends it down a path that needs importlib_resources.
-    __module__ = "__main__"
-    VERSION = tfds.core.Version("1.0.0")
-    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=config)] if config else []
-
-    def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
-
-    def _split_generators(self, dl_manager):
-      return {split: self._generate_examples(rows) for split, rows in splits.items()}
-
-    def _generate_examples(self, rows):
-      yield from enumerate(rows)
-
-  prepare_fake_tfds(Fake, tmp_path)
-  built = tmp_path / "build" / "fake" / (config or "") / "1.0.0"
+  built = fake_tfds(tmp_path, features, splits, config)
   target = tmp_path / "tfds" / name / (config or "") / "1.0.0"
   target.parent.mkdir(parents=True)
   built.rename(target)
