@@ -86,13 +86,14 @@ def presence_examples(n: int, rng: np.random.Generator, max_len: int = 40) -> Ra
   return RaggedExamples.from_sequences(seqs, labels)
 
 
-def fake_tfds(tmp_path, features, splits, config=None):
+def fake_tfds(tmp_path, features, splits, config=None, to=None):
   """Builds a tiny tfds data set, readable without TensorFlow, and returns its version folder.
 
   ``features``: a dict of ``tfds.features`` by name; ``splits``: split name -> list of rows
   (dicts of ``features``), keyed by their index, or list of ``(key, row)`` pairs; ``config``:
   a builder config name, or None. The builder is named ``fake`` and writes array_record files
-  under ``tmp_path / "build"``, so the result is ``build/fake[/config]/1.0.0``. Skips the test
+  under ``tmp_path / "build"``, so the result is ``build/fake[/config]/1.0.0``; ``to``, a path
+  such as ``tfds/cifar10/3.0.2``, moves it there (parents made) and returns that. Skips the test
   without tensorflow_datasets or array_record. tfds makes an empty tmp*tfds folder when it
   constructs a builder without dataset_info.json and never removes it; with
   ``tempfile.tempdir`` at ``tmp_path`` meanwhile, pytest does."""
@@ -118,7 +119,11 @@ def fake_tfds(tmp_path, features, splits, config=None):
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(tempfile, "tempdir", str(tmp_path))
     Fake(data_dir=str(tmp_path / "build"), file_format="array_record").download_and_prepare()
-  return tmp_path / "build" / "fake" / (config or "") / "1.0.0"
+  built = tmp_path / "build" / "fake" / (config or "") / "1.0.0"
+  if to is None:
+    return built
+  to.parent.mkdir(parents=True)
+  return built.rename(to)
 
 
 @pytest.fixture(scope="session")

@@ -145,10 +145,7 @@ def _fake_tfds_ag_news(tmp_path, rows):
   features = {"title": tfds.features.Text(), "description": tfds.features.Text(),
               "label": tfds.features.ClassLabel(names=list(agnews.CLASSES))}
 
-  built = fake_tfds(tmp_path, features, rows)
-  target = tmp_path / "tfds" / agnews.TFDS_NAME / "1.0.0"
-  target.parent.mkdir(parents=True)
-  built.rename(target)
+  fake_tfds(tmp_path, features, rows, to=tmp_path / "tfds" / agnews.TFDS_NAME / "1.0.0")
   return str(tmp_path / "tfds")
 
 

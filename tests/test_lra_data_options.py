@@ -75,10 +75,8 @@ def test_lra_split_is_tfds_train_90_percent(tmp_path):
   features = {"image": tfds.features.Tensor(shape=(32, 32, 3), dtype=np.uint8),
               "label": tfds.features.ClassLabel(names=list(image.CLASSES)),
               "id": tfds.features.Text()}
-  built = fake_tfds(tmp_path, features, rows)   # keys: the row index, as tfds's cifar.py
-  version_dir = tmp_path / "tfds" / "cifar10" / "3.0.2"
-  version_dir.parent.mkdir(parents=True)
-  built.rename(version_dir)
+  # keys: the row index, as tfds's cifar.py
+  version_dir = fake_tfds(tmp_path, features, rows, to=tmp_path / "tfds" / "cifar10" / "3.0.2")
   out = image.load_image(data_dir=None, tfds_data_dir=str(tmp_path / "tfds"), seed=0,
                          lra_split=True)
   gray = {image.rgb_to_grayscale(rgb[i]).tobytes(): i for i in range(n)}

@@ -221,10 +221,8 @@ def test_text_not_found_names_the_config_field(tmp_path):
 
 def _prepare_fake_tfds(tmp_path, name, config, features, splits):
   """Writes a tiny prepared tfds data set and moves it to ``{tmp}/tfds/{name}[/{config}]``."""
-  built = fake_tfds(tmp_path, features, splits, config)
-  target = tmp_path / "tfds" / name / (config or "") / "1.0.0"
-  target.parent.mkdir(parents=True)
-  built.rename(target)
+  target = fake_tfds(tmp_path, features, splits, config,
+                     to=tmp_path / "tfds" / name / (config or "") / "1.0.0")
   for decoy in ("0.9.0", "incomplete.ABC_2.0.0"):  # older or unfinished: must not be picked
     (target.parent / decoy).mkdir()
     (target.parent / decoy / "dataset_info.json").write_text("{}")
