@@ -13,18 +13,24 @@ the folder's ``config.json`` (``config_fingerprint``), resumed with ``--allow_re
 or that holds a NaN, and a run folder without ``results.json``, are left out of the table and
 listed under "Left out" with the reason (``run_record.results_problem``); the script then exits
 with status 1.
-For each group the table gives the test accuracy under both protocols (best-validation
-checkpoint and final step: mean ± sample std / best seed), the published number for the
-same attention and task (``simpletron_jax/tools/published.py``), our number under the protocol
-the publication used, and the gap in points; under it, for context, the self-pretrained and
-state-of-the-art rows of ``published.REFERENCES`` for the same tasks, and the software each
-group was computed with (versions, devices, git commit; ``results.json``). Writes
-``comparison.md`` and ``comparison.png`` (a bar chart; needs matplotlib, ``pip install -e
-".[bench]"``; skip it with ``--no_plot``) in ``--out`` (default: the folder itself) and prints
-the table. Without matplotlib the table is written, one line says how to get the chart, and
-the exit status stays 0. The chart names each group's model size under its label (``:tiny``
-for the CPU size of ``configs/<task>/<model>.py:tiny``, ``another size`` for any other size
-than the published one): the published bars are for the paper's size only. Flags are spelled
+A group gets a gap to its published number (``simpletron_jax/tools/published.py``) only when
+its runs were made at that cell's model size, input length and protocol: its ``config.json``
+equals one of the cell's paper-size configs (``configs/lra.py``: the default, ``:authors`` or
+``:lra_code``) in every field of ``reporting.COMPARED_FIELDS``. Those groups make the first
+table: the test accuracy under both protocols (best-validation checkpoint and final step:
+mean ± sample std / best seed), the published number, ours under the protocol the
+publication used, and the gap in points. Every other group (a ``reproduce.py --rehearse``
+run, whose ``reproduce.json`` says so; a ``:tiny`` or other size; another length, step count
+or test split; nothing published for its attention and task) is listed in a second table,
+without a published number or gap, with the reason on its row; such a group is not an error.
+Under the tables, for context, the self-pretrained and state-of-the-art rows of
+``published.REFERENCES`` for the same tasks, and the software each group was computed with
+(versions, devices, git commit; ``results.json``). Writes ``comparison.md`` and
+``comparison.png`` (a bar chart; needs matplotlib, ``pip install -e ".[bench]"``; skip it with
+``--no_plot``) in ``--out`` (default: the folder itself) and prints the tables. Without
+matplotlib the tables are written, one line says how to get the chart, and the exit status
+stays 0. In the chart a group without a gap has ``no gap: <why>`` under its label and no
+published bar. Flags are spelled
 with underscores; the dashed ``--no-plot`` and ``--count-forced`` are accepted until the next
 release, with a note.
 """
@@ -52,8 +58,9 @@ RUN_SUBFOLDERS = ("checkpoints", "damaged", "tb")
 NOTE = ("Published: LRA's Table 1 (one run, latest checkpoint) is compared with our mean "
         "final-step accuracy; the SimpleTRON paper (best of 5 seeds, best-validation "
         "checkpoint) with our best seed's best-validation accuracy. Gap = ours - published, "
-        "in points. A published number was obtained at the paper's model size and length; "
-        "a run of another size or length is not comparable with it.")
+        "in points, given only for a run at the published cell's model size, input length "
+        "and protocol (training steps and batch, the whole test split); any other run is "
+        "listed apart, with the reason.")
 
 
 def _read_json(path: str):
@@ -117,71 +124,97 @@ def collect_runs(root: str, count_forced: bool = False
   return [groups[k] for k in sorted(groups)], left_out
 
 
-# The model fields that make a run's size (those :tiny changes).
-SIZE_FIELDS = ("emb_dim", "qkv_dim", "mlp_dim", "num_heads", "num_layers", "max_length")
+REHEARSAL_FILE = "reproduce.json"   # scripts/reproduce.py's record, "rehearsal": true
 
 
-def model_size(task: str, attention: str, model: dict) -> str:
-  """The size of a run's ``model`` section (``config.json``'s) against the configs of its
-  task and attention (``configs/lra.py``): ``"paper size"`` (the published one), ``":tiny"``
-  (the CPU size, ``configs/<task>/<model>.py:tiny``), ``"another size"``, or ``""`` when the
-  configs cannot tell (a task or attention they do not know)."""
+def paper_configs(task: str, attention: str) -> dict[str, dict]:
+  """The configs a published number of ``attention`` on ``task`` was obtained at:
+  ``configs/lra.py``'s paper size (no variant) and, where the pair has them, its ``:authors``
+  and ``:lra_code`` variants (the same sizes, with the authors' or LRA's function), as
+  ``config.json``-like dicts; {} for a task or attention the configs do not know."""
   try:
     from configs import lra  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return ""
-  known = False
-  for name, variant in (("paper size", None), (":tiny", "tiny")):
-    try:
-      reference = lra.make_config(task, attention, variant).model
-    except Exception:  # pylint: disable=broad-except  (an unknown task, attention or variant)
-      continue
-    known = True
-    if all(model.get(field) == reference.get(field) for field in SIZE_FIELDS):
-      return name
-  return "another size" if known else ""
+    known = lra.variants(task, attention)
+  except Exception:  # pylint: disable=broad-except  (an unknown task or attention)
+    return {}
+  return {f":{variant}" if variant else "paper size":
+          lra.make_config(task, attention, variant).to_dict()
+          for variant in (None, "authors", "lra_code") if variant is None or variant in known}
 
 
-def _group_config(root: str, group: reporting.RunGroup) -> dict:
-  """The ``config.json`` of one run of ``group`` (found under ``root`` as
-  :func:`collect_runs` labelled it); {} when none can be read."""
+def tiny_size(task: str, attention: str, config: dict) -> bool:
+  """Whether ``config`` (a ``config.json`` dict) has the model size and input length of
+  ``configs/<task>/<model>.py:tiny``, the CPU size (:data:`reporting.COMPARED_FIELDS`)."""
+  try:
+    from configs import lra  # pylint: disable=import-outside-toplevel
+    tiny = run_record.flatten_config(lra.make_config(task, attention, "tiny"))
+  except Exception:  # pylint: disable=broad-except  (an unknown task or attention)
+    return False
+  flat = run_record.flatten_config(config)
+  return all(flat.get(field) == tiny.get(field)
+             for field in reporting.COMPARED_FIELDS["size"] + reporting.COMPARED_FIELDS["length"])
+
+
+def group_problem(root: str, group: reporting.RunGroup) -> str | None:
+  """Why ``group`` (found under ``root``) gets no gap to a published number, or None: a
+  rehearsal (``reproduce.py --rehearse``: its ``reproduce.json`` says so), a run whose
+  ``config.json`` is not at a published cell's size, length and protocol
+  (:func:`reporting.comparability_problem` against :func:`paper_configs`), or one whose
+  ``config.json`` cannot be read. Every seed of a group has one config; the first is read."""
   folder = os.path.join(root, group.label)
   if not os.path.isdir(folder):
     folder = root   # the label of runs directly in root is root's own name
-  names = ["config.json"] + [os.path.join(f"seed{seed}", "config.json") for seed in group.results]
-  for name in names:
+  runs = [folder] + [os.path.join(folder, f"seed{seed}") for seed in sorted(group.results)]
+  for run in runs:
     try:
-      return _read_json(os.path.join(folder, name))
+      if _read_json(os.path.join(run, REHEARSAL_FILE)).get("rehearsal"):
+        return ("a rehearsal (reproduce.py --rehearse: the :tiny size for a few steps on a few "
+                "examples), not a result")
+    except (OSError, ValueError, AttributeError):
+      pass
+  config = None
+  for run in runs:
+    try:
+      config = _read_json(os.path.join(run, "config.json"))
+      break
     except (OSError, ValueError):
       continue
-  return {}
+  if config is None:
+    return "its config.json cannot be read"
+  problem = reporting.comparability_problem(config, paper_configs(group.task, group.attention))
+  if problem is not None and tiny_size(group.task, group.attention, config):
+    problem = f"the :tiny size (configs/{group.task}/<model>.py:tiny); {problem}"
+  return problem
 
 
-def write_chart(rows, path: str, sizes: dict[str, str] | None = None) -> str | None:
-  """:func:`reporting.comparison_chart` to ``path``, each group's label followed by its model
-  size (``sizes``: label -> :func:`model_size`) where it is not the paper's; returns why not
-  (one line) when matplotlib, an optional dependency (the ``bench`` and ``test`` extras), is
-  missing."""
+def short_reason(reason: str) -> str:
+  """A few words of a row's ``reason`` for the chart: ``rehearsal``, ``:tiny size``,
+  ``another size`` (``length``, ``protocol``, ...), ``nothing published``, or its first 30
+  characters."""
+  for start, short in (("a rehearsal", "rehearsal"), ("the :tiny size", ":tiny size"),
+                       ("nothing published", "nothing published")):
+    if reason.startswith(start):
+      return short
+  if " than the published cell" in reason:
+    return reason.split(" than the published cell")[0]
+  return reason[:30]
+
+
+def write_chart(rows, path: str) -> str | None:
+  """:func:`reporting.comparison_chart` to ``path``, the label of each row without a gap
+  followed by ``no gap: <a few words>`` (:func:`short_reason`; no published bar is drawn); returns
+  why not (one line) when matplotlib, an optional dependency (the ``bench`` and ``test``
+  extras), is missing."""
   try:
     import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ImportError:
     return (f"{path} not written: matplotlib is not installed; pip install -e \".[bench]\" "
             "for the chart, or pass --no_plot")
-  sizes = sizes or {}
-  shown = [{**row, "label": f"{row['label']}\n{sizes[row['label']]} run"}
-           if sizes.get(row["label"], "paper size") != "paper size" else row for row in rows]
+  shown = [row if row["gap"] is not None else
+           {**row, "label": f"{row['label']}\nno gap: {short_reason(row['reason'])}"}
+           for row in rows]
   reporting.comparison_chart(shown, path)
   return None
-
-
-def sizes_markdown(sizes: dict[str, str]) -> str:
-  """One line naming the groups that are not at the paper's size ("" when all are)."""
-  other = {label: size for label, size in sizes.items() if size and size != "paper size"}
-  if not other:
-    return ""
-  listed = "; ".join(f"{label}: {size}" for label, size in other.items())
-  return (f"\nModel size: {listed}. These runs are smaller than the published models; their "
-          "gap to a published number is not a reproduction result.\n")
 
 
 def references_markdown(tasks: Sequence[str]) -> str:
@@ -227,22 +260,18 @@ def main(argv: Sequence[str] | None = None) -> str:
   if not groups:
     raise SystemExit(f"compare.py: no finished run (results.json + config.json) under "
                      f"{args.folder}" + "".join(f"; {line}" for line in left_out))
-  rows = reporting.comparison_rows(groups)
-  sizes = {}
-  for group in groups:   # every seed of a group has one config; the first tells the size
-    sizes[group.label] = model_size(group.task, group.attention,
-                                    _group_config(args.folder, group).get("model", {}))
+  rows = reporting.comparison_rows(
+      groups, {group.label: group_problem(args.folder, group) for group in groups})
   out = args.out or args.folder
   os.makedirs(out, exist_ok=True)
-  text = reporting.comparison_markdown(rows) + "\n" + NOTE + "\n" + sizes_markdown(sizes)
+  text = reporting.comparison_markdown(rows) + "\n" + NOTE + "\n"
   text += "\n" + reporting.software_markdown(groups)
   text += references_markdown([group.task for group in groups])
   if left_out:
     text += "\nLeft out of the table:\n\n" + "".join(f"- {line}\n" for line in left_out)
   with open(os.path.join(out, "comparison.md"), "w", encoding="utf-8") as f:
     f.write(text)
-  chart_problem = None if args.no_plot else write_chart(rows, os.path.join(out, "comparison.png"),
-                                                        sizes)
+  chart_problem = None if args.no_plot else write_chart(rows, os.path.join(out, "comparison.png"))
   print(text)
   if left_out:
     done = f"{os.path.join(out, 'comparison.md')} written"

@@ -276,7 +276,9 @@ def compare(cell: Cell, workdir: str, overrides: Sequence[str] = (),
             rehearsal: bool = False) -> dict[str, Any]:
   """Writes ``comparison.md`` and ``reproduce.json`` for a finished run in ``workdir``;
   ``rehearsal``: a ``--rehearse`` run (:func:`rehearsal_cell`), whose row is labelled
-  :data:`REHEARSAL_LABEL` and compared with nothing.
+  :data:`REHEARSAL_LABEL` and compared with nothing. A run whose overrides moved it off the
+  published cell's size, length or protocol (``reporting.comparability_problem`` against
+  ``compare.paper_configs``) gets no gap either; its row says why.
 
   Returns:
     The comparison row (``simpletron_jax.tools.reporting.comparison_rows``), with ``ours`` and
@@ -288,20 +290,26 @@ def compare(cell: Cell, workdir: str, overrides: Sequence[str] = (),
   """
   from simpletron_jax.tools import reporting  # pylint: disable=import-outside-toplevel
   from simpletron_jax.run import run_record  # pylint: disable=import-outside-toplevel
+  import compare as compare_script  # pylint: disable=import-outside-toplevel  (scripts/)
   config = cell_config(cell, overrides)
   problem = run_record.workdir_results_problem(workdir, config)
   if problem is not None:
     raise CellError(f"{cell.name}: {workdir} is not a finished run of this cell: {problem}")
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     results = json.load(f)
-  group = reporting.RunGroup(cell.name, config.task, config.model.attention,
+  label = f"{cell.name} ({REHEARSAL_LABEL})" if rehearsal else cell.name
+  group = reporting.RunGroup(label, config.task, config.model.attention,
                              {int(config.seed): results})
-  row = reporting.comparison_rows([group])[0]
+  # A rehearsal is never read as a reproduction; a cell run with overrides that change its
+  # size, length or protocol (e.g. --config.num_train_steps) is not compared either.
+  problem = (f"{REHEARSAL_LABEL}: the cell's path at the :tiny size for "
+             f"{config.num_train_steps} steps" if rehearsal else
+             reporting.comparability_problem(
+                 config, compare_script.paper_configs(config.task, config.model.attention)))
+  row = reporting.comparison_rows([group], {label: problem})[0]
   command = user_command(cell, [*overrides, "--rehearse"] if rehearsal else overrides)
   heading = f"`{command}`\n\n"
-  if rehearsal:   # never to be read as a reproduction of the published number
-    row.update(label=f"{cell.name} ({REHEARSAL_LABEL})", published=None, source=None,
-               ours=None, gap=None)
+  if rehearsal:
     heading += (f"**{REHEARSAL_LABEL.capitalize()}**: the cell's path at the :tiny size for "
                 f"{config.num_train_steps} steps; its accuracy says nothing about the "
                 "published number.\n\n")

@@ -4,6 +4,7 @@ seed), and the comparison with the published numbers (from fixture runs)."""
 import json
 import os
 import re
+import subprocess
 import sys
 
 import jax
@@ -11,17 +12,19 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from configs import lra
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.model import attention
 from simpletron_jax.tools import published, reporting
 from simpletron_jax.train import checkpoints, evaluation, steps, trainer
-from simpletron_jax.run import software_record
+from simpletron_jax.run import run_record, software_record
 from tests.test_train import Killed, _state, tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
 import compare  # noqa: E402  pylint: disable=wrong-import-position
 import seeds  # noqa: E402  pylint: disable=wrong-import-position
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "reporting_runs")
 
 
@@ -107,7 +110,10 @@ def test_seed_summary_has_mean_std_and_best_for_both_protocols(seed_runs):
   with open(os.path.join(seed_runs["root"], "summary.json")) as f:
     assert json.load(f)["final"]["n"] == 2
   with open(os.path.join(seed_runs["root"], "summary.md")) as f:
-    assert f.read().count("\n| ") == 5  # header, seeds 0 and 1, mean, best
+    text = f.read()
+  assert text.count("\n| ") == 6  # header, seeds 0 and 1, mean, best, range
+  low, high = sorted(100 * results[s]["test_accuracy_final"] for s in (0, 1))
+  assert text.splitlines()[-1].endswith(f" | {low:.2f} to {high:.2f} |")
 
 
 @pytest.mark.slow
@@ -168,19 +174,108 @@ def test_comparison_matches_each_publication_protocol():
 
 def test_compare_script_writes_markdown_with_gaps_and_a_png(tmp_path):
   text = compare.main([FIXTURES, "--out", str(tmp_path)])
-  table = [line for line in text.splitlines() if line.startswith("| ")]
-  assert len(table) == 1 + 3  # the header, one row per group
-  rows = reporting.comparison_rows(reporting.find_runs(FIXTURES))
-  for r, line in zip(rows, table[1:]):
-    assert line.startswith(f"| {r['label']} |")
-    assert line.endswith("| - |" if r["gap"] is None else f"| {r['gap']:+.2f} |")
+  rows = {r["label"]: r for r in reporting.comparison_rows(reporting.find_runs(FIXTURES))}
+  compared = text.split(reporting.NOT_COMPARED_HEADING)[0]
+  # The two fixture groups written at a published cell's size, length and protocol get gaps.
+  for label in ("listops_simple", "text_transformer_lra"):
+    assert f"| {label} |" in compared and compared.count(f"{rows[label]['gap']:+.2f} |") == 1
+  # The old run (no final-step accuracy, a config.json without the model's sizes) gets none.
+  old = next(line for line in text.splitlines() if line.startswith("| listops_linear_old |"))
+  assert old not in compared and "published" in old and not re.search(r"\| [+-]\d", old)
   with open(tmp_path / "comparison.md") as f:
     assert f.read() == text
   # Beside each group, the software its runs were computed with (the fixtures predate it).
   assert "Software of each group (from its results.json):" in text
-  assert f"- {rows[0]['label']}: not recorded (" in text
+  assert "- listops_simple: not recorded (" in text
   image = matplotlib.image.imread(tmp_path / "comparison.png")
   assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def _write_user_run(folder, config, best_val, final, rehearsal=False):
+  """A finished run as train.py leaves it: ``config.json`` and a ``results.json`` of that
+  config (its fingerprint, every step); ``rehearsal``: reproduce.py's ``reproduce.json``."""
+  os.makedirs(folder)
+  with open(os.path.join(folder, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort())
+  results = {"task": config.task, "attention": config.model.attention,
+             "test_accuracy": best_val, "test_accuracy_best_val": best_val,
+             "test_accuracy_final": final, "final_step": config.num_train_steps,
+             "num_train_steps": config.num_train_steps, "complete": True,
+             "config_fingerprint": run_record.config_fingerprint(config)}
+  with open(os.path.join(folder, "results.json"), "w") as f:
+    json.dump(results, f)
+  if rehearsal:
+    with open(os.path.join(folder, "reproduce.json"), "w") as f:
+      json.dump({"cell": "listops_simple", "rehearsal": True}, f)
+
+
+@pytest.fixture(scope="module")
+def user_runs(tmp_path_factory):
+  """Runs of four kinds in one folder: LRA's Transformer on ListOps at the published cell
+  (``:lra_code``, two seeds), SimpleTRON's ``simple`` at ``:tiny`` (two seeds), a
+  ``reproduce.py --rehearse`` run, and ``simple`` at the paper's size for fewer steps."""
+  root = str(tmp_path_factory.mktemp("user_runs"))
+  for seed, final in ((0, 0.36), (1, 0.38)):
+    config = lra.make_config("listops", "softmax", "lra_code")
+    config.seed = seed
+    _write_user_run(os.path.join(root, "lra_transformer", f"seed{seed}"), config, 0.3, final)
+  for seed in (0, 1):
+    config = lra.make_config("listops", "simple", "tiny")
+    config.seed = seed
+    _write_user_run(os.path.join(root, "simple_tiny", f"seed{seed}"), config, 0.389, 0.38)
+  config = lra.make_config("listops", "simple", "tiny_authors")
+  config.num_train_steps, config.data.num_test = 4, 32
+  _write_user_run(os.path.join(root, "rehearsal"), config, 0.25, 0.25, rehearsal=True)
+  config = lra.make_config("listops", "simple")
+  config.num_train_steps = 100
+  _write_user_run(os.path.join(root, "simple_100_steps"), config, 0.2, 0.2)
+  return root
+
+
+def test_compare_gives_a_gap_only_at_the_published_size_length_and_protocol(user_runs,
+                                                                            tmp_path):
+  proc = subprocess.run([sys.executable, "scripts/compare.py", user_runs, "--out",
+                         str(tmp_path), "--no_plot"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]   # runs without a gap are not errors
+  text = proc.stdout
+  assert text.strip() == (tmp_path / "comparison.md").read_text().strip()
+  compared, other = text.split(f"### {reporting.NOT_COMPARED_HEADING}")
+  rows = {line.split(" | ")[0][2:]: line for line in text.splitlines()
+          if line.startswith("| ") and not line.startswith("| run ")}
+  # The published cell: LRA's protocol (mean of the final steps) against LRA's 36.37.
+  assert rows["lra_transformer"] in compared
+  assert rows["lra_transformer"].endswith("| 36.37 (LRA) | 37.00 (final mean) | +0.63 |")
+  # The others: listed apart, no published number, no gap, the reason on the row.
+  for label in ("simple_tiny", "rehearsal", "simple_100_steps"):
+    assert rows[label] in other and "37.45" not in rows[label], rows[label]
+    assert not re.search(r"\| [+-]\d+\.\d\d \|$", rows[label]), rows[label]
+  assert "the :tiny size" in rows["simple_tiny"] and "another size, length" in rows["simple_tiny"]
+  assert "model.emb_dim 64 (published 512)" in rows["simple_tiny"]
+  assert "a rehearsal (reproduce.py --rehearse" in rows["rehearsal"]
+  assert ("another protocol than the published cell: num_train_steps 100 (published 15000)"
+          in rows["simple_100_steps"])
+
+
+def test_comparability_names_what_differs_from_the_closest_paper_config():
+  paper = lra.make_config("listops", "simple")
+  references = compare.paper_configs("listops", "simple")
+  assert set(references) == {"paper size", ":authors"}   # simple is no LRA baseline
+  assert reporting.comparability_problem(paper, references) is None
+  assert reporting.comparability_problem(lra.make_config("listops", "simple", "authors"),
+                                         references) is None   # the same size, their function
+  assert reporting.comparability_problem(paper, {}) == "no paper-size config to compare with"
+  longer = lra.make_config("listops", "simple", "tiny_lra")   # LRA's lengths, :tiny model
+  longer.num_train_steps = paper.num_train_steps
+  problem = reporting.comparability_problem(longer, references)
+  assert problem.startswith("another size than the published cell: model.emb_dim ")
+  assert "max_length" not in problem and "max_tokens" not in problem
+  short = lra.make_config("listops", "simple")
+  short.data.max_tokens = 200
+  assert reporting.comparability_problem(short, references) == (
+      "another length than the published cell: data.max_tokens 200 (published 2000)")
+  assert compare.tiny_size("listops", "simple", lra.make_config("listops", "simple", "tiny"))
+  assert not compare.tiny_size("listops", "simple", paper)
 
 
 def test_software_lines_name_versions_devices_and_commit():

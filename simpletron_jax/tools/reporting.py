@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from simpletron_jax.tools import published
-from simpletron_jax.run import software_record
+from simpletron_jax.run import run_record, software_record
 
 PROTOCOL_KEYS = {"best_val": "test_accuracy_best_val", "final": "test_accuracy_final"}
 """``results.json`` key of each protocol's test accuracy (a fraction)."""
@@ -109,7 +109,8 @@ def summarize_seeds(results_by_seed: Mapping[int, Mapping[str, Any]]) -> dict[st
 
 
 def summary_markdown(summary: Mapping[str, Any], title: str = "") -> str:
-  """A markdown table of :func:`summarize_seeds`: one row per seed, then mean ± std and best."""
+  """A markdown table of :func:`summarize_seeds`: one row per seed, then mean ± sample std,
+  the best seed and the range (worst to best), in %."""
   protocols = [p for p in PROTOCOL_KEYS if p in summary]
   head = " | ".join(f"test acc. ({p}) %" for p in protocols)
   lines = ([f"### {title}", ""] if title else []) + [
@@ -121,6 +122,8 @@ def summary_markdown(summary: Mapping[str, Any], title: str = "") -> str:
       f"{summary[p]['mean']:.2f} ± {summary[p]['std']:.2f}" for p in protocols) + " |")
   lines.append("| best (seed) | " + " | ".join(
       f"{summary[p]['best']:.2f} ({summary[p]['best_seed']})" for p in protocols) + " |")
+  lines.append("| range | " + " | ".join(
+      f"{summary[p]['worst']:.2f} to {summary[p]['best']:.2f}" for p in protocols) + " |")
   return "\n".join(lines) + "\n"
 
 
@@ -189,28 +192,95 @@ def find_runs(root: str) -> list[RunGroup]:
 # Comparison with the published numbers.
 
 
-def comparison_rows(groups: Iterable[RunGroup]) -> list[dict[str, Any]]:
-  """One row per group: our numbers under both protocols, and the published number.
+COMPARED_FIELDS: dict[str, tuple[str, ...]] = {
+    "size": ("model.emb_dim", "model.qkv_dim", "model.mlp_dim", "model.num_heads",
+             "model.num_layers"),
+    "length": ("model.max_length", "data.min_tokens", "data.max_tokens", "data.resolution"),
+    "protocol": ("num_train_steps", "batch_size", "num_test_steps", "data.num_train",
+                 "data.num_val", "data.num_test", "data.num_images", "data.level"),
+}
+"""The config fields (dotted, as in ``config.json``) that must equal those of a published
+cell's config for a run's gap to that cell to be printed, by what they make: the model's
+size, the length of its inputs (the longest sequence; ListOps' generated lengths;
+Pathfinder's resolution), and the protocol (steps of the global batch, the whole test split,
+the generated split sizes and difficulty). A field that neither config has is not compared;
+one that only one of them has differs."""
+
+
+def comparability_problem(config: Any, references: Mapping[str, Any]) -> str | None:
+  """Why a run of ``config`` cannot be compared with a published number, or None when it can.
+
+  Args:
+    config: the run's config (``config.json``'s dict or a ``ConfigDict``).
+    references: name -> a config the published number was obtained at (the paper-size
+      configs of the run's task and attention: ``configs/lra.py``'s default, ``:authors``,
+      ``:lra_code``); the run is comparable when it equals one of them in every field of
+      :data:`COMPARED_FIELDS`.
+
+  Returns:
+    None, or one line naming what differs (``another size`` / ``length`` / ``protocol``)
+    and the first fields that differ from the closest reference, ``<field> <ours> (published
+    <theirs>)``; ``"no paper-size config to compare with"`` when ``references`` is empty.
+  """
+  if not references:
+    return "no paper-size config to compare with"
+  flat = run_record.flatten_config(config)
+  closest: list[tuple[str, str, Any, Any]] | None = None
+  for reference in references.values():
+    ref = run_record.flatten_config(reference)
+    differ = [(kind, field, flat.get(field, "not recorded"), ref.get(field, "not recorded"))
+              for kind, fields in COMPARED_FIELDS.items() for field in fields
+              if (field in flat or field in ref) and flat.get(field) != ref.get(field)]
+    if not differ:
+      return None
+    if closest is None or len(differ) < len(closest):
+      closest = differ
+  kinds = list(dict.fromkeys(kind for kind, *_ in closest))
+  what = (kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " and " + kinds[-1])
+  shown = ", ".join(f"{field} {ours} (published {theirs})"
+                    for _, field, ours, theirs in closest[:4])
+  more = f", and {len(closest) - 4} more" if len(closest) > 4 else ""
+  return f"another {what} than the published cell: {shown}{more}"
+
+
+def comparison_rows(groups: Iterable[RunGroup],
+                    problems: Mapping[str, str | None] | None = None) -> list[dict[str, Any]]:
+  """One row per group: our numbers under both protocols and, where the group can be
+  compared, the published number and the gap.
 
   ``ours`` is the statistic that matches how the published number was obtained
   (:data:`simpletron_jax.tools.published.PROTOCOLS`): the best seed of the best-validation
   checkpoints for the SimpleTRON paper, the mean of the final-step accuracies for LRA.
-  ``gap`` is ``ours - published`` in points; None where nothing was published.
+  ``gap`` is ``ours - published`` in points. A row without a gap has ``reason``, one line:
+  ``problems[label]`` (a rehearsal, another size, length or protocol:
+  :func:`comparability_problem`), nothing published for the attention on the task, or no
+  accuracy under the publication's protocol.
+
+  Args:
+    groups: the runs, e.g. from :func:`find_runs`.
+    problems: group label -> why it cannot be compared (None or missing: it can).
   """
+  problems = problems or {}
   rows = []
   for g in groups:
     summary = summarize_seeds(g.results)
     entry = published.lookup(g.attention, g.task)
     row = {"label": g.label, "task": g.task, "attention": g.attention,
            "seeds": len(g.results), "summary": summary, "published": None,
-           "source": None, "protocol": None, "ours": None, "gap": None}
-    if entry is not None:
+           "source": None, "protocol": None, "ours": None, "gap": None,
+           "reason": problems.get(g.label)}
+    if row["reason"] is None and (entry is None or entry.accuracy is None):
+      row["reason"] = (f"nothing published for `{g.attention}` on {g.task}" if entry is None
+                       else f"{entry.source} published no accuracy ({entry.model}: FAIL)")
+    if row["reason"] is None:
       protocol, statistic = published.PROTOCOLS[entry.source]
       if protocol in summary:
         ours = summary[protocol][statistic]
         row.update(published=entry.accuracy, source=entry.source, model=entry.model,
-                   protocol=f"{protocol} {statistic}", ours=ours,
-                   gap=None if entry.accuracy is None else ours - entry.accuracy)
+                   protocol=f"{protocol} {statistic}", ours=ours, gap=ours - entry.accuracy)
+      else:
+        row["reason"] = (f"no {protocol} test accuracy in its results.json, which "
+                         f"{entry.source}'s protocol needs (written before it was recorded)")
     rows.append(row)
   return rows
 
@@ -222,18 +292,39 @@ def _pct(summary: Mapping[str, Any], protocol: str) -> str:
   return f"{s['mean']:.2f} ± {s['std']:.2f} / {s['best']:.2f}"
 
 
+COMPARED_HEADING = "Against the published numbers (same size, length and protocol)"
+NOT_COMPARED_HEADING = "Not compared with a published number"
+
+
 def comparison_markdown(rows: Iterable[Mapping[str, Any]]) -> str:
-  """The markdown table of :func:`comparison_rows` (accuracies in %)."""
-  lines = ["| run | task | attention | seeds | best-val: mean ± std / best | "
-           "final: mean ± std / best | published (source) | ours, same protocol | gap |",
-           "|---|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    pub = "-" if r["published"] is None else f"{r['published']:.2f} ({r['source']})"
-    ours = "-" if r["ours"] is None else f"{r['ours']:.2f} ({r['protocol']})"
-    gap = "-" if r["gap"] is None else f"{r['gap']:+.2f}"
-    lines.append(f"| {r['label']} | {r['task']} | `{r['attention']}` | {r['seeds']} | "
-                 f"{_pct(r['summary'], 'best_val')} | {_pct(r['summary'], 'final')} | "
-                 f"{pub} | {ours} | {gap} |")
+  """The markdown of :func:`comparison_rows` (accuracies in %): under
+  :data:`COMPARED_HEADING` the rows with a gap (or a line saying there are none); under
+  :data:`NOT_COMPARED_HEADING`, if any, the rows without one, each with its ``reason``."""
+  rows = list(rows)
+  compared = [r for r in rows if r["gap"] is not None]
+  other = [r for r in rows if r["gap"] is None]
+  lines = [f"### {COMPARED_HEADING}", ""]
+  if compared:
+    lines += ["| run | task | attention | seeds | best-val: mean ± std / best | "
+              "final: mean ± std / best | published (source) | ours, same protocol | gap |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in compared:
+      lines.append(f"| {r['label']} | {r['task']} | `{r['attention']}` | {r['seeds']} | "
+                   f"{_pct(r['summary'], 'best_val')} | {_pct(r['summary'], 'final')} | "
+                   f"{r['published']:.2f} ({r['source']}) | {r['ours']:.2f} ({r['protocol']}) | "
+                   f"{r['gap']:+.2f} |")
+  else:
+    lines.append("No run here is at a published cell's size, length and protocol, so no gap "
+                 "is given.")
+  if other:
+    lines += ["", f"### {NOT_COMPARED_HEADING}", "",
+              "| run | task | attention | seeds | best-val: mean ± std / best | "
+              "final: mean ± std / best | why no gap |",
+              "|---|---|---|---|---|---|---|"]
+    for r in other:
+      lines.append(f"| {r['label']} | {r['task']} | `{r['attention']}` | {r['seeds']} | "
+                   f"{_pct(r['summary'], 'best_val')} | {_pct(r['summary'], 'final')} | "
+                   f"{r['reason']} |")
   return "\n".join(lines) + "\n"
 
 
