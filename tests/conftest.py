@@ -187,7 +187,7 @@ def pytest_collection_finish(session):
   of 700. Tracing and lowering make many short-lived objects, and each full collection walked
   the whole heap (JAX's caches included): on ``test_explain.py``, ``test_train.py`` and
   ``test_lra_golden.py`` with ``-n 2`` the workers spent 3.1 to 4.6 s in it, against 1.1 to
-  1.9 s (``benchmarks/results/cpu/test_suite.md``)."""
+  1.9 s (``benchmarks/results/cpu/test_suite_speed.md``)."""
   del session
   gc.collect()
   gc.freeze()

@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 CI_RUN = ROOT / ".ci" / "run"
-MAX_README_LINES = 250
+MAX_README_LINES = 150
 SOURCE_PREFIX = "Source:"
 TEXT_SUFFIXES = (".md", ".json", ".jsonl", ".txt", ".csv", ".tsv")
-MAIN_JOB_SOURCE = "results/listops_simple_tiny"
+MAIN_JOB_SOURCE = "results/listops_simple_tiny_seeds"
 
 # A figure: digits (with thousands commas) and an optional fraction, optionally followed by
 # "x" (a ratio); not part of a word ("H100", "4K", "CIFAR-10", "float32").
@@ -199,7 +199,10 @@ class SourceValues:
           continue
     scaled = set()
     for value in values:
-      scaled.update((value, value * 100, value / 60))
+      try:   # a hex digest can read as a huge float ("3e912345"), past Decimal's exponents
+        scaled.update((value, value * 100, value / 60))
+      except ArithmeticError:
+        continue
     self._sorted = sorted(scaled)
 
   def has(self, figure: Figure) -> bool:
@@ -268,7 +271,7 @@ def _sourced_blocks(blocks: list[Block]) -> list[tuple[Block, Block]]:
   return pairs
 
 
-def test_readme_is_at_most_250_lines():
+def test_readme_is_at_most_150_lines():
   lines = README.read_text().split("\n")
   if lines and lines[-1] == "":
     lines.pop()
