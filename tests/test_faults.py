@@ -296,7 +296,8 @@ def test_the_best_step_is_kept_beside_the_newest(initial_state, tmp_path):
   assert checkpoints.pick_step(manager, "latest", "here") == 6
   empty = checkpoints.checkpoint_manager(str(tmp_path / "none"), 2)
   checkpoints.save_checkpoint(empty, 1, state, {"run_id": "r"})
-  with pytest.raises(FileNotFoundError, match=r"here: no best-validation checkpoint in"):
+  with pytest.raises(FileNotFoundError, match=r"here: no best-validation checkpoint in .*; the "
+                     r"newest checkpoint is step 1 \(eval.py --which latest scores it\)$"):
     checkpoints.pick_step(empty, "best", "here")
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from simpletron_jax.runtime import distributed, errors
-from simpletron_jax.run import run_guard, run_record
+from simpletron_jax.run import run_folder, run_guard, run_record
 from simpletron_jax.train.steps import TrainState
 
 # The checkpoint layout, in each meta under FORMAT_KEY. 3: the newest and the best in one folder.
@@ -110,16 +110,76 @@ def _best_fn(metrics: dict[str, float]) -> float:
   return metrics.get(BEST_KEY, -math.inf)
 
 
+# The files of a step that orbax's CheckpointManager parses when it opens a folder (the metrics
+# item, read to rank the steps): one that is not JSON (emptied, or NUL bytes left by a crash)
+# fails the manager's construction itself, before restore_checkpoint could skip the step.
+LISTED_FILES = (os.path.join("metrics", "metrics"),)
+
+
+def _unlisted_problem(step_folder: str) -> str | None:
+  """Why orbax cannot list ``step_folder`` (one of :data:`LISTED_FILES` is unreadable or not
+  JSON), or None."""
+  for name in LISTED_FILES:
+    path = os.path.join(step_folder, name)
+    if not os.path.exists(path):
+      continue
+    try:
+      with open(path, "rb") as f:
+        json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError included
+      return f"{name}: {type(e).__name__}: {first_line(e)}"
+  return None
+
+
+def set_aside_unlisted_steps(directory: str, damaged_dir: str) -> list[str]:
+  """Moves each step folder of ``directory`` that orbax could not list (:data:`LISTED_FILES`)
+  into ``damaged_dir``, with one :class:`errors.RunWarning` naming it and why, so that the
+  manager opens and the run resumes from the newest intact step (docs/faults.md). Process 0
+  moves; every host, having found the same damage, waits for it.
+
+  Args:
+    directory: a checkpoint folder (``<workdir>/checkpoints``); may not exist yet.
+    damaged_dir: where damaged steps go (``<workdir>/damaged``), as ``<folder>_<step>_<time>``.
+
+  Returns:
+    The new paths of the moved steps.
+  """
+  if not os.path.isdir(directory):
+    return []
+  found = []
+  for name in sorted(os.listdir(directory), key=lambda n: (len(n), n)):
+    problem = _unlisted_problem(os.path.join(directory, name)) if name.isdigit() else None
+    if problem is not None:
+      found.append((name, problem))
+  moved = []
+  for name, problem in found:
+    source = os.path.join(directory, name)
+    target = os.path.join(damaged_dir, f"{os.path.basename(os.path.abspath(directory))}_{name}_"
+                          f"{time.strftime('%Y%m%d-%H%M%S')}")
+    if jax.process_index() == 0:
+      os.makedirs(damaged_dir, exist_ok=True)
+      shutil.move(source, target)
+    moved.append(target)
+    errors.warn(f"skipping damaged checkpoint {source}: {problem}; moved to {target}")
+  if found:
+    distributed.barrier("set_aside_unlisted_steps")
+  return moved
+
+
 def checkpoint_manager(directory: str, max_to_keep: int | None,
                        async_save: bool = False) -> Manager:
   """An orbax manager of ``directory`` (created) keeping the newest ``max_to_keep`` steps (None:
   all) and, by ``BestN(n=1)``, the best: of the saves at a new best, which alone carry the
   :data:`BEST_KEY` metric, the newest. ``async_save``: orbax writes in a background thread.
+  A step orbax could not list is first moved to the run folder's ``damaged/``, beside
+  ``directory`` (:func:`set_aside_unlisted_steps`).
 
   Raises:
     ValueError: ``async_save`` on several processes (:func:`check_async_supported`).
   """
   check_async_supported(bool(async_save), jax.process_count())
+  set_aside_unlisted_steps(directory, os.path.join(
+      os.path.dirname(os.path.abspath(directory)), run_folder.DAMAGED_DIR))
   keep = ocp.checkpoint_managers.AnyPreservationPolicy([
       ocp.checkpoint_managers.LatestN(n=max_to_keep),
       ocp.checkpoint_managers.BestN(get_metric_fn=_best_fn, n=1)])
@@ -142,12 +202,16 @@ def pick_step(manager: ocp.CheckpointManager, which: str, what: str) -> int:
   """The step ``which`` names, ``"best"`` or ``"latest"``.
 
   Raises:
-    FileNotFoundError: naming ``what`` (the folder or setting), when there is none.
+    FileNotFoundError: naming ``what`` (the folder or setting), when there is none; without a
+      best-validation checkpoint, it names the newest step and ``eval.py --which latest``.
   """
   step = manager.best_step() if which == "best" else manager.latest_step()
   if step is None or (which == "best" and BEST_KEY not in (manager.metrics(step) or {})):
+    newest = manager.latest_step() if which == "best" else None
+    hint = (f"; the newest checkpoint is step {newest} (eval.py --which latest scores it)"
+            if newest is not None else "")
     raise FileNotFoundError(f"{what}: no {'best-validation ' if which == 'best' else ''}"
-                            f"checkpoint in {manager.directory}")
+                            f"checkpoint in {manager.directory}{hint}")
   return step
 
 

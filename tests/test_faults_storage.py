@@ -1,0 +1,108 @@
+"""Issue 86: a damaged newest checkpoint never blocks a run, tried as a user meets it.
+
+``train.py`` and ``eval.py`` run as child processes on the small ListOps config
+(``tests/conftest.py``'s ``SMALL_LISTOPS``). A finished 6-step run, checkpointed every 2
+steps, has its newest step (6) damaged the ways a crash or a full disk leaves it: every file
+emptied, every file filled with NUL bytes, or only orbax's ``metrics/metrics`` emptied (orbax's
+``CheckpointManager`` parses that file when it opens the folder, so before this fix the damage
+ended every rerun in a ``JSONDecodeError`` traceback). The rerun must move the step to
+``damaged/`` with one warning naming it, resume from step 4 and end with the state an
+undamaged run ends with (the CRC-32 of the parameters and optimizer state saved with step 6);
+``eval.py`` on the damaged folder must fall back the same way.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, SMALL_LISTOPS
+
+RUN = ("--config", "configs/listops/simple.py:tiny", *SMALL_LISTOPS,
+       "--config.num_train_steps=6", "--config.eval_frequency=2",
+       "--config.checkpoint_every=2", "--config.log_every=2", "--config.warmup=2",
+       "--config.max_to_keep=3")
+
+
+def _python(*args, timeout=300):
+  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout, check=False)
+
+
+def _state_crc(workdir, step):
+  with open(os.path.join(workdir, "checkpoints", str(step), "meta", "metadata")) as f:
+    return json.load(f)["state_crc32"]
+
+
+def _empty(path):
+  open(path, "wb").close()
+
+
+def _nul(path):
+  size = os.path.getsize(path)
+  with open(path, "wb") as f:
+    f.write(b"\0" * max(size, 1))
+
+
+def _files(folder):
+  return [os.path.join(d, name) for d, _, names in os.walk(folder) for name in names]
+
+
+DAMAGE = {
+    "every_file_empty": lambda step: [_empty(p) for p in _files(step)],
+    "every_file_nul": lambda step: [_nul(p) for p in _files(step)],
+    "metrics_only_empty": lambda step: _empty(os.path.join(step, "metrics", "metrics")),
+}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+  """A finished, undamaged run of :data:`RUN`: its workdir."""
+  workdir = str(tmp_path_factory.mktemp("straight") / "run")
+  proc = _python("train.py", *RUN, "--workdir", workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
+                if s.isdigit()) == [2, 4, 6]
+  return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_newest_step_is_set_aside_and_the_rerun_ends_as_an_undamaged_run(
+    finished, tmp_path, damage):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(finished, workdir)
+  os.remove(os.path.join(workdir, "results.json"))   # as a run killed after its last save
+  step6 = os.path.join(workdir, "checkpoints", "6")
+  DAMAGE[damage](step6)
+  proc = _python("train.py", *RUN, "--workdir", workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  warned = [line for line in proc.stderr.splitlines()
+            if "RunWarning: skipping damaged checkpoint" in line]
+  assert len(warned) == 1 and step6 in warned[0], proc.stderr[-3000:]
+  assert "Resumed from" in proc.stdout + proc.stderr and "step 4" in proc.stdout + proc.stderr
+  moved = os.listdir(os.path.join(workdir, "damaged"))
+  assert len(moved) == 1 and moved[0].startswith("checkpoints_6_"), moved
+  assert _state_crc(workdir, 6) == _state_crc(finished, 6)
+  with open(os.path.join(workdir, "results.json")) as f, \
+       open(os.path.join(finished, "results.json")) as g:
+    ours, straight = json.load(f), json.load(g)
+  for key in ("test_accuracy_final", "test_loss_final", "test_accuracy_best_val", "best_step"):
+    assert ours[key] == straight[key], key
+
+
+@pytest.mark.slow
+def test_eval_on_a_damaged_newest_step_falls_back_to_the_intact_one(finished, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(finished, workdir)
+  DAMAGE["metrics_only_empty"](os.path.join(workdir, "checkpoints", "6"))
+  proc = _python("eval.py", "--workdir", workdir, "--which", "latest", "--split", "val")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "skipping damaged checkpoint" in proc.stderr and "checkpoints/6" in proc.stderr
+  with open(os.path.join(workdir, "eval_latest_val.json")) as f:
+    assert json.load(f)["step"] == 4
