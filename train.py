@@ -28,7 +28,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from simpletron_jax.runtime import cli, errors, platforms, xla_cache
+from simpletron_jax.runtime import cli, errors, platforms, progress, xla_cache
 from simpletron_jax.run import metric_logging, profiling
 from simpletron_jax.run.run_folder import RunFolder
 
@@ -132,6 +132,7 @@ def _train(fl):
   """Trains and evaluates; user errors propagate to :func:`main`'s boundary."""
   # Flags and config.wandb are checked before JAX starts, so a typo costs no start-up.
   profile_steps = profiling.parse_profile_steps(fl.profile_steps, fl.config.num_train_steps)
+  progress.env_interval()   # a malformed SIMPLETRON_PROGRESS_SECONDS, before anything is written
   metric_logging.wandb_settings(fl.config)
   config = fl.config
   workdir = fl.workdir or os.path.join(
@@ -148,7 +149,7 @@ def _train(fl):
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,
                            timeout_s=fl.distributed_timeout)
-  print(f"devices: {jax.devices()}; workdir: {workdir}")
+  print(f"devices: {platforms.devices()}; workdir: {workdir}")   # a bad JAX_PLATFORMS: one line
   if profile_steps:
     profiling.check_profiler_can_run()   # before the data and the model, not at step A
   fresh = not os.path.lexists(workdir)   # created by this start (a failed one removes it)

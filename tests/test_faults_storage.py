@@ -9,6 +9,10 @@ ended every rerun in a ``JSONDecodeError`` traceback). The rerun must move the s
 ``damaged/`` with one warning naming it, resume from step 4 and end with the state an
 undamaged run ends with (the CRC-32 of the parameters and optimizer state saved with step 6);
 ``eval.py`` on the damaged folder must fall back the same way.
+
+The environment is checked first: a ``JAX_PLATFORMS`` that names no platform this machine can
+start, a malformed ``SIMPLETRON_PROGRESS_SECONDS`` and a resume under ``JAX_ENABLE_X64`` each
+end with one line naming the variable, and a new workdir is not created.
 """
 
 import json
@@ -27,9 +31,9 @@ RUN = ("--config", "configs/listops/simple.py:tiny", *SMALL_LISTOPS,
        "--config.max_to_keep=3")
 
 
-def _python(*args, timeout=300):
+def _python(*args, env=None, timeout=300):
   return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                        timeout=timeout, check=False)
+                        timeout=timeout, check=False, env={**os.environ, **(env or {})})
 
 
 def _state_crc(workdir, step):
@@ -106,3 +110,42 @@ def test_eval_on_a_damaged_newest_step_falls_back_to_the_intact_one(finished, tm
   assert "skipping damaged checkpoint" in proc.stderr and "checkpoints/6" in proc.stderr
   with open(os.path.join(workdir, "eval_latest_val.json")) as f:
     assert json.load(f)["step"] == 4
+
+
+def _assert_one_line(proc, start, *parts):
+  assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith(start), proc.stderr[-3000:]
+  for part in parts:
+    assert part in last, last
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("platforms", ["bogus", "tpu"])
+def test_a_jax_platforms_this_machine_cannot_start_is_one_line(tmp_path, platforms):
+  proc = _python("train.py", *RUN, "--workdir", str(tmp_path / "run"),
+                 env={"JAX_PLATFORMS": platforms})
+  _assert_one_line(proc, f"train.py: JAX_PLATFORMS={platforms!r}: JAX could not start it",
+                   "unset JAX_PLATFORMS")
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_malformed_progress_interval_is_one_line_before_anything_is_written(tmp_path):
+  proc = _python("train.py", *RUN, "--workdir", str(tmp_path / "run"),
+                 env={"SIMPLETRON_PROGRESS_SECONDS": "abc"})
+  _assert_one_line(proc, "train.py: SIMPLETRON_PROGRESS_SECONDS='abc' is not a number of "
+                   "seconds >= 0")
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_under_jax_enable_x64_names_the_variable(finished, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(finished, workdir)
+  os.remove(os.path.join(workdir, "results.json"))
+  proc = _python("train.py", *RUN, "--workdir", workdir, env={"JAX_ENABLE_X64": "1"})
+  _assert_one_line(proc, "train.py: ", "holds 32-bit arrays, but JAX_ENABLE_X64 is set here",
+                   "unset JAX_ENABLE_X64")
+  assert _state_crc(workdir, 6) == _state_crc(finished, 6)   # nothing was moved or changed
+  assert not os.path.exists(os.path.join(workdir, "damaged"))

@@ -67,3 +67,23 @@ def skip_absent_tpu() -> bool:
     return False
   factories["tpu"] = dataclasses.replace(registration, factory=_no_tpu_attached)
   return True
+
+
+def devices():
+  """``jax.devices()``, the first call that starts JAX's backends.
+
+  Raises:
+    ValueError: one line naming ``JAX_PLATFORMS`` (or ``jax_platforms``) and JAX's own first
+      line, when no backend it names can start: an unknown name (``JAX_PLATFORMS=bogus``) or a
+      platform this machine lacks (``JAX_PLATFORMS=tpu`` without a TPU).
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    return jax.devices()
+  except RuntimeError as e:
+    setting = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+    name = "JAX_PLATFORMS" if os.environ.get("JAX_PLATFORMS") else "jax_platforms"
+    cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    raise ValueError(f"{name}={setting!r}: JAX could not start it ({cause}); unset "
+                     f"{name} to use the devices JAX finds, or name one this machine has "
+                     "(cpu, cuda, tpu)") from None

@@ -12,6 +12,7 @@ No JAX here.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -27,6 +28,28 @@ def disabled_by_env() -> bool:
   """True when ``TQDM_DISABLE`` is set to a true value (``1``, ``true``, ``yes``), as tqdm
   reads it."""
   return os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_interval() -> float:
+  """Seconds between two progress lines: ``SIMPLETRON_PROGRESS_SECONDS`` when set, else
+  :data:`DEFAULT_INTERVAL_S`.
+
+  Raises:
+    ValueError: one line naming the variable, when it is not a finite number of seconds >= 0
+      (``train.py`` checks it before anything is written).
+  """
+  text = os.environ.get("SIMPLETRON_PROGRESS_SECONDS")
+  if text is None:
+    return DEFAULT_INTERVAL_S
+  try:
+    seconds = float(text)
+  except ValueError:
+    seconds = math.nan
+  if not math.isfinite(seconds) or seconds < 0:
+    raise ValueError(f"SIMPLETRON_PROGRESS_SECONDS={text!r} is not a number of seconds >= 0 "
+                     f"(the time between two progress lines): set it to, e.g., "
+                     f"{DEFAULT_INTERVAL_S:g}, or unset it")
+  return seconds
 
 
 class LineProgress:
@@ -49,8 +72,7 @@ class LineProgress:
     self.total, self.desc, self.unit = total, desc, unit
     self.n = self.last_printed = int(initial)
     self.disable = disable
-    self.interval = float(os.environ.get("SIMPLETRON_PROGRESS_SECONDS", DEFAULT_INTERVAL_S)
-                          if interval is None else interval)
+    self.interval = env_interval() if interval is None else float(interval)
     self._file = file
     self._postfix: dict[str, Any] = {}
     self._start = self._last_time = time.time()

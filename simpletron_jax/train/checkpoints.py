@@ -337,6 +337,15 @@ def first_line(error: BaseException, limit: int = 300) -> str:
   return (text[0] if text else "")[:limit]
 
 
+def _as_32_bit(leaf):
+  """A ``ShapeDtypeStruct`` leaf with JAX_ENABLE_X64's 64-bit dtypes as the 32-bit ones."""
+  if not hasattr(leaf, "dtype"):
+    return leaf
+  dtype = {np.dtype(np.float64): np.float32, np.dtype(np.int64): np.int32,
+           np.dtype(np.uint64): np.uint32}.get(np.dtype(leaf.dtype), leaf.dtype)
+  return jax.ShapeDtypeStruct(leaf.shape, dtype)
+
+
 def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: int,
                       model_config, resume_check=None) -> tuple[TrainState, dict[str, Any], int]:
   """Restores one step and checks its model config (or calls ``resume_check``), layout, CRC
@@ -357,6 +366,12 @@ def _restore_verified(manager: ocp.CheckpointManager, state: TrainState, step: i
   structure = run_guard.state_structure((target["params"], target["opt_state"]))
   if meta["state_structure"] != structure:
     # Not damage: restoring would fail, and the checkpoint would be set aside as damaged.
+    if jax.config.jax_enable_x64 and meta["state_structure"] == run_guard.state_structure(
+        jax.tree_util.tree_map(_as_32_bit, (target["params"], target["opt_state"]))):
+      raise errors.ConfigMismatchError(
+          f"{where} holds 32-bit arrays, but JAX_ENABLE_X64 is set here, which makes this "
+          "run's float32 and int32 parameters and optimizer state 64-bit: unset "
+          "JAX_ENABLE_X64 to resume it, or use another --workdir.")
     raise errors.ConfigMismatchError(
         f"{where} holds a train state of another layout: the parameter shapes (the task's "
         "vocabulary size and class count, model sizes) or the optimizer settings that change "
