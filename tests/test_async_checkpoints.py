@@ -166,7 +166,8 @@ def test_a_failed_background_save_is_reported_naming_its_step(initial_state, tmp
   with deadline(120):
     checkpoints.save_checkpoint(manager, 4, state.replace(step=4), _meta(config))  # returns
     with pytest.raises(errors.CheckpointError,
-                       match=r"background save of step 4 to .*ckpt/4 failed: OSError.*No space"):
+                       match=r"background save of step 4 to .*ckpt/4 failed: No space left on "
+                             r"device \(OSError\)\. The checkpoints saved before it are kept\.$"):
       checkpoints.save_checkpoint(manager, 6, state.replace(step=6), _meta(config))
   assert manager.all_steps() == [2]
   assert checkpoints.checkpoint_manager(folder, None).all_steps() == [2]

@@ -242,7 +242,8 @@ def test_save_failing_mid_run_stops_the_run(presence_task, tmp_path, monkeypatch
   monkeypatch.setattr(ocp.CheckpointManager, "save", read_only_save)
   workdir = str(tmp_path / "run")
   with pytest.raises(errors.CheckpointError,
-                     match=r"saving step 4 to .*checkpoints/4 failed: PermissionError"):
+                     match=r"saving step 4 to .*checkpoints/4 failed: Permission denied: "
+                           r".*checkpoints/x \(PermissionError\)$"):
     trainer.train_and_evaluate(fault_config(), workdir, data=presence_task)
   assert not os.path.exists(os.path.join(workdir, "results.json"))
 

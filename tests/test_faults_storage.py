@@ -10,6 +10,10 @@ ended every rerun in a ``JSONDecodeError`` traceback). The rerun must move the s
 undamaged run ends with (the CRC-32 of the parameters and optimizer state saved with step 6);
 ``eval.py`` on the damaged folder must fall back the same way.
 
+A save that hits a file-size limit (``ulimit -f``, as a full disk does) ends with exit 1 and one
+line naming the step, the folder and the operating system's cause, with no orbax thread
+traceback and no half-written step; a rerun with room ends as an undamaged run.
+
 The environment is checked first: a ``JAX_PLATFORMS`` that names no platform this machine can
 start, a malformed ``SIMPLETRON_PROGRESS_SECONDS`` and a resume under ``JAX_ENABLE_X64`` each
 end with one line naming the variable, and a new workdir is not created.
@@ -149,3 +153,23 @@ def test_a_resume_under_jax_enable_x64_names_the_variable(finished, tmp_path):
                    "unset JAX_ENABLE_X64")
   assert _state_crc(workdir, 6) == _state_crc(finished, 6)   # nothing was moved or changed
   assert not os.path.exists(os.path.join(workdir, "damaged"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("bash"), reason="ulimit needs a shell")
+def test_a_file_size_limit_during_a_save_is_one_line_and_the_rerun_finishes(finished, tmp_path):
+  workdir = str(tmp_path / "run")
+  command = " ".join([sys.executable, "train.py", *RUN, "--workdir", workdir])
+  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla")}   # not the suite's
+  proc = subprocess.run(["bash", "-c", f"ulimit -f 64 && exec {command}"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300, check=False)
+  step2 = os.path.join(workdir, "checkpoints", "2")
+  _assert_one_line(proc, f"train.py: CheckpointError: saving step 2 to {step2} failed: "
+                   "File too large")
+  for noise in ("_SignalingThread", "Event loop is closed", "Exception ignored"):
+    assert noise not in proc.stderr, proc.stderr[-3000:]
+  assert not os.listdir(os.path.join(workdir, "checkpoints"))   # no half-written step
+  assert not os.path.exists(os.path.join(workdir, "run.lock"))
+  proc = _python("train.py", *RUN, "--workdir", workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _state_crc(workdir, 6) == _state_crc(finished, 6)

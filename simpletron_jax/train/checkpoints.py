@@ -7,7 +7,10 @@ refuses another model config, layout or :data:`FORMAT` in one line (docs/faults.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import glob
 import json
+import logging
 import math
 import os
 import shutil
@@ -166,6 +169,20 @@ def set_aside_unlisted_steps(directory: str, damaged_dir: str) -> list[str]:
   return moved
 
 
+class _RaisedAgainFilter(logging.Filter):
+  """Drops orbax's log record of an exception in one of its write threads
+  (``_SignalingThread.run() raised an exception``, with its traceback): orbax keeps the
+  exception and raises it again where the save is waited for, and :func:`save_checkpoint` and
+  :func:`finish_saves` report it there in one line. Other records pass."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.pathname.endswith(os.path.join("futures", "future.py"))
+                and "_SignalingThread.run() raised an exception" in str(record.msg))
+
+
+_RAISED_AGAIN = _RaisedAgainFilter()
+
+
 def checkpoint_manager(directory: str, max_to_keep: int | None,
                        async_save: bool = False) -> Manager:
   """An orbax manager of ``directory`` (created) keeping the newest ``max_to_keep`` steps (None:
@@ -178,6 +195,10 @@ def checkpoint_manager(directory: str, max_to_keep: int | None,
     ValueError: ``async_save`` on several processes (:func:`check_async_supported`).
   """
   check_async_supported(bool(async_save), jax.process_count())
+  # A failed save is reported once, by save_checkpoint or finish_saves: not by orbax's write
+  # threads' log records, nor by the writes tensorstore then abandons (each hook added once).
+  logging.getLogger("absl").addFilter(_RAISED_AGAIN)
+  quiet_abandoned_reads()
   set_aside_unlisted_steps(directory, os.path.join(
       os.path.dirname(os.path.abspath(directory)), run_folder.DAMAGED_DIR))
   keep = ocp.checkpoint_managers.AnyPreservationPolicy([
@@ -228,9 +249,11 @@ def finish_saves(*managers: ocp.CheckpointManager) -> None:
     try:
       manager.wait_until_finished()
     except Exception as e:  # a failed background write, of any kind, stops the run
+      if step is not None:
+        _remove_partial(manager, step)
       raise errors.CheckpointError(
-          f"the background save of step {step} to {where} failed: {type(e).__name__}: "
-          f"{first_line(e)}. The checkpoints saved before it are kept.") from e
+          f"the background save of step {step} to {where} failed: {_save_failure(e)}. The "
+          "checkpoints saved before it are kept.") from e
     if (step is not None and step in manager.all_steps() and jax.process_index() == 0
         and not os.path.isdir(where)):
       raise errors.CheckpointError(
@@ -248,7 +271,8 @@ def _is_closed_loop_callback(value: BaseException | None, tb) -> bool:
 
 def quiet_abandoned_reads() -> None:
   """Installs, once, a ``sys.unraisablehook`` that hides the ``Event loop is closed`` error of
-  each read a failed restore abandoned (docs/faults.md); the damage is reported once."""
+  each read or write that a failed restore or save abandoned (docs/faults.md); the failure is
+  reported once, by the caller."""
   previous = sys.unraisablehook
   if getattr(previous, "drops_abandoned_reads", False):
     return
@@ -321,14 +345,56 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
     if not async_save:
       manager.wait_until_finished()
   except Exception as e:  # any failure of the library or the file system stops the run
+    _remove_partial(manager, step)
     raise errors.CheckpointError(
-        f"saving step {step} to {where} failed: {type(e).__name__}: {first_line(e)}") from e
+        f"saving step {step} to {where} failed: {_save_failure(e)}") from e
   if saved and async_save:
     manager.pending = step
   if not saved:
     raise errors.CheckpointError(
         f"orbax skipped saving step {step} to {manager.directory}: the folder holds step "
         f"{manager.latest_step()}, and orbax only saves newer steps")
+
+
+# The operating system's causes of a failed write (errno's texts), which orbax and tensorstore
+# bury in long messages and chained exceptions: a full disk, a file-size limit (ulimit -f), a
+# folder that lost write permission, a read-only or over-quota file system, an I/O error.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS,
+                  errno.EDQUOT, errno.EIO)
+
+
+def storage_cause(error: BaseException) -> str | None:
+  """The operating system's cause of a failed write found in ``error``, its chained causes or
+  their messages (e.g. ``"File too large"``, ``"No space left on device"``, with the file an
+  ``OSError`` names); None if none is named. Only the first found is given."""
+  seen, current = set(), error
+  while current is not None and id(current) not in seen:
+    seen.add(id(current))
+    if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
+      return os.strerror(current.errno) + (f": {current.filename}" if current.filename else "")
+    text = str(current)
+    for number in STORAGE_ERRNOS:
+      if os.strerror(number) in text:
+        return os.strerror(number)
+    current = current.__cause__ or current.__context__
+  return None
+
+
+def _save_failure(error: BaseException) -> str:
+  """How a failed save is named: the operating system's cause (:func:`storage_cause`), else
+  the error's type and first line."""
+  cause = storage_cause(error)
+  return (f"{cause} ({type(error).__name__})" if cause is not None
+          else f"{type(error).__name__}: {first_line(error)}")
+
+
+def _remove_partial(manager: ocp.CheckpointManager, step: int) -> None:
+  """Removes what a failed save of ``step`` left in the manager's folder (orbax's
+  ``<step>.orbax-checkpoint-tmp*`` folders; process 0), so that no half-written step stays."""
+  if jax.process_index() != 0:
+    return
+  for path in glob.glob(os.path.join(str(manager.directory), f"{step}.orbax-checkpoint-tmp*")):
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
