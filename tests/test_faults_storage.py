@@ -14,6 +14,9 @@ A save that hits a file-size limit (``ulimit -f``, as a full disk does) ends wit
 line naming the step, the folder and the operating system's cause, with no orbax thread
 traceback and no half-written step; a rerun with room ends as an undamaged run.
 
+Two processes that need the same generated ListOps set make it once: the second waits for the
+first's lock.
+
 The environment is checked first: a ``JAX_PLATFORMS`` that names no platform this machine can
 start, a malformed ``SIMPLETRON_PROGRESS_SECONDS`` and a resume under ``JAX_ENABLE_X64`` each
 end with one line naming the variable, and a new workdir is not created.
@@ -21,9 +24,11 @@ end with one line naming the variable, and a new workdir is not created.
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -173,3 +178,31 @@ def test_a_file_size_limit_during_a_save_is_one_line_and_the_rerun_finishes(fini
   proc = _python("train.py", *RUN, "--workdir", workdir)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert _state_crc(workdir, 6) == _state_crc(finished, 6)
+
+
+_GENERATE = """
+import sys
+sys.path.insert(0, {root!r})
+from simpletron_jax.data.listops.generate import ensure_generated
+print(ensure_generated(sys.argv[1], seed=0, num_train=30000, num_val=10, num_test=10,
+                       max_length=200, min_length=20, num_workers=1))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_that_need_the_same_listops_set_make_it_once(tmp_path):
+  cache = str(tmp_path / "cache")
+  code = _GENERATE.format(root=ROOT)
+  first = subprocess.Popen([sys.executable, "-c", code, cache], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  deadline = time.monotonic() + 120
+  while not list(pathlib.Path(cache).glob("*/*.tmp")) and time.monotonic() < deadline:
+    time.sleep(0.05)   # the first is writing its set
+  assert first.poll() is None, "the first process ended before the second could start"
+  second = subprocess.run([sys.executable, "-c", code, cache], cwd=ROOT, text=True,
+                          capture_output=True, timeout=300, check=False)
+  out, err = first.communicate(timeout=300)
+  assert first.returncode == 0 and second.returncode == 0, (err, second.stderr)
+  assert out == second.stdout   # the same folder
+  assert "ListOps: waiting for another process that is generating" in second.stderr
+  assert "ListOps examples" in err and "ListOps examples" not in second.stderr   # made once

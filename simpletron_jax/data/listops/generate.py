@@ -19,9 +19,11 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from typing import Any, Iterable, Iterator, TextIO
 
+import filelock
 import numpy as np
 
 from simpletron_jax.data import workers as worker_pool
@@ -306,6 +308,20 @@ def generate_dataset(out_dir: str, *, seed: int, task: str = "basic",
   return paths
 
 
+def _generated(data_dir: str, task: str, args: dict[str, int]) -> bool:
+  """Whether ``data_dir`` holds complete data of these generator ``args``: ``{task}_meta.json``
+  (written last) of this format and arguments, and the three TSVs."""
+  try:
+    with open(os.path.join(data_dir, f"{task}_meta.json"), encoding="utf-8") as f:
+      meta = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return (isinstance(meta, dict) and meta.get("format") == _META_FORMAT
+          and meta.get("arguments") == args and all(
+              os.path.isfile(os.path.join(data_dir, f"{task}_{s}.tsv"))
+              for s in ("train", "val", "test")))
+
+
 def ensure_generated(cache_dir: str, *, seed: int, num_workers: int | None = None,
                      **kwargs: Any) -> str:
   """Returns a folder with the ListOps data for these generator arguments.
@@ -314,7 +330,10 @@ def ensure_generated(cache_dir: str, *, seed: int, num_workers: int | None = Non
   hash of all the generator arguments, defaults included. The data are
   generated there with :func:`generate_dataset` (task ``basic``), but only
   when ``basic_meta.json`` or a TSV is missing, or the meta file's arguments
-  differ. Otherwise the files are reused as they are.
+  differ. Otherwise the files are reused as they are. A process that generates
+  holds the file lock ``{folder}.lock`` beside the folder, so two processes that
+  need the same set make it once: the second says on stderr that it waits for the
+  first, then reads what the first wrote.
 
   Args:
     cache_dir: parent folder of the generated data sets, created if missing.
@@ -332,16 +351,19 @@ def ensure_generated(cache_dir: str, *, seed: int, num_workers: int | None = Non
   key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
   data_dir = os.path.join(os.path.expanduser(cache_dir), f"seed{args['seed']}_{key}")
   task = "basic"
-  meta_path = os.path.join(data_dir, f"{task}_meta.json")
+  if _generated(data_dir, task, args):
+    return data_dir
+  os.makedirs(os.path.dirname(data_dir), exist_ok=True)
+  lock = filelock.FileLock(f"{data_dir}.lock")
   try:
-    with open(meta_path, encoding="utf-8") as f:
-      meta = json.load(f)
-  except (OSError, ValueError):
-    meta = None
-  up_to_date = (isinstance(meta, dict) and meta.get("format") == _META_FORMAT
-                and meta.get("arguments") == args and all(
-                    os.path.isfile(os.path.join(data_dir, f"{task}_{s}.tsv"))
-                    for s in ("train", "val", "test")))
-  if not up_to_date:
-    generate_dataset(data_dir, task=task, num_workers=num_workers, **args)
+    lock.acquire(timeout=0)
+  except filelock.Timeout:
+    print(f"ListOps: waiting for another process that is generating {data_dir} (it holds "
+          f"{lock.lock_file})", file=sys.stderr, flush=True)
+    lock.acquire()
+  try:
+    if not _generated(data_dir, task, args):   # the other process may have made it
+      generate_dataset(data_dir, task=task, num_workers=num_workers, **args)
+  finally:
+    lock.release()
   return data_dir
