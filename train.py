@@ -23,9 +23,25 @@ status 75 when a checkpoint is (during the final test: the last step), 143 when 
 """
 
 import os
+import signal
 import sys
 
-from absl import app, flags, logging
+INTERRUPTED_LINE = ("train.py: interrupted (SIGINT) before the run could save; the last "
+                    "checkpoint stays: rerun the same command to continue from it")
+
+
+def _interrupted_while_starting(signum, frame):  # pylint: disable=unused-argument
+  """A Ctrl-C while the libraries import and the flags are read: nothing is written yet, so
+  the documented line and status 130, without a traceback; main's own handler replaces it."""
+  sys.stderr.write(INTERRUPTED_LINE + "\n")
+  sys.stderr.flush()
+  os._exit(130)   # pylint: disable=protected-access
+
+
+if __name__ == "__main__":
+  signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+from absl import app, flags, logging  # noqa: E402  pylint: disable=wrong-import-position
 from ml_collections import config_flags
 
 from simpletron_jax.runtime import cli, errors, platforms, progress, xla_cache
@@ -81,6 +97,7 @@ def main(argv):
   """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  signal.signal(signal.SIGINT, signal.default_int_handler)   # the start-up handler's end
   try:
     with cli.sigterm_raises(), cli.sigint_raises(), cli.user_errors_exit(
         "train.py", flags.FLAGS.verbose, dirs=(ROOT,)):
@@ -94,8 +111,7 @@ def main(argv):
   except KeyboardInterrupt:
     if flags.FLAGS.verbose:
       raise
-    print("train.py: interrupted (SIGINT) before the run could save; the last checkpoint "
-          "stays: rerun the same command to continue from it", file=sys.stderr)
+    print(INTERRUPTED_LINE, file=sys.stderr)
     raise SystemExit(INTERRUPTED_EXIT_CODE) from None
 
 

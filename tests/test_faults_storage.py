@@ -14,6 +14,8 @@ A save that hits a file-size limit (``ulimit -f``, as a full disk does) ends wit
 line naming the step, the folder and the operating system's cause, with no orbax thread
 traceback and no half-written step; a rerun with room ends as an undamaged run.
 
+A Ctrl-C while ``train.py`` is still starting ends with the documented line and status 130.
+
 Two processes that need the same generated ListOps set make it once: the second waits for the
 first's lock.
 
@@ -26,6 +28,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -206,3 +209,19 @@ def test_two_processes_that_need_the_same_listops_set_make_it_once(tmp_path):
   assert out == second.stdout   # the same folder
   assert "ListOps: waiting for another process that is generating" in second.stderr
   assert "ListOps examples" in err and "ListOps examples" not in second.stderr   # made once
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.5])
+def test_a_ctrl_c_while_train_py_starts_is_the_documented_line(tmp_path, delay):
+  """SIGINT while the libraries import (0.3 s) or the config loads (1.5 s): status 130 and
+  the one documented line, nothing written."""
+  proc = subprocess.Popen([sys.executable, "train.py", *RUN, "--workdir", str(tmp_path / "run")],
+                          cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  time.sleep(delay)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+      "train.py: interrupted (SIGINT) before the run could save; the last checkpoint stays: "
+      "rerun the same command to continue from it"), err[-3000:]
+  assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
