@@ -99,8 +99,9 @@ def _set_all(config: ml_collections.ConfigDict, fields, prefix: str = "") -> Non
 
 
 def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
-  """Every field of a run config, with the task's published recipe, sizes and
-  ``max_length`` from its record ``spec``; :func:`_task_options` adds the task's own."""
+  """Every field of a run config, with the task's published recipe, sizes, ``max_length``
+  and data section (:func:`simpletron_jax.data.tasks.data_section`) from its record ``spec``;
+  :func:`make_config` adds the recipe's other model fields (``TaskRecipe.model_options``)."""
   recipe, size = recipes.get(spec.name).recipe, recipes.get(spec.name).model
   config = ml_collections.ConfigDict()
   config.task = spec.name
@@ -145,16 +146,8 @@ def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
   config.adam_b2 = recipe.adam_b2
   config.adam_eps = recipe.adam_eps
 
-  config.data = ml_collections.ConfigDict()
-  config.data.data_dir = ml_collections.config_dict.placeholder(str)
-  config.data.cache_dir = ml_collections.config_dict.placeholder(str)
-  # The data seed follows config.seed until it is set itself: a reference of its own that
-  # points at seed's, not seed's reference, which would make --config.data.seed=1 set
-  # config.seed too (a ConfigDict field holding a reference passes a new value to it).
-  config.data.seed = ml_collections.FieldReference(config.get_ref("seed"), field_type=int)
-  config.data.bucket = 128          # pad each batch to a multiple of this; 0: max_length
-  config.data.group_by_length = False  # length-grouped train batches (changes LRA's batches)
-  config.data.group_pool_batches = 50  # batches per length-sorted pool when grouping
+  # The reader's fields (the task's record); data.seed follows config.seed until it is set.
+  config.data = tasks.data_section(spec, config.get_ref("seed"))
 
   config.model = ml_collections.ConfigDict()
   config.model.attention = "softmax"
@@ -189,14 +182,6 @@ def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
   config.model.cls_position = True              # CLS gets position 0 (False: no position)
   config.model.dense_init = "lra"              # Dense init: lra | torch (nn.Linear's)
   return config
-
-
-def _task_options(config: ml_collections.ConfigDict, spec: tasks.TaskSpec) -> None:
-  """The task's own fields from its record: the reader's ``config.data`` options
-  (``TaskSpec.data_options``) and the published config's other ``config.model`` fields
-  (``TaskRecipe.model_options``)."""
-  _set_all(config, spec.data_options, "data.")
-  _set_all(config, recipes.get(spec.name).model_options, "model.")
 
 
 def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
@@ -481,7 +466,7 @@ def make_config(task: str, attention: str, variant: str | None = None,
   """
   spec = tasks.get(task)
   config = _common(spec)
-  _task_options(config, spec)
+  _set_all(config, recipes.get(task).model_options, "model.")   # the published config's
   config.model.attention = attention
   attention_spec = attention_registry.get(attention)
   if attention_spec.simpletron:

@@ -54,14 +54,43 @@ REPO_ROOT = os.path.dirname(PACKAGE_DIR)
 USER_ERROR_TYPES = (ValueError, OSError)
 
 
+def import_config_package(module_path: str) -> None:
+  """Makes the package a config file lives in importable by its name, without ``sys.path``:
+  for ``<root>/configs/listops/simple.py`` under ``<root>/configs/__init__.py``, the topmost
+  folder with an ``__init__.py`` above the file (``configs``) is imported from that folder,
+  unless a package of its name is imported already. So the file's ``from configs import lra``
+  works from any working directory. A file outside a package: nothing.
+
+  Raises:
+    Any exception the package's ``__init__.py`` raises.
+  """
+  folder, top = os.path.dirname(os.path.abspath(module_path)), None
+  while os.path.isfile(os.path.join(folder, "__init__.py")):
+    top, folder = folder, os.path.dirname(folder)
+  name = os.path.basename(top or "")
+  if not name.isidentifier() or name in sys.modules:
+    return
+  spec = importlib.util.spec_from_file_location(name, os.path.join(top, "__init__.py"),
+                                                submodule_search_locations=[top])
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    sys.modules.pop(name, None)
+    raise
+
+
 def _load_config_source(module_name: str, module_path: str) -> types.ModuleType:
   """Runs a config file as ml_collections' ``config_flags`` does (any suffix, registered in
   ``sys.modules`` as ``module_name`` unless it fails) through ``exec_module``: ml_collections
-  1.1.0 calls ``SourceFileLoader.load_module()``, which Python 3.15 removed (gh-97850).
+  1.1.0 calls ``SourceFileLoader.load_module()``, which Python 3.15 removed (gh-97850). The
+  package the file lives in is importable first (:func:`import_config_package`).
 
   Raises:
     FileNotFoundError: no file at ``module_path``; any exception the file raises.
   """
+  import_config_package(module_path)
   loader = importlib.machinery.SourceFileLoader(module_name, module_path)
   spec = importlib.util.spec_from_loader(module_name, loader)
   module = importlib.util.module_from_spec(spec)

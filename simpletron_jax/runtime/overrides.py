@@ -241,8 +241,7 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   if not os.path.isfile(path):
     raise ValueError(f"--config {spec}: no such config file ({path}); configs are "
                      "configs/<task>/<model>.py[:variant], e.g. configs/listops/simple.py:tiny")
-  if cli.REPO_ROOT not in sys.path and os.path.isdir(os.path.join(cli.REPO_ROOT, "configs")):
-    sys.path.insert(0, cli.REPO_ROOT)   # the config files import configs.lra
+  cli.import_config_package(path)   # the config files import configs.lra
   argv = ["load_config", f"--config={path}{colon}{variant}"]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=False,
