@@ -8,8 +8,8 @@ and classes, ``max_length``, the reader's ``config.data`` fields, and its data c
 task's module (:mod:`simpletron_jax.data.listops`, ``text``, ``retrieval``, ``image``,
 ``pathfinder``, ``agnews``) registers its record when ``simpletron_jax.data`` is imported, so
 every reader of the registry sees them all. The experiment facts (the published models and
-recipes, LRA's baseline settings) are :mod:`simpletron_jax.train.recipes`'s, the published
-accuracies :mod:`simpletron_jax.tools.published`'s. ``get(name)`` returns a record, ``names()``
+recipes, LRA's baseline settings, the published accuracies) are
+:mod:`simpletron_jax.experiments`'s. ``get(name)`` returns a record, ``names()``
 the tasks; docs/tasks.md says how to add one.
 """
 
