@@ -248,8 +248,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     profile_steps: ``(A, B)``: a profiler trace of steps A..B to ``workdir/profile``.
 
   Returns:
-    ``results.json``'s contents: ``test_accuracy_best_val``, ``test_accuracy_final``, their
-    ``best_step`` and ``final_step``, ``complete``, ... (all in docs/runs.md).
+    ``results.json``'s contents (:class:`final_test.Results`): ``test_accuracy_best_val``,
+    ``test_accuracy_final``, their ``best_step`` and ``final_step``, ``complete``, ... (all in
+    docs/runs.md); for a finished rerun, the file as it is (an older one may have the alias
+    keys ``test_accuracy``, ``test_loss`` and ``last_step``).
 
   Raises:
     ValueError: an inconsistent config or an empty split.
@@ -319,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       val_majority = final_test.last_val_majority(earlier, step, data.val)
     results = final_test.run_results(run, run_record.config_fingerprint(config), data, start,
                                      tests, val_majority, step, actions.window, precompiled,
-                                     wall_start, software)
+                                     wall_start, software).to_json()
     folder.write_results(results)   # atomic: never a half-written file
     logger.close()
     return results
