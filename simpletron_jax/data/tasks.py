@@ -296,13 +296,30 @@ def found_source(task: str, kind: str, found: Any) -> Where:
   return Where(task, kind, found, True)
 
 
+def data_option(config: Config, field: str) -> Any:
+  """``config.data.<field>``, or, for a config written before the option existed (an older
+  run's ``config.json``), its default in the task's record (``TaskSpec.data_options``): each
+  default is written once, there.
+
+  Raises:
+    ValueError: naming ``data.<field>`` when neither the config nor the record of
+      ``config.task`` has it.
+  """
+  if field in config.data:
+    return config.data[field]
+  options = get(config.task).data_options
+  if field not in options:
+    raise ValueError(f"data.{field} is missing, and task {config.task!r} has no default for it")
+  return options[field]
+
+
 def data_flag(config: Config, field: str) -> bool:
-  """``config.data.<field>`` as a bool (False when absent).
+  """``config.data.<field>`` as a bool (:func:`data_option`).
 
   Raises:
     ValueError: naming ``data.<field>`` when the value is not a bool.
   """
-  value = config.data.get(field, False)
+  value = data_option(config, field)
   if not isinstance(value, (bool, np.bool_)):
     raise ValueError(f"data.{field} must be True or False, got {value!r}")
   return bool(value)
@@ -313,7 +330,7 @@ _flag = data_flag
 
 def apply_lra_pixel_mask(config: Config,
                          splits: dict[str, RaggedExamples]) -> dict[str, RaggedExamples]:
-  """With ``config.data.lra_pixel_mask`` (default False), drops the explicit all-real mask.
+  """With ``config.data.lra_pixel_mask`` (:func:`data_flag`), drops the explicit all-real mask.
 
   LRA's image and Pathfinder models mask ``token > 0`` (docs/lra_parity.md), so black
   pixels (value 0) are treated as padding; True reproduces that, False keeps every pixel
@@ -325,8 +342,11 @@ def apply_lra_pixel_mask(config: Config,
 
   Returns:
     ``splits``, with ``explicit_mask=False`` when the option is on.
+
+  Raises:
+    ValueError: naming ``data.lra_pixel_mask`` when it is not a bool.
   """
-  if not config.data.get("lra_pixel_mask", False):
+  if not data_flag(config, "lra_pixel_mask"):
     return splits
   return {name: dataclasses.replace(split, explicit_mask=False)
           for name, split in splits.items()}
