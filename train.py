@@ -161,6 +161,7 @@ def _train(fl):
   from simpletron_jax.runtime import distributed  # pylint: disable=import-outside-toplevel
   from simpletron_jax.train import trainer  # pylint: disable=import-outside-toplevel
   from simpletron_jax.run import preemption
+  from simpletron_jax.tools import reporting  # pylint: disable=import-outside-toplevel
   xla_cache.enable(fl.xla_cache_dir)
   if fl.jax_distributed or fl.coordinator_address:
     distributed.initialize(fl.coordinator_address, fl.num_processes, fl.process_id,
@@ -184,7 +185,7 @@ def _train(fl):
     raise
   # Any other RunError, and ValueErrors and OSErrors of our own checks, are printed on one
   # line by main's cli.user_errors_exit (exit 1).
-  print(f"test accuracy {results['test_accuracy']:.4f} (majority class "
+  print(f"test accuracy {reporting.protocol_accuracy(results, 'best_val'):.4f} (majority class "
         f"{results['test_majority_rate']:.4f}) at best-validation step "
         f"{results['best_step']}, {results['test_accuracy_final']:.4f} at the final step "
         f"{results['final_step']}; {results['steps_per_sec']:.2f} steps/s; "

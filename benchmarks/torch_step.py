@@ -124,7 +124,7 @@ from torch import nn  # noqa: E402
 
 import speed_memory  # noqa: E402
 import step_time  # noqa: E402
-from simpletron_jax.model import layers  # noqa: E402
+from simpletron_jax.model import layers, model_config  # noqa: E402
 
 
 class Attention(nn.Module):
@@ -195,9 +195,9 @@ class Block(nn.Module):
   def __init__(self, kind: str, emb_dim: int, num_heads: int, qkv_dim: int, mlp_dim: int,
                dropout_rate: float, attention_dropout_rate: float):
     super().__init__()
-    self.ln1 = nn.LayerNorm(emb_dim, eps=layers.LN_EPSILON)
+    self.ln1 = nn.LayerNorm(emb_dim, eps=model_config.LN_EPSILON)
     self.attention = Attention(kind, emb_dim, num_heads, qkv_dim, attention_dropout_rate)
-    self.ln2 = nn.LayerNorm(emb_dim, eps=layers.LN_EPSILON)
+    self.ln2 = nn.LayerNorm(emb_dim, eps=model_config.LN_EPSILON)
     self.fc1, self.fc2 = nn.Linear(emb_dim, mlp_dim), nn.Linear(mlp_dim, emb_dim)
     self.dropout = nn.Dropout(dropout_rate)
 
@@ -242,7 +242,7 @@ class TextClassifier(nn.Module):
     self.blocks = nn.ModuleList(
         Block(kind, emb_dim, num_heads, qkv_dim, mlp_dim, dropout_rate, attention_dropout_rate)
         for _ in range(num_layers))
-    self.encoder_norm = nn.LayerNorm(emb_dim, eps=layers.LN_EPSILON)
+    self.encoder_norm = nn.LayerNorm(emb_dim, eps=model_config.LN_EPSILON)
     self.head_hidden = nn.Linear(emb_dim, mlp_dim)
     self.head_logits = nn.Linear(mlp_dim, num_classes)
 

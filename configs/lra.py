@@ -1,10 +1,10 @@
 """Config builder for every (task, attention) pair: LRA's settings, SimpleTRON's where it has them.
 
 Each file ``configs/<task>/<model>.py`` is one call to :func:`make_config`, which builds the
-config from the task's data record (:class:`simpletron_jax.data.tasks.TaskSpec`) and its
-recipe (:class:`simpletron_jax.train.recipes.TaskRecipe`; docs/tasks.md) and the
-rules below. The settings come as docs/configs.md
-gives them:
+config from the task's data record (:class:`simpletron_jax.data.tasks.TaskSpec`), its recipe
+(:class:`simpletron_jax.experiments.recipes.TaskRecipe`; docs/tasks.md), the attention's
+record (:class:`simpletron_jax.experiments.attentions.AttentionRecipe`) and the rules below.
+The settings come as docs/configs.md gives them:
 
 * LRA's code configs (``lra_benchmarks/<task>/configs/base_*_config.py`` and
   ``transformer_base.py``) for every task, and for the LRA baselines their per-variant
@@ -27,17 +27,14 @@ from __future__ import annotations
 import ml_collections
 
 from simpletron_jax.data import tasks
+from simpletron_jax.experiments import attentions, recipes
 from simpletron_jax.model import attention as attention_registry
-from simpletron_jax.train import recipes
 
-# SimpleTRON's paper variants (``AttentionSpec.simpletron``): simple, simple_res, simple_resl.
-SIMPLE_NAMES = tuple(name for name in attention_registry.names()
-                     if attention_registry.get(name).simpletron)
 # The SimpleTRON authors' function (``_authors``), for simple* on the tasks whose record has
 # SimpleTRON's settings (``TaskRecipe.simpletron``).
 AUTHORS_VARIANTS = {"authors": None, "tiny_authors": "tiny"}  # -> the size variant used
 # The function LRA's code computed, bugs included (:func:`apply_lra_code`), for the LRA
-# baselines (:func:`lra_baselines`) on LRA's tasks.
+# baselines (``attentions.lra_baselines()``) on LRA's tasks.
 LRA_CODE_VARIANTS = {"lra_code": None, "tiny_lra_code": "tiny"}  # -> the size variant used
 # Self-pretraining (Amos et al., 2024; simpletron_jax/train/pretraining.py): the pretraining stage
 # (masked-token denoising on the task's training split) and the fine-tuning stage (the
@@ -70,12 +67,13 @@ def task_variants(task: str) -> tuple[str, ...]:
 
 def variants(task: str, attention: str) -> tuple[str, ...]:
   """The ``:variant`` suffixes valid for ``attention`` on ``task`` (the ``AUTHORS_VARIANTS``
-  only for SimpleTRON's variants, ``AttentionSpec.simpletron``, the ``LRA_CODE_VARIANTS``
-  only for the LRA baselines, :func:`lra_baselines`)."""
+  only for SimpleTRON's variants, ``AttentionRecipe.simpletron``, the ``LRA_CODE_VARIANTS``
+  only for the LRA baselines, those with an ``AttentionRecipe.lra_model_type``)."""
   skip = set()
-  if not attention_registry.get(attention).simpletron:
+  recipe = attentions.get(attention)
+  if not recipe.simpletron:
     skip |= set(AUTHORS_VARIANTS)
-  if attention not in lra_baselines():
+  if recipe.lra_model_type is None:
     skip |= set(LRA_CODE_VARIANTS)
   return tuple(v for v in task_variants(task) if v not in skip)
 
@@ -99,8 +97,9 @@ def _set_all(config: ml_collections.ConfigDict, fields, prefix: str = "") -> Non
 
 
 def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
-  """Every field of a run config, with the task's published recipe, sizes and
-  ``max_length`` from its record ``spec``; :func:`_task_options` adds the task's own."""
+  """Every field of a run config, with the task's published recipe, sizes, ``max_length``
+  and data section (:func:`simpletron_jax.data.tasks.data_section`) from its record ``spec``;
+  :func:`make_config` adds the recipe's other model fields (``TaskRecipe.model_options``)."""
   recipe, size = recipes.get(spec.name).recipe, recipes.get(spec.name).model
   config = ml_collections.ConfigDict()
   config.task = spec.name
@@ -145,16 +144,8 @@ def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
   config.adam_b2 = recipe.adam_b2
   config.adam_eps = recipe.adam_eps
 
-  config.data = ml_collections.ConfigDict()
-  config.data.data_dir = ml_collections.config_dict.placeholder(str)
-  config.data.cache_dir = ml_collections.config_dict.placeholder(str)
-  # The data seed follows config.seed until it is set itself: a reference of its own that
-  # points at seed's, not seed's reference, which would make --config.data.seed=1 set
-  # config.seed too (a ConfigDict field holding a reference passes a new value to it).
-  config.data.seed = ml_collections.FieldReference(config.get_ref("seed"), field_type=int)
-  config.data.bucket = 128          # pad each batch to a multiple of this; 0: max_length
-  config.data.group_by_length = False  # length-grouped train batches (changes LRA's batches)
-  config.data.group_pool_batches = 50  # batches per length-sorted pool when grouping
+  # The reader's fields (the task's record); data.seed follows config.seed until it is set.
+  config.data = tasks.data_section(spec, config.get_ref("seed"))
 
   config.model = ml_collections.ConfigDict()
   config.model.attention = "softmax"
@@ -191,14 +182,6 @@ def _common(spec: tasks.TaskSpec) -> ml_collections.ConfigDict:
   return config
 
 
-def _task_options(config: ml_collections.ConfigDict, spec: tasks.TaskSpec) -> None:
-  """The task's own fields from its record: the reader's ``config.data`` options
-  (``TaskSpec.data_options``) and the published config's other ``config.model`` fields
-  (``TaskRecipe.model_options``)."""
-  _set_all(config, spec.data_options, "data.")
-  _set_all(config, recipes.get(spec.name).model_options, "model.")
-
-
 def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
   """SimpleTRON appendix A (ListOps, text, matching): AdamW (0.9, 0.999), learned
   positions, and per task:
@@ -220,18 +203,11 @@ def apply_simpletron_paper(config: ml_collections.ConfigDict) -> None:
 
 
 # --- LRA's per-variant settings (read from lra_benchmarks/*/configs/ at commit cd31e5c) -----
-def lra_baselines() -> tuple[str, ...]:
-  """The registered attentions that reproduce an LRA baseline (those with an
-  ``AttentionSpec.lra_model_type``, LRA's ``config.model_type``), sorted."""
-  return tuple(name for name in attention_registry.names()
-               if attention_registry.get(name).lra_model_type is not None)
-
-
 def _lra_variant_settings(config) -> None:
-  """LRA's per-variant settings for the LRA baselines (:func:`lra_baselines`).
+  """LRA's per-variant settings for the LRA baselines (``attentions.lra_baselines()``).
 
   * Attention options: the options LRA's code ran for the variant on every task
-    (``AttentionSpec.lra_options``), under the record's own for the baseline. The
+    (``AttentionRecipe.lra_options``), under the task recipe's own for the baseline. The
     ``lra_masking=False`` of linear, Performer and Linformer and the ``lra_bugs=False`` of
     local, sparse, BigBird and Reformer are present so that
     ``--config.model.attention_kwargs.lra_masking=True`` (``lra_bugs=True``) can switch on
@@ -239,18 +215,17 @@ def _lra_variant_settings(config) -> None:
   * ``max_length`` in LRA's code where the record has one of its own
     (``TaskRecipe.lra_baseline_max_length``: text's 1000,
     ``text_classification/configs/base_tc_config.py``) for every attention but
-    :data:`SIMPLE_NAMES`, which keep SimpleTRON's (text: 4000).
+    SimpleTRON's variants, which keep SimpleTRON's (text: 4000).
   * Each baseline's own sizes, dropout, pooling, block size and other fields where the
     task's recipe has them (``TaskRecipe.lra_baselines``: image and Pathfinder-32,
     ``image/configs/{cifar10,pathfinder32}/<model_type>_base.py``; ListOps's Performer).
     Path-X has only a Transformer config in LRA: every variant uses its base sizes.
   """
   spec, recipe = tasks.get(config.task), recipes.get(config.task)
-  attention = config.model.attention
-  attention_spec = attention_registry.get(attention)
-  if recipe.lra_baseline_max_length is not None and not attention_spec.simpletron:
+  attention = attentions.get(config.model.attention)
+  if recipe.lra_baseline_max_length is not None and not attention.simpletron:
     config.model.max_length = recipe.lra_baseline_max_length
-  model_type = attention_spec.lra_model_type
+  model_type = attention.lra_model_type
   if model_type is None:
     return
   baseline = recipe.lra_baselines.get(model_type, recipes.LraBaseline())
@@ -259,8 +234,8 @@ def _lra_variant_settings(config) -> None:
     config.model.attention_kwargs[key] = value
   _set_all(config, baseline.options)
   if not spec.dual:   # LRA's own encoder for the baseline (Sinkhorn's), one-input tasks
-    _set_all(config, attention_spec.lra_encoder, "model.")
-  for key, value in attention_spec.lra_options.items():
+    _set_all(config, attention.lra_encoder, "model.")
+  for key, value in attention.lra_options.items():
     if key not in baseline.attention_kwargs:
       config.model.attention_kwargs[key] = value
 
@@ -332,7 +307,8 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
   of minutes.
 
   * A task's own variants (``tiny``, ListOps's ``tiny_lra``, AG News's ``from_bert`` and
-    ``tiny_from_bert``): the fields of its record's :class:`simpletron_jax.train.recipes.Variant`
+    ``tiny_from_bert``): the fields of its record's
+    :class:`simpletron_jax.experiments.recipes.Variant`
     (docs/tasks.md describes each).
   * ``spt`` and ``tiny_spt`` (the tasks with a self-pretraining recipe): self-pretraining
     (Amos et al., ICLR 2024), the paper size or ``tiny`` with ``config.pretrain``
@@ -348,12 +324,12 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     computing the SimpleTRON authors' function (:func:`_authors`), to compare with the
     published numbers.
   * ``lra_code`` and ``tiny_lra_code`` (LRA's tasks; the baselines of
-    :func:`lra_baselines`): the paper size or ``tiny`` with LRA's bugs
+    ``attentions.lra_baselines()``): the paper size or ``tiny`` with LRA's bugs
     (:func:`apply_lra_code`).
 
   Raises:
     ValueError: for a variant the task does not have, or an ``authors`` (``lra_code``)
-      variant for an attention outside :data:`SIMPLE_NAMES` (:func:`lra_baselines`).
+      variant for an attention outside SimpleTRON's variants (the LRA baselines).
   """
   if variant in (None, ""):
     return config
@@ -362,18 +338,18 @@ def apply_variant(config: ml_collections.ConfigDict, variant: str | None):
     raise ValueError(f"unknown config variant {variant!r} for task {config.task!r}; "
                      f"known: {known}")
   if variant in AUTHORS_VARIANTS:
-    if not attention_registry.get(config.model.attention).simpletron:
+    if not attentions.get(config.model.attention).simpletron:
       raise ValueError(f"config variant {variant!r} is the SimpleTRON authors' function: "
-                       f"attention must be one of {SIMPLE_NAMES}, not "
+                       f"attention must be one of {attentions.simpletron_names()}, not "
                        f"{config.model.attention!r}")
     size = AUTHORS_VARIANTS[variant]
     apply_variant(config, size)
     _authors(config, paper_size=size is None)
     return config
   if variant in LRA_CODE_VARIANTS:
-    if config.model.attention not in lra_baselines():
+    if config.model.attention not in attentions.lra_baselines():
       raise ValueError(f"config variant {variant!r} is LRA's code: attention must be one of "
-                       f"{list(lra_baselines())}, not {config.model.attention!r}")
+                       f"{list(attentions.lra_baselines())}, not {config.model.attention!r}")
     apply_variant(config, LRA_CODE_VARIANTS[variant])
     apply_lra_code(config)
     return config
@@ -396,27 +372,27 @@ def set_pooling_options(config: ml_collections.ConfigDict) -> None:
   ``model.attention_kwargs.max_length``).
 
   * ``max_length`` of the attentions that size a weight or a pattern by the length
-    (``AttentionSpec.follows_max_length``; BigBird lays its pattern out on LRA's padded
+    (``AttentionRecipe.follows_max_length``; BigBird lays its pattern out on LRA's padded
     length):
     a reference to ``model.max_length``, plus 1 when a CLS token is prepended (CLS pooling,
     not the dual encoder of ``model.lra_dual_no_cls``), so the weights have LRA's shapes;
-  * the option named by ``AttentionSpec.cls_option`` (Sparse's ``global_first``): whether
+  * the option named by ``AttentionRecipe.cls_option`` (Sparse's ``global_first``): whether
     the pooling is CLS (``sparse_transformer.py``'s ``use_cls_token``: the first position is
     global; in LRA's dual encoder that is the first real token).
   """
   model = config.model
   cls = model.classifier_pool == "CLS"
   with_cls = cls and not (tasks.get(config.task).dual and model.get("lra_dual_no_cls", False))
-  attention_spec = attention_registry.get(model.attention)
-  if attention_spec.follows_max_length:
+  attention = attentions.get(model.attention)
+  if attention.follows_max_length:
     model.attention_kwargs.max_length = model.get_ref("max_length") + int(with_cls)
-  if attention_spec.cls_option is not None:
-    model.attention_kwargs[attention_spec.cls_option] = cls
+  if attention.cls_option is not None:
+    model.attention_kwargs[attention.cls_option] = cls
 
 
 def apply_lra_model_bugs(config: ml_collections.ConfigDict) -> None:
   """The model options of LRA's bugs for ``config.model.attention`` on ``config.task``:
-  its ``AttentionSpec.lra_bug_options`` (the attention_kwargs under which our module computes
+  its ``AttentionRecipe.lra_bug_options`` (the attention_kwargs under which our module computes
   what LRA's module computed, each checked against LRA's logits by
   tests/test_lra_golden.py; LRA's design choices need none: they are the defaults), MEAN
   pooling over the pads (``model.lra_mean_over_pads``), CLS
@@ -424,7 +400,7 @@ def apply_lra_model_bugs(config: ml_collections.ConfigDict) -> None:
   encoder without CLS (``model.lra_dual_no_cls``). The data are not touched (see
   :func:`apply_lra_code`)."""
   model = config.model
-  for key, value in attention_registry.get(model.attention).lra_bug_options.items():
+  for key, value in attentions.get(model.attention).lra_bug_options.items():
     model.attention_kwargs[key] = value
   model.lra_mean_over_pads = model.classifier_pool == "MEAN"
   model.lra_cls_mask = True
@@ -471,7 +447,7 @@ def make_config(task: str, attention: str, variant: str | None = None,
       ``model.attention_kwargs``.
 
   Returns:
-    A ConfigDict. For the attentions whose ``AttentionSpec.follows_max_length``,
+    A ConfigDict. For the attentions whose ``AttentionRecipe.follows_max_length``,
     ``model.attention_kwargs.max_length`` is a reference to ``model.max_length + 1`` (CLS),
     so it follows command-line overrides of ``model.max_length``.
 
@@ -481,17 +457,16 @@ def make_config(task: str, attention: str, variant: str | None = None,
   """
   spec = tasks.get(task)
   config = _common(spec)
-  _task_options(config, spec)
+  _set_all(config, recipes.get(task).model_options, "model.")   # the published config's
   config.model.attention = attention
-  attention_spec = attention_registry.get(attention)
-  if attention_spec.simpletron:
+  if attentions.get(attention).simpletron:
     apply_simpletron_paper(config)
   _lra_variant_settings(config)
   for key, value in attention_kwargs.items():
     config.model.attention_kwargs[key] = value
   apply_variant(config, variant)
   set_pooling_options(config)
-  if not attention_spec.output_projection:   # the heads side by side are the output
+  if not attention_registry.get(attention).output_projection:   # heads side by side: the output
     config.model.qkv_dim = config.model.emb_dim
   add_attention_defaults(config)
   return config

@@ -132,7 +132,7 @@ def table_lines(args, names: Sequence[str], rows: dict, failures: dict) -> list[
     cmd = " ".join(["python train.py --config", config_spec(args.task, args.variant, name),
                     *run_overrides(args.steps, args.eval_every, args.warmup,
                                    args.config_overrides)])
-    lines.append(f"| `{name}` | {100 * r['test_accuracy']:.1f} | "
+    lines.append(f"| `{name}` | {100 * reporting.protocol_accuracy(r, 'best_val'):.1f} | "
                  f"{100 * r['best_val_accuracy']:.1f} @ {r['best_step']} | "
                  f"{r['steps_per_sec']:.2f} | {r['train_seconds'] / 60:.1f} | `{cmd}` |")
   return lines
@@ -217,7 +217,8 @@ def main(argv: Sequence[str] | None = None, train_for: Callable[[int | None], Tr
         free.append(core)
         try:
           rows[name] = fut.result()
-          print(f"{name}: test {rows[name]['test_accuracy']:.4f}", flush=True)
+          print(f"{name}: test {reporting.protocol_accuracy(rows[name], 'best_val'):.4f}",
+                flush=True)
         except RuntimeError as err:
           failures[name] = cli.one_line(str(err))
           print(err, file=sys.stderr, flush=True)

@@ -258,5 +258,6 @@ def test_an_async_run_saves_what_a_sync_run_saves(presence_task, tmp_path, monke
   for mine, theirs in zip(states, sync_states):
     chex.assert_trees_all_equal((mine.step, mine.params, mine.opt_state),
                                 (theirs.step, theirs.params, theirs.opt_state))
-  for key in ("test_accuracy", "test_loss", "test_accuracy_final", "best_step", "final_step"):
+  for key in ("test_accuracy_best_val", "test_loss_best_val", "test_accuracy_final", "best_step",
+              "final_step"):
     assert results[key] == sync_results[key], key

@@ -1,6 +1,7 @@
 """A new attention is one file (docs/configs.md): a toy variant, written and registered here as
-a file of ``simpletron_jax/model/attention/`` registers its own, gets its options and its
-registry facts into the configs and trains through ``trainer.train_and_evaluate``."""
+a file of ``simpletron_jax/model/attention/`` registers its own, with its experiments record
+(:mod:`simpletron_jax.experiments.attentions`), gets its options and facts into the configs
+and trains through ``trainer.train_and_evaluate``."""
 
 import json
 import math
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from configs import lra
+from simpletron_jax.experiments import attentions
 from simpletron_jax.model import attention
 from simpletron_jax.model.attention import base
 from simpletron_jax.train import run_config, trainer
@@ -25,7 +27,7 @@ class ToyAttention(base.Attention):
   ``dropout_rate`` (on the means), ``dtype`` and its own options:
 
   Attributes:
-    first_global: an option the configs set from the pooling (``AttentionSpec.cls_option``);
+    first_global: an option the configs set from the pooling (``AttentionRecipe.cls_option``);
       it changes nothing here.
 
   Parameters besides ``value``/``out``: ``gate`` ``[H]``, ones.
@@ -51,15 +53,30 @@ class ToyAttention(base.Attention):
 def toy_attention():
   spec = attention.register(attention.AttentionSpec(
       "toy_mean", ToyAttention, paper="this test", length_padding_exact=True,
-      output_projection=False, cls_option="first_global"))
+      output_projection=False))
+  attentions.register("toy_mean", attentions.AttentionRecipe(cls_option="first_global"))
   yield spec
-  del attention.REGISTRY["toy_mean"]
+  del attention.REGISTRY["toy_mean"], attentions.REGISTRY["toy_mean"]
 
 
 def test_only_a_base_attention_registers():
   with pytest.raises(ValueError, match="must subclass .*base.Attention"):
     attention.register(attention.AttentionSpec("dense", nn.Dense))
   assert "dense" not in attention.names()
+
+
+def test_an_experiments_record_names_a_registered_attention_and_its_options():
+  with pytest.raises(ValueError, match="unknown attention 'nope'"):
+    attentions.register("nope", attentions.AttentionRecipe())
+  with pytest.raises(ValueError, match="already has an experiments record"):
+    attentions.register("softmax", attentions.AttentionRecipe())
+  with pytest.raises(ValueError, match="cls_option='first_global' is not one of its options"):
+    attentions.register("aft_simple", attentions.AttentionRecipe(cls_option="first_global"))
+  with pytest.raises(ValueError, match="explain_method='x'"):
+    attentions.register("aft_simple", attentions.AttentionRecipe(explain_method="x"))
+  assert "aft_simple" not in attentions.REGISTRY
+  assert attentions.get("aft_simple") == attentions.AttentionRecipe()   # no facts: defaults
+  assert set(attentions.REGISTRY) <= set(attention.names())
 
 
 @pytest.mark.slow   # compiles a train and an eval step: about 12 s of CPU

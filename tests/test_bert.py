@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 from configs import lra
+from simpletron_jax.experiments import recipes
 from simpletron_jax.model import encoders, layers, transfer
 from simpletron_jax.model.attention.simple import SimpleAttention
 from simpletron_jax.runtime import errors
 from simpletron_jax.tools import bert_import
-from simpletron_jax.train import recipes, saved_runs
+from simpletron_jax.train import saved_runs
 from tests.module_support import init_variables
 
 # The tiny BERT of the parity test: 2 blocks, width 32, 4 heads.

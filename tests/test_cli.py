@@ -34,7 +34,7 @@ def test_train_then_eval(tmp_path, monkeypatch):
   assert os.listdir(tmp_path / "xla"), "train.py must write its compiled steps to the cache"
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
-  assert results["attention"] == "simple" and results["last_step"] == 3
+  assert results["attention"] == "simple" and results["final_step"] == 3
   # The whole software stack (issue 63): the ecosystem's versions; no GPU fields on a CPU.
   for key in ("jax_version", "flax_version", "clu_version", "grain_version",
               "tensorboard_version", "ml_collections_version"):
@@ -48,7 +48,7 @@ def test_train_then_eval(tmp_path, monkeypatch):
   proc = _run("eval.py", "--workdir", workdir, "--split", "test", "--precompile_workers=2")
   with open(os.path.join(workdir, "eval_best_test.json")) as f:
     evaluated = json.load(f)
-  assert evaluated["accuracy"] == results["test_accuracy"], proc.stdout
+  assert evaluated["accuracy"] == results["test_accuracy_best_val"], proc.stdout
   assert evaluated["step"] == results["best_step"] and evaluated["count"] == 32
   assert re.search(r"precompiled [1-9]\d* eval step shapes", proc.stderr), proc.stderr[-2000:]
 

@@ -12,6 +12,7 @@ import pytest
 
 from configs import lra
 from simpletron_jax.data import tasks
+from simpletron_jax.experiments import attentions
 from simpletron_jax.model import attention, encoders
 from simpletron_jax.runtime import errors
 from simpletron_jax.train import run_config
@@ -48,7 +49,7 @@ def test_config_builds_and_validates(path, variant):
                                     dual=config.task == "retrieval")
   assert model.encoder.config.attention == config.model.attention
   kwargs = dict(config.model.attention_kwargs)
-  if attention.get(config.model.attention).follows_max_length:   # + 1 for a prepended CLS token only
+  if attentions.get(config.model.attention).follows_max_length:   # + 1 for a CLS token only
     with_cls = config.model.classifier_pool == "CLS" and not (
         config.task == "retrieval" and config.model.lra_dual_no_cls)
     assert kwargs["max_length"] == config.model.max_length + with_cls

@@ -461,6 +461,30 @@ def test_where_and_verify_read_what_was_generated(tmp_path, capsys):
       f"{data_cli.PROGRAM}: two tasks: 'text' and --task 'listops' (see --help)"]
 
 
+def test_the_package_alone_answers_where_for_every_task_from_outside_the_checkout(tmp_path):
+  # A folder holding only the package (no configs/, nothing of the checkout on sys.path), and
+  # a working directory outside the checkout: each task's data settings are its record's,
+  # and a config file given by path still loads (its ``from configs import lra``).
+  alone = tmp_path / "alone"
+  alone.mkdir()
+  (alone / "simpletron_jax").symlink_to(os.path.join(ROOT, "simpletron_jax"))
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  env = {**os.environ, "PYTHONPATH": str(alone), "SIMPLETRON_JAX_CACHE": str(tmp_path / "cache"),
+         "TQDM_DISABLE": "1"}
+  tiny = os.path.join(ROOT, "configs", "listops", "transformer.py") + ":tiny"
+  commands = {task: ["where", "--task", task] for task in tasks.names()}
+  commands["listops :tiny"] = ["where", "--task", "listops", "--config", tiny]
+  running = {name: subprocess.Popen([sys.executable, "-m", "simpletron_jax.data", *args],
+                                    cwd=elsewhere, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name, args in commands.items()}
+  for name, process in running.items():
+    rc, out, err = _finish(process)
+    task = name.split()[0]
+    assert rc == 0 and len(out) == 1 and out[0].startswith(f"{task}: "), (name, out, err)
+
+
 def test_ctrl_c_during_prepare_is_one_line_exit_130_and_leaves_no_folder(tmp_path):
   cache = tmp_path / "cache"
   process = _command("prepare", "listops", "--workers", "1", "--config.data.num_train=500000",

@@ -95,7 +95,7 @@ def test_attention_swap_quick(in_tmp, presence_task, committed_unchanged):  # no
                         "unswapped"]
   assert all(0.0 <= acc <= 1.0 for acc in rows.values())
   # Unswapped re-evaluates the softmax run's best checkpoint: its own test accuracy.
-  assert rows["unswapped"] == pytest.approx(payload["base"]["test_accuracy"], abs=1e-6)
+  assert rows["unswapped"] == pytest.approx(payload["base"]["test_accuracy_best_val"], abs=1e-6)
   # Simple has no output projection: swapping every layer drops both W_o (no biases, as LRA).
   assert sorted(payload["surgery"]["simple/all layers"]["dropped"]) == sorted(
       f"encoder/encoderblock_{i}/attention/out/kernel" for i in range(2))

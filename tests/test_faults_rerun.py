@@ -177,7 +177,7 @@ def test_a_forced_change_on_a_finished_run_is_marked_and_not_counted(finished, p
   assert results["forced_resume_changes"] == [{"step": 6, "fields": ["learning_rate"]}]
   assert results == _results(workdir)
   assert results["config_fingerprint"] == run_record.config_fingerprint(changed)
-  for key in ("test_accuracy", "test_accuracy_final", "best_step", "val_majority_rate"):
+  for key in ("test_accuracy_best_val", "test_accuracy_final", "best_step", "val_majority_rate"):
     assert results[key] == finished[1][key], key   # nothing was trained with the new rate
   assert len(_keys(workdir)) == len(set(_keys(workdir)))
   problem = run_record.results_problem(results, changed)

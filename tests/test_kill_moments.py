@@ -102,7 +102,7 @@ def test_ten_kills_resume_to_the_uninterrupted_run(presence_task, tmp_path, monk
     ours, theirs = (_params(w, config, presence_task, which) for w in (workdir, straight))
     chex.assert_trees_all_equal(ours, theirs)
     assert run_guard.state_crc32(ours) == run_guard.state_crc32(theirs), which
-  for key in ("best_step", "best_val_accuracy", "test_accuracy", "test_loss",
+  for key in ("best_step", "best_val_accuracy", "test_accuracy_best_val", "test_loss_best_val",
               "test_accuracy_final", "test_loss_final", "val_majority_rate",
               "test_majority_rate", "final_step", "complete", "config_fingerprint"):
     assert results[key] == expected[key], key

@@ -8,8 +8,8 @@ import pytest
 
 from configs import lra
 from simpletron_jax.data import tasks
-from simpletron_jax.model import attention as attention_registry, encoders, model_config
-from simpletron_jax.train import recipes
+from simpletron_jax.experiments import attentions, recipes
+from simpletron_jax.model import encoders, model_config
 
 # The tasks with SimpleTRON's appendix A settings, which have the :authors variants.
 AUTHORS_TASKS = tuple(t for t in tasks.names() if recipes.get(t).simpletron is not None)
@@ -108,7 +108,7 @@ def test_reformer_config_is_lras_structure(task, variant):
 def test_text_length_and_retrieval_interaction():
   for name in ("softmax", "linear", "performer", "reformer", "aft_simple"):
     assert lra.make_config("text", name).model.max_length == 1000  # base_tc_config.py
-  for name in lra.SIMPLE_NAMES:
+  for name in attentions.simpletron_names():
     assert lra.make_config("text", name).model.max_length == 4000  # SimpleTRON appendix A
   # classifier_head_dual(interaction=None): [u, v]
   assert lra.make_config("retrieval", "softmax").model.interaction == "concat"
@@ -163,8 +163,8 @@ def test_authors_variants(task):
 def test_lra_code_variant_sets_lras_bugs_and_data(task):
   """``:lra_code`` = the LRA config (LRA's design choices) + every option of LRA's bugs
   (the same options the golden tests use, tests/test_lra_golden.py) + LRA's data handling."""
-  for attention in lra.lra_baselines():
-    bugs = attention_registry.get(attention).lra_bug_options
+  for attention in attentions.lra_baselines():
+    bugs = attentions.get(attention).lra_bug_options
     config = lra.make_config(task, attention, "tiny_lra_code")
     m = config.model
     for key, value in bugs.items():

@@ -33,6 +33,21 @@ def test_lra_code_turns_the_data_options_on_and_defaults_stay_off():
     assert "drop_last_eval_batch" not in lra.make_config(task, "softmax", "lra_code").data
 
 
+def test_an_option_an_older_config_lacks_is_the_records_default():
+  # The config.json of a run made before an option existed: the reader takes the task
+  # record's default, written once (TaskSpec.data_options).
+  for task, field in (("pathfinder", "split_hash"), ("pathx", "generator"),
+                      ("text", "val_fraction"), ("listops", "task_name")):
+    tree = lra.make_config(task, "softmax", "tiny").to_dict()
+    tree["data"][field] = "set" if field != "val_fraction" else 0.5
+    assert tasks.data_option(ml_collections.ConfigDict(tree), field) == tree["data"][field]
+    del tree["data"][field]
+    assert (tasks.data_option(ml_collections.ConfigDict(tree), field)
+            == tasks.get(task).data_options[field]), (task, field)
+  with pytest.raises(ValueError, match="data.nope is missing, and task 'text' has no default"):
+    tasks.data_option(lra.make_config("text", "softmax", "tiny"), "nope")
+
+
 # ----------------------------------------------------------------------------
 # CIFAR-10: data.lra_split reaches load_image through tasks.py.
 

@@ -151,7 +151,7 @@ def test_eval_py_runs_without_tensorflow(trained, no_tf_env):
   with open(os.path.join(workdir, "eval_best_test.json")) as f:
     evaluated = json.load(f)
   with open(os.path.join(workdir, "results.json")) as f:
-    assert evaluated["accuracy"] == json.load(f)["test_accuracy"]
+    assert evaluated["accuracy"] == json.load(f)["test_accuracy_best_val"]
 
 
 def _entry_files():

@@ -89,7 +89,7 @@ def smoke_config(cell: reproduce.Cell, data_dirs: dict[str, str]):
 
 def test_plan_order_and_published_numbers():
   """The plan's order and its published numbers are issue 43's; each cell's command parses."""
-  from simpletron_jax.tools import published  # pylint: disable=import-outside-toplevel
+  from simpletron_jax.experiments import published  # pylint: disable=import-outside-toplevel
   expected = {"listops_transformer_lra_code": 36.37, "text_transformer_lra_code": 64.27,
               "text_simple_authors": 66.75, "listops_simple_authors": 37.45,
               "text_simple": 66.75, "listops_simple": 37.45,

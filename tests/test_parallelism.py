@@ -91,6 +91,6 @@ def test_a_pmap_run_resumed_under_jit_ends_where_a_straight_pmap_run_does(presen
   chex.assert_trees_all_close(_final_params(tmp_path / "mixed", config, presence_task),
                               _final_params(tmp_path / "pmap", config, presence_task),
                               rtol=1e-6, atol=1e-7)
-  for key in ("test_accuracy", "test_accuracy_final", "best_val_accuracy", "best_step"):
+  for key in ("test_accuracy_best_val", "test_accuracy_final", "best_val_accuracy", "best_step"):
     assert resumed[key] == pytest.approx(straight[key], rel=1e-6), key
   assert resumed["train_shapes_compiled_in_loop"] == 0, "the jit steps were precompiled"

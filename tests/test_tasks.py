@@ -1,6 +1,6 @@
 """The task registry (simpletron_jax/data/tasks.py, docs/tasks.md): one data record per task,
 registered by its own module and read by the configs, the data command, tpu_aot and the config
-checks; its recipe (simpletron_jax/train/recipes.py), read by the configs and pretraining."""
+checks; its recipe (simpletron_jax/experiments/recipes.py), read by the configs and pretraining."""
 
 import dataclasses
 import glob
@@ -14,8 +14,9 @@ from configs import lra
 from simpletron_jax.data import __main__ as data_cli
 from simpletron_jax.data import prepare, sources, tasks
 from simpletron_jax.data.common import RaggedExamples
-from simpletron_jax.tools import published, tpu_aot
-from simpletron_jax.train import pretraining, recipes, run_config
+from simpletron_jax.experiments import published, recipes
+from simpletron_jax.tools import tpu_aot
+from simpletron_jax.train import pretraining, run_config
 from tests.conftest import ROOT
 
 

@@ -28,6 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import exp_common  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
 # transfer and saved_runs import JAX: the functions that use them import them, so --help and a
 # bad invocation end before JAX loads.
 
@@ -81,7 +82,7 @@ def run(args, data_cache) -> dict:
           init_from=base["workdir"], **fields)
       exp_common.set_length(cfg, ft_steps, min(cfg.eval_frequency, ft_steps))
       workdir = os.path.join(args.runs, f"{target}_{'lora' if fields else 'retrain'}")
-      rows[row] = exp_common.train(cfg, workdir, data)["test_accuracy"]
+      rows[row] = reporting.protocol_accuracy(exp_common.train(cfg, workdir, data), "best_val")
     rows["unswapped"] = unswapped
     table[target] = rows
   return {"base": base, "table": table, "surgery": surgery, "k": k,

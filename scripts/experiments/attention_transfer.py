@@ -22,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import exp_common  # noqa: E402  pylint: disable=wrong-import-position
+from simpletron_jax.tools import reporting  # noqa: E402  pylint: disable=C0413
 
 NAME = "attention_transfer"
 QKV = ("attention/(query|key|value)/",)
@@ -65,7 +66,8 @@ def summarise(results: dict) -> str:
   for task, runs in results.items():
     target = runs["softmax_scratch"]["best_val_accuracy"]
     for name, r in runs.items():
-      rows.append([task, name, r["best_val_accuracy"], r["test_accuracy"], r["best_step"],
+      rows.append([task, name, r["best_val_accuracy"],
+                   reporting.protocol_accuracy(r, "best_val"), r["best_step"],
                    steps_to_reach(r["val_curve"], target) or "never"])
   return exp_common.markdown_table(
       ["task", "run", "best val acc.", "test acc. (best val)", "best step",

@@ -7,9 +7,9 @@
     python -m simpletron_jax.data verify --task text
     python -m simpletron_jax.data verify listops      # each generated size in the cache
 
-``--config`` (default ``configs/<task>/transformer.py``) and ``--config.<field>=<value>``
-overrides, as for ``train.py``, give the task's data settings: ``data.data_dir``,
-``data.tfds_data_dir``, the generator arguments and seed. ``--from`` is a downloaded file (or
+The task's data settings (``data.data_dir``, ``data.tfds_data_dir``, the generator
+arguments and seed) are its record's defaults, or those of a ``--config`` file, with
+``--config.<field>=<value>`` overrides, as for ``train.py``. ``--from`` is a downloaded file (or
 the folder it was unpacked to), ``--dest`` the folder to write into (default ``~/data``, where
 the loaders look). The task may be given as ``--task`` or as the word after the command. The
 tasks are those of the registry (:mod:`simpletron_jax.data.tasks`). What each command does:
@@ -50,8 +50,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument("--task", default=None,
                       help=f"one of {names} (where: default every task)")
   parser.add_argument("--config", default=None,
-                      help="the config whose data settings to use (default "
-                           "configs/<task>/transformer.py)")
+                      help="a config file whose data settings to use (default: the "
+                           "task's own, the published size)")
   parser.add_argument("--from", dest="source", default=None, metavar="PATH",
                       help="prepare: the downloaded file or unpacked folder; verify: a "
                            "downloaded file to check against its published MD5")

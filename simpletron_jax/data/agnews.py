@@ -414,7 +414,7 @@ def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
   splits, tokenizer, _ = load_agnews(
       data_dir=data_dir, tfds_data_dir=tfds_dir, vocab_path=config.data.get("vocab_path"),
       max_length=int(config.model.max_length), seed=int(config.data.seed),
-      val_fraction=float(config.data.get("val_fraction", 0.05)),
+      val_fraction=float(tasks.data_option(config, "val_fraction")),
       lowercase=config.data.get("lowercase"))
   return tasks.TaskData(**splits, vocab_size=tokenizer.vocab_size, num_classes=NUM_CLASSES,
                         source=f"{tasks.describe(kind, where)}; vocabulary {tokenizer.path}")

@@ -18,10 +18,10 @@ MD5 where it is published, and the record's checks (the example counts where the
 the label balance where it is known); :func:`configs_to_verify` gives, without ``--config``,
 each generated set the cache holds.
 
-Task settings (the ListOps and Pathfinder generator arguments, the data folders) come from a
-config, ``configs/<task>/transformer.py`` unless ``--config`` names another, with
-``--config.<field>=<value>`` overrides (:mod:`simpletron_jax.runtime.overrides`), as for
-``train.py``.
+Task settings (the ListOps and Pathfinder generator arguments, the data folders) are the
+task's record's defaults (:func:`simpletron_jax.data.tasks.task_config`), or those of the
+config file ``--config`` names, with ``--config.<field>=<value>`` overrides
+(:mod:`simpletron_jax.runtime.overrides`), as for ``train.py``.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def task_config(task: str, spec: str | None = None,
 
   Args:
     task: a registered task (:func:`simpletron_jax.data.tasks.names`).
-    spec: a ``--config`` spec; None: ``configs/<task>/transformer.py`` (the published size;
-      ``:tiny`` for the CPU size, which generates less ListOps and Pathfinder data).
+    spec: a ``--config`` spec (``configs/<task>/<model>.py:tiny`` for the CPU size, which
+      generates less ListOps and Pathfinder data); None: the task record's defaults
+      (:func:`simpletron_jax.data.tasks.task_config`, the published size's data).
     config_overrides: ``--config.<field>=<value>`` arguments.
 
   Returns:
@@ -56,7 +57,9 @@ def task_config(task: str, spec: str | None = None,
   """
   if task not in tasks.names():
     raise ValueError(f"--task {task!r} is not a task; the tasks: {', '.join(tasks.names())}")
-  config = overrides.load_config(spec or f"configs/{task}/transformer.py", config_overrides)
+  if spec is None:
+    return overrides.apply_overrides(tasks.task_config(task), config_overrides)
+  config = overrides.load_config(spec, config_overrides)
   if config.task != task:
     raise ValueError(f"--config {spec} is a {config.task!r} config, not {task!r}")
   return config

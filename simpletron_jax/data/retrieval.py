@@ -271,7 +271,7 @@ def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
         "simpletron_jax.data prepare --task retrieval --from lra_release.gz, or pass "
         "--config.data.data_dir=/path/to/tsv_data")
   pairs = load_retrieval(data_dir=data_dir, max_length=int(config.model.max_length),
-                         unescape=bool(config.data.get("unescape", False)))
+                         unescape=bool(tasks.data_option(config, "unescape")))
   splits = {name: PairedExamples(*pairs[name]) for name in ("train", "val", "test")}
   return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
                         source=data_dir)

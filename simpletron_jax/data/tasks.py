@@ -8,8 +8,8 @@ and classes, ``max_length``, the reader's ``config.data`` fields, and its data c
 task's module (:mod:`simpletron_jax.data.listops`, ``text``, ``retrieval``, ``image``,
 ``pathfinder``, ``agnews``) registers its record when ``simpletron_jax.data`` is imported, so
 every reader of the registry sees them all. The experiment facts (the published models and
-recipes, LRA's baseline settings) are :mod:`simpletron_jax.train.recipes`'s, the published
-accuracies :mod:`simpletron_jax.tools.published`'s. ``get(name)`` returns a record, ``names()``
+recipes, LRA's baseline settings, the published accuracies) are
+:mod:`simpletron_jax.experiments`'s. ``get(name)`` returns a record, ``names()``
 the tasks; docs/tasks.md says how to add one.
 """
 
@@ -158,6 +158,68 @@ def shown_as(kind: str) -> tuple[str, ...]:
   return tuple(name for name, spec in REGISTRY.items() if spec.shown == kind)
 
 
+# The ``config.data`` fields of every task, before its record's ``data_options``; a type makes
+# an unset field (None) of that type, as in ``data_options``.
+SHARED_DATA_OPTIONS: Mapping[str, Any] = {
+    "data_dir": str,             # the reader's folder; unset: its own search
+    "cache_dir": str,            # unset: $SIMPLETRON_JAX_CACHE, else ~/.cache/simpletron_jax
+    "bucket": 128,               # pad each batch to a multiple of this; 0: max_length
+    "group_by_length": False,    # length-grouped train batches (changes LRA's batches)
+    "group_pool_batches": 50,    # batches per length-sorted pool when grouping
+}
+
+
+def _set_options(section: ml_collections.ConfigDict, options: Mapping[str, Any]) -> None:
+  """Sets each ``name: value`` of ``options`` on ``section``; a type sets an unset field."""
+  for name, value in options.items():
+    section[name] = (ml_collections.config_dict.placeholder(value) if isinstance(value, type)
+                     else value)
+
+
+def data_section(spec: TaskSpec, seed: ml_collections.FieldReference
+                 ) -> ml_collections.ConfigDict:
+  """The ``config.data`` section of task ``spec`` at its defaults.
+
+  Args:
+    spec: the task's record.
+    seed: the config's ``seed`` (``config.get_ref("seed")``): ``data.seed`` follows it until
+      it is set itself.
+
+  Returns:
+    :data:`SHARED_DATA_OPTIONS`, ``seed``, then ``spec.data_options`` (which may change a
+    shared default: Pathfinder's ``bucket``).
+  """
+  data = ml_collections.ConfigDict()
+  _set_options(data, {name: SHARED_DATA_OPTIONS[name] for name in ("data_dir", "cache_dir")})
+  # A reference of its own that points at seed's, not seed's reference, which would make
+  # --config.data.seed=1 set config.seed too (a field holding a reference passes a new value
+  # to it).
+  data.seed = ml_collections.FieldReference(seed, field_type=int)
+  _set_options(data, {name: value for name, value in SHARED_DATA_OPTIONS.items()
+                      if name not in data})
+  _set_options(data, spec.data_options)
+  return data
+
+
+def task_config(name: str) -> ml_collections.ConfigDict:
+  """The fields the task's reader and data command read, at the record's defaults: ``task``,
+  ``seed`` (0), ``data`` (:func:`data_section`) and ``model.max_length`` (the record's).
+  ``python -m simpletron_jax.data`` uses it without ``--config``; the run configs
+  (``configs/lra.py``) have the same fields and more.
+
+  Raises:
+    ValueError: for an unknown task (:func:`get`).
+  """
+  spec = get(name)
+  config = ml_collections.ConfigDict()
+  config.task = spec.name
+  config.seed = 0
+  config.data = data_section(spec, config.get_ref("seed"))
+  config.model = ml_collections.ConfigDict()
+  config.model.max_length = spec.max_length
+  return config
+
+
 def load_task(config: Config) -> TaskData:
   """Loads (generating first where the task allows) the data named by ``config.task``, with
   the reader of its record; each task module's docstring gives its sources and their order,
@@ -234,13 +296,30 @@ def found_source(task: str, kind: str, found: Any) -> Where:
   return Where(task, kind, found, True)
 
 
+def data_option(config: Config, field: str) -> Any:
+  """``config.data.<field>``, or, for a config written before the option existed (an older
+  run's ``config.json``), its default in the task's record (``TaskSpec.data_options``): each
+  default is written once, there.
+
+  Raises:
+    ValueError: naming ``data.<field>`` when neither the config nor the record of
+      ``config.task`` has it.
+  """
+  if field in config.data:
+    return config.data[field]
+  options = get(config.task).data_options
+  if field not in options:
+    raise ValueError(f"data.{field} is missing, and task {config.task!r} has no default for it")
+  return options[field]
+
+
 def data_flag(config: Config, field: str) -> bool:
-  """``config.data.<field>`` as a bool (False when absent).
+  """``config.data.<field>`` as a bool (:func:`data_option`).
 
   Raises:
     ValueError: naming ``data.<field>`` when the value is not a bool.
   """
-  value = config.data.get(field, False)
+  value = data_option(config, field)
   if not isinstance(value, (bool, np.bool_)):
     raise ValueError(f"data.{field} must be True or False, got {value!r}")
   return bool(value)
@@ -251,7 +330,7 @@ _flag = data_flag
 
 def apply_lra_pixel_mask(config: Config,
                          splits: dict[str, RaggedExamples]) -> dict[str, RaggedExamples]:
-  """With ``config.data.lra_pixel_mask`` (default False), drops the explicit all-real mask.
+  """With ``config.data.lra_pixel_mask`` (:func:`data_flag`), drops the explicit all-real mask.
 
   LRA's image and Pathfinder models mask ``token > 0`` (docs/lra_parity.md), so black
   pixels (value 0) are treated as padding; True reproduces that, False keeps every pixel
@@ -263,8 +342,11 @@ def apply_lra_pixel_mask(config: Config,
 
   Returns:
     ``splits``, with ``explicit_mask=False`` when the option is on.
+
+  Raises:
+    ValueError: naming ``data.lra_pixel_mask`` when it is not a bool.
   """
-  if not config.data.get("lra_pixel_mask", False):
+  if not data_flag(config, "lra_pixel_mask"):
     return splits
   return {name: dataclasses.replace(split, explicit_mask=False)
           for name, split in splits.items()}

@@ -430,7 +430,7 @@ def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
   kind, where = find_source(data_dir, tfds_dir)
   splits = load_text(data_dir=data_dir, tfds_data_dir=tfds_dir,
                      max_length=int(config.model.max_length), seed=int(config.data.seed),
-                     val_fraction=float(config.data.get("val_fraction", 0.1)))
+                     val_fraction=float(tasks.data_option(config, "val_fraction")))
   return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
                         source=tasks.describe(kind, where))
 

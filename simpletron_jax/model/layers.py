@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -13,11 +12,9 @@ import numpy as np
 
 from simpletron_jax.model import attention
 from simpletron_jax.model.attention import base
+from simpletron_jax.model.model_config import ModelConfig
 
-if TYPE_CHECKING:   # model_config imports this module's constants
-  from simpletron_jax.model.model_config import ModelConfig
-
-LN_EPSILON = 1e-6
+# By the names ModelConfig allows (model_config.POS_EMB_INITS, MLP_ACTIVATIONS).
 POS_EMB_INITS = {"normal": nn.initializers.normal(stddev=0.02), "zeros": nn.initializers.zeros}
 
 def sinusoidal_table(max_len: int, dim: int) -> np.ndarray:
@@ -94,7 +91,7 @@ def gelu_exact(x):
   return nn.gelu(x, approximate=False)
 
 
-MLP_ACTIVATIONS = {"gelu_tanh": gelu, "gelu_exact": gelu_exact}
+MLP_ACTIVATIONS = {"gelu_exact": gelu_exact, "gelu_tanh": gelu}
 
 
 class MlpBlock(nn.Module):
@@ -116,9 +113,6 @@ class MlpBlock(nn.Module):
       y_BxLxM = nn.Dropout(c.dropout_rate)(y_BxLxM, deterministic=deterministic)
     y_BxLxE = dense(x_BxLxE.shape[-1], c.mlp_dim)(y_BxLxM)
     return nn.Dropout(c.dropout_rate)(y_BxLxE, deterministic=deterministic)
-
-
-BLOCK_NORMS = ("pre", "post")
 
 
 class EncoderBlock(nn.Module):

@@ -11,13 +11,18 @@ import jax.numpy as jnp
 import ml_collections
 from flax.core import FrozenDict
 
-from simpletron_jax.model import attention, layers
+from simpletron_jax.model import attention
 from simpletron_jax.model.attention import base
 
 
 POOLINGS = ("CLS", "MEAN")
 HEADS = ("mlp", "dense")
 HEAD_ACTIVATIONS = {"relu": nn.relu, "gelu": lambda x: nn.gelu(x, approximate=False)}
+# The names of layers.py's tables (learned position inits, the block MLP's activations).
+POS_EMB_INITS = ("normal", "zeros")
+MLP_ACTIVATIONS = ("gelu_exact", "gelu_tanh")
+BLOCK_NORMS = ("pre", "post")
+LN_EPSILON = 1e-6
 INTERACTIONS = ("concat", "nli")
 EMBEDDING_TYPES = ("lra", "bert")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -97,19 +102,19 @@ class ModelConfig:
   last_block_cls_only: bool = _choice_field(False, _BOOLS)
   length_multiple: int = 1
   dtype: str = _choice_field("float32", tuple(sorted(DTYPES)))
-  pos_emb_init: str = _choice_field("normal", tuple(sorted(layers.POS_EMB_INITS)))
+  pos_emb_init: str = _choice_field("normal", POS_EMB_INITS)
   embedding_dropout: bool = _choice_field(True, _BOOLS)
   attention_branch_dropout: bool = _choice_field(True, _BOOLS)
   final_layer_norm: bool = _choice_field(True, _BOOLS)
   zero_pad_embedding: bool = _choice_field(False, _BOOLS)
-  mlp_activation: str = _choice_field("gelu_tanh", tuple(sorted(layers.MLP_ACTIVATIONS)))
+  mlp_activation: str = _choice_field("gelu_tanh", MLP_ACTIVATIONS)
   cls_position: bool = _choice_field(True, _BOOLS)
   dense_init: str = _choice_field("lra", base.INITS)
   embedding_type: str = _choice_field("lra", EMBEDDING_TYPES)
   type_vocab_size: int = 2
   max_positions: int = 0
-  block_norm: str = _choice_field("pre", layers.BLOCK_NORMS)
-  layer_norm_epsilon: float = layers.LN_EPSILON
+  block_norm: str = _choice_field("pre", BLOCK_NORMS)
+  layer_norm_epsilon: float = LN_EPSILON
   pooler: bool = _choice_field(False, _BOOLS)
   mlp_hidden_dropout: bool = _choice_field(True, _BOOLS)
 

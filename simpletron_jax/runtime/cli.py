@@ -30,53 +30,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import importlib.machinery
-import importlib.util
 import os
 import re
 import signal
 import sys
 import threading
 import traceback
-import types
 from typing import Iterable, Iterator, Sequence
 
 from absl import flags
 from ml_collections import config_flags
-from ml_collections.config_flags import config_flags as _config_flags_impl
 
-from simpletron_jax.runtime import errors
+from simpletron_jax.runtime import config_files, errors
 
 # The package's folder, and the one above it (in a checkout: configs/ and .git/ are there).
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)
 # The exception types a user error can have (besides errors.RunError).
 USER_ERROR_TYPES = (ValueError, OSError)
-
-
-def _load_config_source(module_name: str, module_path: str) -> types.ModuleType:
-  """Runs a config file as ml_collections' ``config_flags`` does (any suffix, registered in
-  ``sys.modules`` as ``module_name`` unless it fails) through ``exec_module``: ml_collections
-  1.1.0 calls ``SourceFileLoader.load_module()``, which Python 3.15 removed (gh-97850).
-
-  Raises:
-    FileNotFoundError: no file at ``module_path``; any exception the file raises.
-  """
-  loader = importlib.machinery.SourceFileLoader(module_name, module_path)
-  spec = importlib.util.spec_from_loader(module_name, loader)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[module_name] = module
-  try:
-    loader.exec_module(module)
-  except BaseException:
-    sys.modules.pop(module_name, None)
-    raise
-  return module
-
-
-# config_flags loads every --config file; its loader is replaced until ml_collections' is fixed.
-if hasattr(_config_flags_impl, "_load_source"):
-  _config_flags_impl._load_source = _load_config_source  # pylint: disable=protected-access
 
 
 def one_line(message: str) -> str:
@@ -138,46 +109,6 @@ def user_errors_exit(program: str, verbose: bool = False,
     raise SystemExit(f"{program}: {message}") from None
 
 
-def _config_arg(argv: Sequence[str], flag_values: flags.FlagValues) -> str:
-  """The config file ``--config`` names (its ``:variant`` dropped): from the parsed flag, or
-  from ``argv`` when the flag's own parsing failed (a config file that does not load)."""
-  try:
-    return config_flags.get_config_filename(flag_values["config"])
-  except Exception:  # pylint: disable=broad-except  (absl: not parsed; no such flag)
-    pass
-  for i, arg in enumerate(argv):
-    if arg.startswith("--config="):
-      return arg[len("--config="):].split(":")[0]
-    if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1].split(":")[0]
-  return "?"
-
-
-def _load_cause(error: BaseException) -> str:
-  """The cause of a config file's failure to load, on one line: ``file:line`` and the message
-  of a syntax error, else the error's type and first line (ml_collections' messages go on
-  with the paths it tried)."""
-  if isinstance(error, SyntaxError):
-    return f"SyntaxError at {error.filename}:{error.lineno}: {error.msg}"
-  first = (str(error).strip().splitlines() or [""])[0]
-  return f"{type(error).__name__}: {first}"
-
-
-def _config_file_message(path: str, error: BaseException) -> str:
-  """Why the config file ``path`` could not be loaded, with the files next to it when it does
-  not exist."""
-  folder = os.path.dirname(path) or "."
-  if os.path.exists(path):
-    return (f"--config {path}: the file cannot be loaded: {_load_cause(error)}; fix the "
-            "file, or pass another config")
-  known = ""
-  if os.path.isdir(folder):
-    names = sorted(f for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py")
-    known = f"; the configs in {folder}: {', '.join(names)}" if names else ""
-  return (f"--config {path}: no such config file{known}. Configs are "
-          "configs/<task>/<attention>.py[:variant], e.g. configs/listops/simple.py:tiny")
-
-
 def _flag_error_message(error: flags.Error) -> str:
   """absl's message for a flag value it refused; for an error inside a config file's
   ``get_config`` (e.g. an unknown ``:variant``) the flag and that error's last line, not the
@@ -190,16 +121,6 @@ def _flag_error_message(error: flags.Error) -> str:
   return one_line(str(error))
 
 
-def _config_fields(config, prefix: str = "") -> list[str]:
-  """The dotted names of every field of a ConfigDict (sections included)."""
-  names = []
-  for key, value in (config.items() if hasattr(config, "items") else ()):
-    names.append(f"{prefix}{key}")
-    if hasattr(value, "items"):
-      names += _config_fields(value, f"{prefix}{key}.")
-  return names
-
-
 def _unknown_flag_message(error: flags.UnrecognizedFlagError,
                           flag_values: flags.FlagValues) -> str:
   """absl's "Unknown command line flag", as a missing config field with the nearest names
@@ -209,40 +130,14 @@ def _unknown_flag_message(error: flags.UnrecognizedFlagError,
     return f"{one_line(str(error))} (see --help)"
   field = name[len("config."):]
   try:
-    known = _config_fields(flag_values["config"].value)
+    known = config_files.config_fields(flag_values["config"].value)
   except OSError as e:   # the config file itself failed to load: that is the cause
-    return _config_file_message(config_flags.get_config_filename(flag_values["config"]), e)
+    return config_files.config_file_message(
+        config_flags.get_config_filename(flag_values["config"]), e)
   close = difflib.get_close_matches(field, known, n=3)
   hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
   return (f"--config.{field}: the config has no field {field!r}{hint}; overrides set existing "
           "fields only, e.g. --config.batch_size=8")
-
-
-def _config_spec(argv: Sequence[str]) -> str | None:
-  """The ``--config`` value of ``argv`` (``path[:variant]``), or None when there is none."""
-  for i, arg in enumerate(argv):
-    if arg.startswith("--config="):
-      return arg[len("--config="):]
-    if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return None
-
-
-def _missing_part(config, field: str) -> str | None:
-  """``the config has no field '<part>' [in '<section>'] [(did you mean ...?)]`` for the
-  first part of the dotted ``field`` that ``config`` lacks; None when it has them all."""
-  node, path = config, []
-  for part in field.split("."):
-    if not hasattr(node, "keys") or part not in node:
-      known = list(node.keys()) if hasattr(node, "keys") else []
-      close = difflib.get_close_matches(part, known, n=3)
-      section = ".".join(path)
-      names = ", ".join(repr(f"{section}.{c}" if section else c) for c in close)
-      return (f"the config has no field {part!r}{f' in {section!r}' if section else ''}"
-              f"{f' (did you mean {names}?)' if close else ''}")
-    path.append(part)
-    node = node[part]
-  return None
 
 
 def _missing_override_message(argv: Sequence[str], error: BaseException) -> str:
@@ -256,18 +151,22 @@ def _missing_override_message(argv: Sequence[str], error: BaseException) -> str:
   given = [a for a in argv[1:] if a.startswith("--config.")]
   key = re.search(r"'(\w+)", str(error))
   key = key.group(1) if key else None
-  spec = _config_spec(argv)
+  spec = config_files.config_spec(argv)
   if spec is not None:
-    from simpletron_jax.runtime import overrides  # pylint: disable=import-outside-toplevel
     try:
-      config = overrides.load_config(spec)
+      config = config_files.read_config(spec)
     except (ValueError, OSError, SyntaxError, ImportError, flags.Error):
       config = None
     for override in given if config is not None else ():
       name = override.split("=", 1)[0]
-      missing = _missing_part(config, name[len("--config."):])
+      missing = config_files.missing_field(config, name[len("--config."):])
       if missing:
-        return f"{name}: {missing}; overrides set existing fields only"
+        section, part, close = missing
+        names = ", ".join(map(repr, close))
+        return (f"{name}: the config has no field {part!r}"
+                f"{f' in {section!r}' if section else ''}"
+                f"{f' (did you mean {names}?)' if close else ''}; overrides set existing "
+                "fields only")
   for override in given:
     name = override.split("=", 1)[0]
     parts = name[len("--config."):].split(".")
@@ -314,14 +213,14 @@ def parse_flags(argv: list[str], program: str,
   except flags.Error as e:
     raise SystemExit(f"{program}: {_flag_error_message(e)} (see --help)") from None
   except (OSError, SyntaxError, ImportError) as e:   # the config file, loaded while parsing
-    raise SystemExit(
-        f"{program}: {_config_file_message(_config_arg(argv, flag_values), e)}") from None
+    raise SystemExit(f"{program}: " + config_files.config_file_message(
+        config_files.config_filename(argv, flag_values), e)) from None
   if "config" in flag_values and flag_values["config"].value is not None:
     try:
       getattr(flag_values.config, "keys")   # ml_collections defers a load error to first use
     except OSError as e:
-      raise SystemExit(
-          f"{program}: {_config_file_message(_config_arg(argv, flag_values), e)}") from None
+      raise SystemExit(f"{program}: " + config_files.config_file_message(
+          config_files.config_filename(argv, flag_values), e)) from None
   if len(rest) > 1:
     raise SystemExit(f"{program}: unexpected argument(s) {' '.join(map(repr, rest[1:]))}: "
                      f"{program} takes flags only, as --name=value (quote a value that holds "

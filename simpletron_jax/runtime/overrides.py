@@ -27,14 +27,13 @@ No JAX here.
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 from typing import Sequence
 
 import ml_collections
 
-from simpletron_jax.runtime import cli
+from simpletron_jax.runtime import cli, config_files
 
 PREFIX = "--config."
 """What an override starts with."""
@@ -139,32 +138,18 @@ def _parse(flag_values, argv: list[str]) -> None:
     raise ValueError(message.removesuffix(" (see --help)")) from None
 
 
-def _missing_field(config: ml_collections.ConfigDict, field: str) -> str | None:
-  """The first prefix of the dotted ``field`` that ``config`` lacks (``model.nope`` for
-  ``model.nope.x``), with the nearest existing names; None when the whole path exists."""
-  node, path = config, []
-  for part in field.split("."):
-    path.append(part)
-    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-      known = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-      close = difflib.get_close_matches(part, known, n=3)
-      prefix = ".".join(path[:-1])
-      names = ", ".join(repr(f"{prefix}.{c}" if prefix else c) for c in close)
-      hint = f" (did you mean {names}?)" if close else ""
-      return f"{'.'.join(path)!r}{hint}"
-    node = node[part]
-  return None
-
-
 def _missing_field_message(config: ml_collections.ConfigDict, error: BaseException,
                            overrides: Sequence[str]) -> str:
   """One line for an override of a field the config lacks, naming the first missing part of
   its path and the nearest existing names."""
   for override in overrides:
-    missing = _missing_field(config, override[len(PREFIX):].split("=", 1)[0])
+    missing = config_files.missing_field(config, override[len(PREFIX):].split("=", 1)[0])
     if missing:
-      return (f"the config has no field {missing}; {override.split('=', 1)[0]} sets "
-              "existing fields only, e.g. --config.num_train_steps=300")
+      section, part, close = missing
+      hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+      return (f"the config has no field {(f'{section}.' if section else '') + part!r}{hint}; "
+              f"{override.split('=', 1)[0]} sets existing fields only, e.g. "
+              "--config.num_train_steps=300")
   return f"an override was refused: {' '.join(str(error).split())}"
 
 
@@ -241,8 +226,7 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   if not os.path.isfile(path):
     raise ValueError(f"--config {spec}: no such config file ({path}); configs are "
                      "configs/<task>/<model>.py[:variant], e.g. configs/listops/simple.py:tiny")
-  if cli.REPO_ROOT not in sys.path and os.path.isdir(os.path.join(cli.REPO_ROOT, "configs")):
-    sys.path.insert(0, cli.REPO_ROOT)   # the config files import configs.lra
+  config_files.import_config_package(path)   # the config files import configs.lra
   argv = ["load_config", f"--config={path}{colon}{variant}"]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=False,

@@ -55,11 +55,12 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from simpletron_jax.model import attention, encoders, layers
+from simpletron_jax.experiments import attentions
+from simpletron_jax.model import encoders, layers
 from simpletron_jax.model.attention import base
 
-# The map methods (``attention.EXPLAIN_METHODS``; each variant's is its
-# ``AttentionSpec.explain_method``) and what each computes.
+# The map methods (``attentions.EXPLAIN_METHODS``; each variant's is its
+# ``AttentionRecipe.explain_method``) and what each computes.
 METHODS = {
     "softmax_weights": "the softmax weights (sown by the module)",
     "implicit_exact": ("the exact implicit map A with y = A V, never formed in training "
@@ -81,13 +82,13 @@ _JVP_CHUNK = 64   # value tangents pushed through at once
 
 
 def method_of(attention_name: str) -> str:
-  """The map method of a registered variant (its ``AttentionSpec.explain_method``): a key of
+  """The map method of a registered variant (its ``AttentionRecipe.explain_method``): a key of
   :data:`METHODS`.
 
   Raises:
     ValueError: for an unknown name (naming ``model.attention``).
   """
-  return attention.get(attention_name).explain_method
+  return attentions.get(attention_name).explain_method
 
 
 def model_args(batch: Mapping[str, np.ndarray]) -> tuple:

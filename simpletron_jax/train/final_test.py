@@ -6,9 +6,10 @@ The final parameters are tested as LRA's ``--test_only`` (``listops/train.py``; 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import ml_collections
@@ -82,38 +83,95 @@ def final_and_best_tests(start: Any, earlier: dict,
   return final_test, test
 
 
+@dataclasses.dataclass(frozen=True)
+class Results:
+  """The contents of ``results.json`` (docs/runs.md); :meth:`to_json` gives the file's object.
+
+  Attributes:
+    task, attention: the run's ``config.task`` and ``model.attention``.
+    test_accuracy_best_val, test_loss_best_val: the test of the best-validation checkpoint
+      (SimpleTRON's protocol).
+    test_accuracy_final, test_loss_final: the test of the parameters after ``final_step``
+      (LRA's).
+    final_step: the last optimizer step trained.
+    test_majority_rate, val_majority_rate: the majority-class rates of the splits.
+    best_step, best_val_accuracy: the best validation and its step.
+    num_train_steps: the steps the config trains.
+    complete: ``final_step`` reached ``num_train_steps``; stopped_by: else what stopped it
+      (``max_train_minutes``).
+    config_fingerprint: :func:`run_record.config_fingerprint` of the config.
+    forced_resume_changes: the starts that ``--allow_resume_changes`` let change what is
+      computed (:data:`run_record.FORCED_KEY`).
+    steps_per_sec, train_seconds: the training throughput and time over every start.
+    train_compile_seconds_this_run, train_shapes_compiled_in_loop: this start's train calls
+      that compiled a batch shape.
+    precompiled: ``precompile_seconds`` and the shape counts of ``--precompile_workers``
+      (empty without), written as keys of their own.
+    wall_seconds_this_run: this start's wall-clock seconds.
+    num_devices: devices of the run; data_source: where the data came from.
+    software: :func:`simpletron_jax.run.software_record.software`, written as keys of their
+      own.
+  """
+
+  task: str
+  attention: str
+  test_accuracy_best_val: float
+  test_loss_best_val: float
+  test_accuracy_final: float
+  test_loss_final: float
+  final_step: int
+  test_majority_rate: float
+  val_majority_rate: float
+  best_step: int
+  best_val_accuracy: float
+  num_train_steps: int
+  complete: bool
+  stopped_by: str | None
+  config_fingerprint: str
+  forced_resume_changes: list
+  steps_per_sec: float
+  train_seconds: float
+  train_compile_seconds_this_run: float
+  train_shapes_compiled_in_loop: int
+  precompiled: Mapping[str, Any]
+  wall_seconds_this_run: float
+  num_devices: int
+  data_source: str
+  software: Mapping[str, Any]
+
+  def to_json(self) -> dict[str, Any]:
+    """The file's object: the fields in order, ``precompiled`` and ``software`` spread."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      out.update(value if field.name in ("precompiled", "software") else {field.name: value})
+    return out
+
+
 def run_results(run: RunConfig, fingerprint: str, data: tasks.TaskData, start: Any,
                 tests: tuple[dict[str, Any], dict[str, Any]], val_majority: float,
                 last_step: int, window: loop.TrainWindow, precompiled: dict[str, Any],
-                wall_start: float, software: dict[str, Any]) -> dict[str, Any]:
-  """The contents of ``results.json`` (docs/runs.md); ``tests`` is
-  :func:`final_and_best_tests`' ``(final, best)``."""
+                wall_start: float, software: dict[str, Any]) -> Results:
+  """The run's :class:`Results`; ``tests`` is :func:`final_and_best_tests`' ``(final, best)``."""
   final_test, test = tests
   complete = last_step >= run.train.num_train_steps
-  return {
-      "task": run.task, "attention": run.model.attention,
-      "test_accuracy": test["accuracy"], "test_loss": test["loss"],
-      "test_accuracy_best_val": test["accuracy"], "test_loss_best_val": test["loss"],
-      "test_accuracy_final": final_test["accuracy"], "test_loss_final": final_test["loss"],
-      "final_step": last_step,
-      "test_majority_rate": test["majority_rate"],
-      "val_majority_rate": val_majority,
-      "best_step": start.run_state.best_step,
-      "best_val_accuracy": start.run_state.best_val_accuracy,
-      "num_train_steps": run.train.num_train_steps, "last_step": last_step,
-      "complete": complete, "stopped_by": None if complete else "max_train_minutes",
-      "config_fingerprint": fingerprint,
-      run_record.FORCED_KEY: run_record.forced_changes(
+  return Results(
+      task=run.task, attention=run.model.attention,
+      test_accuracy_best_val=test["accuracy"], test_loss_best_val=test["loss"],
+      test_accuracy_final=final_test["accuracy"], test_loss_final=final_test["loss"],
+      final_step=last_step, test_majority_rate=test["majority_rate"],
+      val_majority_rate=val_majority, best_step=start.run_state.best_step,
+      best_val_accuracy=start.run_state.best_val_accuracy,
+      num_train_steps=run.train.num_train_steps, complete=complete,
+      stopped_by=None if complete else "max_train_minutes", config_fingerprint=fingerprint,
+      forced_resume_changes=run_record.forced_changes(
           start.config_tree.get(run_record.CONFIG_HISTORY_KEY)),
-      "steps_per_sec": last_step / max(window.train_seconds, 1e-9),
-      "train_seconds": window.train_seconds,
-      "train_compile_seconds_this_run": window.compile_seconds_this_run,
-      "train_shapes_compiled_in_loop": window.shapes_compiled,
-      **precompiled,
-      "wall_seconds_this_run": time.time() - wall_start,
-      "num_devices": jax.device_count(), "data_source": data.source,
-      **software,
-  }
+      steps_per_sec=last_step / max(window.train_seconds, 1e-9),
+      train_seconds=window.train_seconds,
+      train_compile_seconds_this_run=window.compile_seconds_this_run,
+      train_shapes_compiled_in_loop=window.shapes_compiled, precompiled=precompiled,
+      wall_seconds_this_run=time.time() - wall_start, num_devices=jax.device_count(),
+      data_source=data.source, software=software)
 
 
 def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",

@@ -9,6 +9,7 @@ stopped it; nothing non-finite is logged or saved (:func:`check_finite`). Times 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -18,8 +19,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from simpletron_jax.runtime import distributed, errors
-from simpletron_jax.train import steps
+from simpletron_jax.runtime import distributed, errors, progress
+from simpletron_jax.train import steps, train_state
 from simpletron_jax.run import run_guard
 from simpletron_jax.train.checkpoints import (
     RunState,
@@ -29,7 +30,7 @@ from simpletron_jax.train.checkpoints import (
     step_dir,
 )
 from simpletron_jax.run.metric_logging import MetricLogger
-from simpletron_jax.train.run_config import CheckpointConfig, EvalConfig, LoggingConfig
+from simpletron_jax.train.run_config import RunConfig
 from simpletron_jax.train.steps import InFlightLimit, JitParallel, PmapParallel, TrainState
 
 
@@ -187,28 +188,69 @@ class TimeBudget:
         time.time() - self.wall_start > self.seconds)
 
 
-class Actions:
-  """The actions after each optimizer step (the module docstring's order).
+@dataclasses.dataclass
+class Saving:
+  """Where the loop saves and what each checkpoint carries.
 
-  Args:
-    validate: ``validate(params_repl) -> metrics`` of the validation split.
-    run_state: updated in place (the best validation, ``train_seconds``, ...).
-    last_good: the newest checkpoint's folder (or a phrase saying there is none).
+  Attributes:
+    ckpts: the run's checkpoint manager.
+    run_state: what a checkpoint carries (the best validation, ``train_seconds``, ...),
+      updated in place.
+    step: the newest checkpoint's optimizer step (0: none saved yet).
   """
 
-  def __init__(self, eval_config: EvalConfig, checkpoint: CheckpointConfig,
-               logging: LoggingConfig, micro_steps: MicroSteps,
-               window: TrainWindow, logger: MetricLogger, bar: Any,
-               validate: Callable[[Any], dict[str, float]], ckpts: ocp.CheckpointManager,
-               run_state: RunState, last_good: str, step_hook: Callable[[int], None] | None):
-    self.micro_steps, self.window, self.logger, self.bar = micro_steps, window, logger, bar
-    self.validate, self.ckpts, self.new_best = validate, ckpts, None
-    self.best_metric, self.best_mode = eval_config.best_metric, eval_config.best_mode
-    self.run_state, self.last_good, self.step_hook = run_state, last_good, step_hook
+  ckpts: ocp.CheckpointManager
+  run_state: RunState
+  step: int
+
+  @property
+  def last_good(self) -> str:
+    """The newest checkpoint's folder, or a phrase saying none was saved."""
+    return step_dir(self.ckpts, self.step) if self.step else "none (nothing saved yet)"
+
+
+class Actions:
+  """An optimizer step and the actions after it (the module docstring's order), with the
+  train window (:class:`TrainWindow`) and the progress bar.
+
+  Args:
+    run: the run's typed config (its ``train``, ``eval``, ``checkpoint`` and ``logging``).
+    micro_steps: the optimizer step (:class:`MicroSteps`).
+    logger: the run's metric records.
+    validate: ``validate(params_repl) -> metrics`` of the validation split.
+    saving: the checkpoints, from the step the run starts at.
+    step_hook: called with each optimizer step once its checkpoints are on disk, or None.
+  """
+
+  def __init__(self, run: RunConfig, micro_steps: MicroSteps, logger: MetricLogger,
+               validate: Callable[[Any], dict[str, float]], saving: Saving,
+               step_hook: Callable[[int], None] | None):
+    self.micro_steps, self.logger, self.validate = micro_steps, logger, validate
+    self.saving, self.step_hook, self.new_best = saving, step_hook, None
+    self.best_metric, self.best_mode = run.eval.best_metric, run.eval.best_mode
     self.parallel = micro_steps.parallel
-    self.log_action = Periodic(logging.log_every, self._log)
-    self.validate_action = Periodic(eval_config.eval_frequency, self._validate)
-    self.checkpoint_action = Periodic(checkpoint.checkpoint_every, self._checkpoint)
+    self.window = TrainWindow(self.parallel, train_state.make_schedule(run.train),
+                              saving.run_state.train_seconds)
+    self.bar = progress.bar(total=run.train.num_train_steps, initial=saving.step, desc="train",
+                            disable=jax.process_index() != 0, dynamic_ncols=True,
+                            mininterval=1.0)
+    self.log_action = Periodic(run.logging.log_every, self._log)
+    self.validate_action = Periodic(run.eval.eval_frequency, self._validate)
+    self.checkpoint_action = Periodic(run.checkpoint.checkpoint_every, self._checkpoint)
+
+  def train_step(self, state_repl: TrainState, step: int) -> TrainState:
+    """Optimizer ``step`` (:class:`MicroSteps`), counted in the window and the bar."""
+    state_repl = self.micro_steps(state_repl, step, self.window)
+    self.bar.update(1)
+    return state_repl
+
+  def close(self) -> None:
+    """Closes the progress bar (its last line)."""
+    self.bar.close()
+
+  def write(self, line: str) -> None:
+    """Writes ``line`` on its own line, past the progress bar."""
+    self.bar.write(line)
 
   def __call__(self, step: int, state_repl: TrainState, stop: bool, final: bool) -> None:
     """``stop``: this start's last step (record, checkpoint); ``final``: also validate.
@@ -225,35 +267,36 @@ class Actions:
     self.window.exclude(time.time() - pause_start)
 
   def _log(self, step: int, state_repl: TrainState) -> None:
-    self.micro_steps.check_finite(state_repl, self.last_good)
+    self.micro_steps.check_finite(state_repl, self.saving.last_good)
     record = self.window.record(step)
     self.logger.write(step, record, "train")
     self.bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}")
     self.window.restart()
 
   def _validate(self, step: int, state_repl: TrainState) -> None:
-    self.micro_steps.check_finite(state_repl, self.last_good)
+    self.micro_steps.check_finite(state_repl, self.saving.last_good)
     val = self.validate(state_repl.params)
     self.logger.write(step, val, "val")
     if not math.isfinite(val["loss"]):
       raise errors.NonFiniteError(
           f"step {step}: the validation loss is {val['loss']}; the run stopped without "
-          f"saving this state. The last good checkpoint is {self.last_good}.")
+          f"saving this state. The last good checkpoint is {self.saving.last_good}.")
     # saved with each checkpoint: a start that trains no step reports the same figure
-    self.run_state.val_majority_rate = val["majority_rate"]
+    self.saving.run_state.val_majority_rate = val["majority_rate"]
     self.bar.write(f"step {step}: val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}")
     score = best_score(val, self.best_metric, self.best_mode)
-    if self.run_state.new_best(step, score, val["accuracy"]):
+    if self.saving.run_state.new_best(step, score, val["accuracy"]):
       self.new_best = score
 
   def _checkpoint(self, step: int, state_repl: TrainState) -> None:
-    self.micro_steps.check_finite(state_repl, self.last_good)
-    self.run_state.train_seconds = self.window.train_seconds
-    save_checkpoint(self.ckpts, step, self.parallel.host(state_repl), self.run_state.to_meta(),
-                    self.new_best)
-    self.last_good, self.new_best = step_dir(self.ckpts, step), None
+    self.micro_steps.check_finite(state_repl, self.saving.last_good)
+    saving = self.saving
+    saving.run_state.train_seconds = self.window.train_seconds
+    save_checkpoint(saving.ckpts, step, self.parallel.host(state_repl),
+                    saving.run_state.to_meta(), self.new_best)
+    saving.step, self.new_best = step, None
 
   def _hook(self, step: int) -> None:
     if self.step_hook is not None:
-      finish_saves(self.ckpts)   # a hook sees the step's checkpoints on disk
+      finish_saves(self.saving.ckpts)   # a hook sees the step's checkpoints on disk
       self.step_hook(step)

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from simpletron_jax.experiments import recipes
 from simpletron_jax.model import encoders
-from simpletron_jax.train import recipes
 
 # ``pretrain.objective``: "none" (classifier, fine-tuning), "mlm" or "causal" (next token).
 OBJECTIVES = ("none", "mlm", "causal")

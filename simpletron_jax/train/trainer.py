@@ -18,7 +18,7 @@ import jax
 import ml_collections
 
 from simpletron_jax.data import batches, tasks
-from simpletron_jax.runtime import distributed, errors, progress
+from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.train import (
     checkpoints,
     config_checks,
@@ -84,11 +84,6 @@ class _Start:
   config_tree: dict[str, Any]
   new_forced: bool
   dropout_root: jax.Array
-
-  def last_good(self) -> str:
-    """The newest checkpoint's folder at this start, or a phrase saying none was saved."""
-    return (checkpoints.step_dir(self.ckpts, self.step) if self.step
-            else "none (nothing saved yet)")
 
 
 def _resume(config: ml_collections.ConfigDict, run: RunConfig, folder: RunFolder,
@@ -224,8 +219,7 @@ def _train_steps(train: TrainConfig, first: int, state_repl: TrainState, actions
   step, preempted, out_of_time = train.num_train_steps, False, False   # if none is trained
   for step in range(first, train.num_train_steps + 1):
     profiler.step_started(step)   # --profile_steps: the trace starts before step A
-    state_repl = actions.micro_steps(state_repl, step, actions.window)
-    actions.bar.update(1)
+    state_repl = actions.train_step(state_repl, step)
     profiler.step_finished(step, state_repl)   # after step B: wait for it, stop the trace
     out_of_time = budget.spent()
     preempted = guard.should_stop(step)   # every host at the same step
@@ -254,8 +248,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     profile_steps: ``(A, B)``: a profiler trace of steps A..B to ``workdir/profile``.
 
   Returns:
-    ``results.json``'s contents: ``test_accuracy_best_val``, ``test_accuracy_final``, their
-    ``best_step`` and ``final_step``, ``complete``, ... (all in docs/runs.md).
+    ``results.json``'s contents (:class:`final_test.Results`): ``test_accuracy_best_val``,
+    ``test_accuracy_final``, their ``best_step`` and ``final_step``, ``complete``, ... (all in
+    docs/runs.md); for a finished rerun, the file as it is (an older one may have the alias
+    keys ``test_accuracy``, ``test_loss`` and ``last_step``).
 
   Raises:
     ValueError: an inconsistent config or an empty split.
@@ -296,30 +292,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         run, data, state_repl, parallel, start.step, precompile_workers, guard)
     if precompiled:
       logger.write(start.step, precompiled, "info")
-    window = loop.TrainWindow(parallel, train_state.make_schedule(train),
-                              start.run_state.train_seconds)
     micro_steps = loop.MicroSteps(
         p_train, programs, parallel,
         batches.train_batches(data.train, run.batches, start.step * train.grad_accum_steps),
         start.dropout_root, train.grad_accum_steps)
-    bar = progress.bar(total=train.num_train_steps, initial=start.step, desc="train",
-                       disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
     actions = loop.Actions(
-        run.eval, run.checkpoint, run.logging, micro_steps, window, logger, bar,
+        run, micro_steps, logger,
         final_test.evaluator(eval_fn, data.val, run.batches, run.eval.num_eval_steps, parallel),
-        start.ckpts, start.run_state, start.last_good(), step_hook)
+        loop.Saving(start.ckpts, start.run_state, start.step), step_hook)
     state_repl, step, preempted, out_of_time = _train_steps(
         train, start.step + 1, state_repl, actions, profiler, guard, wall_start)
     guard.restore()   # from here on, a signal ends the process: the last step is saved
-    bar.close()
+    actions.close()
     checkpoints.finish_saves(start.ckpts)   # on disk, or CheckpointError
     if preempted or guard.requested_locally():   # no test: the scheduler's grace period is short
-      bar.write(f"{guard.cause}: saved step {step} to {actions.last_good}")
+      actions.write(f"{guard.cause}: saved step {step} to {actions.saving.last_good}")
       logger.close()
       raise preemption.PreemptedError(step, guard.cause)
     if out_of_time:
-      bar.write(f"max_train_minutes={train.max_train_minutes} reached after step {step}; "
-                "rerun with the same workdir to continue")
+      actions.write(f"max_train_minutes={train.max_train_minutes} reached after step {step}; "
+                    "rerun with the same workdir to continue")
     tests = final_test.final_and_best_tests(
         start, earlier, logger,
         final_test.evaluator(eval_fn, data.test, run.batches, run.eval.num_test_steps, parallel),
@@ -328,8 +320,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if val_majority is None:   # this lineage has not validated yet
       val_majority = final_test.last_val_majority(earlier, step, data.val)
     results = final_test.run_results(run, run_record.config_fingerprint(config), data, start,
-                                     tests, val_majority, step, window, precompiled,
-                                     wall_start, software)
+                                     tests, val_majority, step, actions.window, precompiled,
+                                     wall_start, software).to_json()
     folder.write_results(results)   # atomic: never a half-written file
     logger.close()
     return results

@@ -39,7 +39,7 @@ def _complete(folder: str) -> bool:
 def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
   data_dir = config.data.get("data_dir") or ensure_generated(**generator_args(config))
   data_dir = os.path.expanduser(data_dir)
-  splits = {s: load_split(data_dir, s, task=config.data.get("task_name", "basic"))
+  splits = {s: load_split(data_dir, s, task=tasks.data_option(config, "task_name"))
             for s in sources.SPLITS}
   return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
                         source=data_dir)

@@ -28,7 +28,8 @@ def generator_args(config: ml_collections.ConfigDict) -> dict:
   data = config.data
   return dict(cache_dir=os.path.join(tasks.cache_dir(config), "pathfinder"), seed=int(data.seed),
               resolution=int(data.resolution), level=data.level,
-              num_images=int(data.num_images), generator=str(data.get("generator", "dashed")))
+              num_images=int(data.num_images),
+              generator=str(tasks.data_option(config, "generator")))
 
 
 def _level_dir(args: dict[str, Any]) -> str:
@@ -41,7 +42,7 @@ def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
   data_dir = os.path.expanduser(data_dir)
   splits = load_pathfinder(data_dir, resolution=int(data.resolution), level=data.level,
                            seed=int(data.seed), split_fractions=tuple(data.split_fractions),
-                           split_hash=str(data.get("split_hash", "blake2b")))
+                           split_hash=str(tasks.data_option(config, "split_hash")))
   splits = tasks.apply_lra_pixel_mask(config, splits)
   return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
                         source=data_dir)

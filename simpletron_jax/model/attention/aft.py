@@ -263,8 +263,8 @@ class AFTAttention(base.Attention):
 
 _AFT = "Zhai et al., An Attention Free Transformer (2021)"
 registry.register(registry.AttentionSpec("aft_full", AFTAttention, {"variant": "full"},
-                                         quadratic=True, paper=_AFT, follows_max_length=True))
+                                         quadratic=True, paper=_AFT))
 registry.register(registry.AttentionSpec("aft_simple", AFTAttention, {"variant": "simple"},
                                          paper=_AFT, length_padding_exact=True))
 registry.register(registry.AttentionSpec("aft_local", AFTAttention, {"variant": "local"},
-                                         paper=_AFT, follows_max_length=True))
+                                         paper=_AFT))

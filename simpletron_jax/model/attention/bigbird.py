@@ -287,8 +287,5 @@ class BigBirdAttention(base.Attention):
     return self.project_out(y_BxLxHxK)
 
 
-# BigBird lays its pattern (global last block, random blocks) out on LRA's padded length.
 registry.register(registry.AttentionSpec(
-    "bigbird", BigBirdAttention, paper="Zaheer et al., Big Bird (2020)",
-    follows_max_length=True, lra_model_type="bigbird", lra_options=registry.LRA_BUGS_OFF,
-    lra_bug_options={"lra_bugs": True}))   # appended keys real, pad rows zero, no dropout
+    "bigbird", BigBirdAttention, paper="Zaheer et al., Big Bird (2020)"))

@@ -219,7 +219,4 @@ class LinearAttention(base.Attention):
 
 registry.register(registry.AttentionSpec(
     "linear", LinearAttention, paper="Katharopoulos et al., Transformers are RNNs (2020)",
-    length_padding_exact=True, lra_model_type="linear_transformer",
-    lra_options=registry.LRA_MASKING_OFF,
-    lra_bug_options={"lra_masking": True},   # no padding mask at all
-    explain_method="implicit_exact"))
+    length_padding_exact=True))

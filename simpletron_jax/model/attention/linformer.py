@@ -98,9 +98,5 @@ class LinformerAttention(base.Attention):
     return self.project_out(y_BxLxHxK)
 
 
-# LRA's Linformer: ``low_rank_features=16`` (``models/linformer/linformer_attention.py``
-# default; the text config's 32 is a top-level field its train.py never passes).
 registry.register(registry.AttentionSpec(
-    "linformer", LinformerAttention, paper="Wang et al., Linformer (2020)",
-    follows_max_length=True, lra_model_type="linformer",
-    lra_options={"k": 16, **registry.LRA_MASKING_OFF}, lra_bug_options={"lra_masking": True}))
+    "linformer", LinformerAttention, paper="Wang et al., Linformer (2020)"))

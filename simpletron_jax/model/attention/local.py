@@ -207,6 +207,4 @@ class LocalAttention(base.Attention):
 
 
 registry.register(registry.AttentionSpec(
-    "local", LocalAttention, paper="LRA local attention (Tay et al., Long Range Arena, 2021)",
-    lra_model_type="local", lra_options=registry.LRA_BUGS_OFF,
-    lra_bug_options={"lra_bugs": True}))
+    "local", LocalAttention, paper="LRA local attention (Tay et al., Long Range Arena, 2021)"))

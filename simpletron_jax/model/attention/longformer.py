@@ -144,6 +144,4 @@ class LongformerAttention(base.Attention):
 
 
 registry.register(registry.AttentionSpec(
-    "longformer", LongformerAttention, paper="Beltagy et al., Longformer (2020)",
-    lra_model_type="longformer",
-    lra_bug_options={"lra_bugs": True}))   # pad query rows uniform over every position
+    "longformer", LongformerAttention, paper="Beltagy et al., Longformer (2020)"))

@@ -262,6 +262,4 @@ class ReformerAttention(base.Attention):
 # ``configs/lra.make_config``): LRA's module takes ``qkv_features`` from the input width.
 registry.register(registry.AttentionSpec(
     "reformer", ReformerAttention,
-    paper="Kitaev et al., Reformer: The Efficient Transformer (2020)",
-    lra_model_type="reformer", lra_options=registry.LRA_BUGS_OFF,
-    lra_bug_options={"lra_bugs": True}, output_projection=False))
+    paper="Kitaev et al., Reformer: The Efficient Transformer (2020)", output_projection=False))

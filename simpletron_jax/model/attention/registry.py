@@ -4,11 +4,11 @@ A variant's file defines its module (a :class:`base.Attention`) and, beside it, 
 :func:`register` with its spec; :mod:`simpletron_jax.model.attention` imports every module of
 the package, so a new attention is one new file (plus its ``configs/<task>/<name>.py``;
 docs/configs.md). ``get(name)`` returns the spec and ``spec.build(...)`` makes the Flax
-module. A spec also tells the encoder block how to wire the variant (SimpleTRON's double
-skip) and records its asymptotic cost, which the tests use (a sub-quadratic variant must
-never build an ``L x L`` array), and holds the variant's facts that others read: whether
-padding the length changes it (``model.length_multiple``), its settings in the configs
-(``configs/lra.py``) and how :mod:`simpletron_jax.tools.explain` reads its map.
+module. A spec holds what the model needs to build and wire the variant (SimpleTRON's double
+skip, the output projection), its asymptotic cost, which the tests use (a sub-quadratic
+variant must never build an ``L x L`` array), and whether padding the length changes it
+(``model.length_multiple``). Its experiment facts (LRA's baseline, options and bugs, the
+SimpleTRON paper's variants) are :mod:`simpletron_jax.experiments.attentions`'s.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from simpletron_jax.model.attention import base
 # Constructor arguments the encoder block passes to every variant (not config options).
 ENCODER_ARGS = ("num_heads", "qkv_dim", "out_dim", "dropout_rate", "dtype", "num_queries",
                 "use_bias", "dense_init")
-# How :mod:`simpletron_jax.tools.explain` gets a variant's map (``AttentionSpec.explain_method``):
-# the weights the module sows, the exact implicit map it sows, or the value Jacobian.
-EXPLAIN_METHODS = ("softmax_weights", "implicit_exact", "value_jacobian")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,30 +46,9 @@ class AttentionSpec:
     padding_exact_options: options that must hold these values for
       ``length_padding_exact`` to hold (Simple's published ``normalizer="padded"`` and
       ``mask_pads=False`` let the pads in).
-    follows_max_length: its option ``max_length`` sizes a weight or lays out its pattern
-      on the padded length; ``configs/lra.py`` sets it to ``model.max_length`` plus 1 with
-      a prepended CLS token.
-    lra_model_type: LRA's ``config.model_type`` of the baseline this variant reproduces
-      (``lra_benchmarks/*/configs/``, commit cd31e5c); None: not an LRA baseline.
-    lra_options: the ``attention_kwargs`` LRA's code ran for the baseline on every task
-      (a task record's own, ``TaskSpec.lra_baselines``, win); see ``configs/lra.py``.
-    lra_bug_options: the ``attention_kwargs`` under which the module computes what LRA's
-      module computed, bugs included (docs/lra_parity.md; ``configs/lra.py``'s
-      ``:lra_code``, checked against LRA's logits by tests/test_lra_golden.py).
-    explain_method: how :mod:`simpletron_jax.tools.explain` reads its map, one of
-      :data:`EXPLAIN_METHODS`.
-    simpletron: one of SimpleTRON's paper variants (Yorsh et al., Table 1): its configs take
-      the paper's appendix A settings and keep its ``max_length``, and have the ``:authors``
-      variants (``configs/lra.py``).
     output_projection: False when the variant's output is its heads side by side (no ``out``
       projection), so its configs set ``model.qkv_dim = model.emb_dim`` (Simple,
       Simple-Res; Reformer as LRA built it).
-    cls_option: an option the configs set to whether the pooling is CLS
-      (``model.classifier_pool == "CLS"``): Sparse's ``global_first``, LRA's
-      ``use_cls_token``.
-    lra_encoder: ``config.model`` fields of LRA's encoder for this baseline on the one-input
-      tasks (LRA's dual encoder uses the common one): Sinkhorn's
-      ``SinkhornTransformerEncoder``, MEAN pooling and one Dense head.
   """
 
   name: str
@@ -83,15 +59,7 @@ class AttentionSpec:
   paper: str = ""
   length_padding_exact: bool = False
   padding_exact_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  follows_max_length: bool = False
-  lra_model_type: str | None = None
-  lra_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  lra_bug_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  explain_method: str = "value_jacobian"
-  simpletron: bool = False
   output_projection: bool = True
-  cls_option: str | None = None
-  lra_encoder: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def padding_inexact_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
     """The options in ``options`` (``model.attention_kwargs``; absent ones at the module's
@@ -185,17 +153,13 @@ def register(spec: AttentionSpec) -> AttentionSpec:
   """Adds ``spec`` under ``spec.name``.
 
   Raises:
-    ValueError: if the name is taken, ``spec.module`` is not a :class:`base.Attention`, or
-      ``spec.explain_method`` is not in :data:`EXPLAIN_METHODS`.
+    ValueError: if the name is taken, or ``spec.module`` is not a :class:`base.Attention`.
   """
   if not (isinstance(spec.module, type) and issubclass(spec.module, base.Attention)):
     raise ValueError(f"attention {spec.name!r}: its module {spec.module!r} must subclass "
                      "simpletron_jax.model.attention.base.Attention")
   if spec.name in REGISTRY:
     raise ValueError(f"attention {spec.name!r} is already registered")
-  if spec.explain_method not in EXPLAIN_METHODS:
-    raise ValueError(f"attention {spec.name!r}: explain_method={spec.explain_method!r}; "
-                     f"expected one of {list(EXPLAIN_METHODS)}")
   REGISTRY[spec.name] = spec
   return spec
 
@@ -218,9 +182,3 @@ def names() -> list[str]:
   """All registered variant names, sorted."""
   return sorted(REGISTRY)
 
-
-# The masking fix of LRA's linear, Performer and Linformer, present in their ``lra_options``
-# so that --config.model.attention_kwargs.lra_masking=True switches LRA's missing mask on.
-LRA_MASKING_OFF = {"lra_masking": False}
-# Present so that --config.model.attention_kwargs.lra_bugs=True switches LRA's bugs on.
-LRA_BUGS_OFF = {"lra_bugs": False}

@@ -311,4 +311,4 @@ for _name, _output_proj, _double in (("simple", False, False), ("simple_res", Fa
       _name, SimpleAttention, {"use_output_proj": _output_proj}, double_skip=_double,
       paper="Yorsh et al., SimpleTRON (2021)", length_padding_exact=True,
       padding_exact_options={"normalizer": "real", "mask_pads": True},
-      explain_method="implicit_exact", simpletron=True, output_projection=_output_proj))
+      output_projection=_output_proj))

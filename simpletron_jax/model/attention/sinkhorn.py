@@ -264,10 +264,5 @@ class SinkhornAttention(base.Attention):
     return self.project_out(y_BxLxHxK)
 
 
-# LRA's SinkhornTransformerEncoder: no CLS, MEAN pooling, one Dense head on emb_dim. For CLS
-# it raises "Pooling method not supported yet", so LRA's text and image configs never ran;
-# its dual encoder (retrieval) pools CLS through classifier_head_dual like the others.
 registry.register(registry.AttentionSpec(
-    "sinkhorn", SinkhornAttention, paper="Tay et al., Sparse Sinkhorn Attention (2020)",
-    follows_max_length=True, lra_model_type="sinkhorn", lra_bug_options={"lra_bugs": True},
-    lra_encoder={"classifier_pool": "MEAN", "head": "dense"}))
+    "sinkhorn", SinkhornAttention, paper="Tay et al., Sparse Sinkhorn Attention (2020)"))

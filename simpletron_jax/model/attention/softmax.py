@@ -439,6 +439,4 @@ class SoftmaxAttention(base.Attention):
 
 registry.register(registry.AttentionSpec(
     "softmax", SoftmaxAttention, quadratic=True, paper="Vaswani et al. (2017); LRA Transformer",
-    length_padding_exact=True, lra_model_type="transformer",
-    lra_bug_options={"lra_masking": True},   # query AND key mask: pad rows uniform
-    explain_method="softmax_weights"))
+    length_padding_exact=True))

@@ -170,8 +170,5 @@ class SparseAttention(base.Attention):
     return self.project_out(y_BxLxHxK)
 
 
-# LRA's ``use_cls_token``: position 0 is global exactly when the pooling is CLS.
 registry.register(registry.AttentionSpec(
-    "sparse", SparseAttention, paper="Child et al., Sparse Transformers, fixed pattern (2019)",
-    lra_model_type="sparse_transformer", lra_options=registry.LRA_BUGS_OFF,
-    lra_bug_options={"lra_bugs": True}, cls_option="global_first"))
+    "sparse", SparseAttention, paper="Child et al., Sparse Transformers, fixed pattern (2019)"))

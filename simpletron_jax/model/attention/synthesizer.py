@@ -269,13 +269,7 @@ class RandomSynthesizerAttention(base.Attention):
 
 
 _SYNTHESIZER = "Tay et al., Synthesizer (2021)"
-# LRA's ``models/synthesizer/synthesizer.py`` defaults to random logits plus the dot
-# product (``synthesizer_mode='random'``, ``ignore_dot_product=False``); the text config's
-# factorized settings are top-level fields, never passed. The dense form LRA never ran.
 registry.register(registry.AttentionSpec(
-    "synthesizer", DenseSynthesizerAttention, quadratic=True, paper=_SYNTHESIZER,
-    follows_max_length=True, lra_model_type="synthesizer"))
+    "synthesizer", DenseSynthesizerAttention, quadratic=True, paper=_SYNTHESIZER))
 registry.register(registry.AttentionSpec(
-    "synthesizer_random", RandomSynthesizerAttention, quadratic=True, paper=_SYNTHESIZER,
-    follows_max_length=True, lra_model_type="synthesizer", lra_options={"dot_product": True},
-    lra_bug_options={"lra_bugs": True}))
+    "synthesizer_random", RandomSynthesizerAttention, quadratic=True, paper=_SYNTHESIZER))

@@ -2,9 +2,10 @@
 per-baseline settings, the SimpleTRON and self-pretraining recipes (one :class:`TaskRecipe` per
 task, keyed by the task's name in :mod:`simpletron_jax.data.tasks`).
 
-``configs/lra.py`` builds every config from a task's data record and its recipe here;
+``configs/lra.py`` builds every config from a task's data record and its recipe here, and an
+attention's record (:mod:`simpletron_jax.experiments.attentions`);
 :mod:`simpletron_jax.train.pretraining` reads the self-pretraining recipes. The published
-accuracies are :mod:`simpletron_jax.tools.published`'s. ``get(task)`` returns a recipe;
+accuracies are :mod:`simpletron_jax.experiments.published`'s. ``get(task)`` returns a recipe;
 docs/tasks.md says how to add one.
 """
 
@@ -134,7 +135,7 @@ class SptRecipe:
     weight_decay: AdamW's decoupled decay.
     warmup: linear-warmup steps.
     batch_size: examples per step.
-    epochs: passes over :attr:`TaskSpec.train_examples`.
+    epochs: passes over :attr:`TaskRecipe.train_examples`.
   """
 
   learning_rate: float
@@ -160,7 +161,7 @@ class TaskRecipe:
     model_options: other ``config.model`` fields of the published config (dropout, pooling,
       positions, the BERT encoder's structure).
     variants: the task's own ``:variant`` suffixes (``tiny``, ...) by name, in order.
-    lra_baselines: per LRA ``model_type`` (``AttentionSpec.lra_model_type``), the baseline's
+    lra_baselines: per LRA ``model_type`` (``AttentionRecipe.lra_model_type``), the baseline's
       own settings on this task.
     lra_baseline_max_length: ``model.max_length`` in LRA's code for every attention but
       SimpleTRON's (text: 1000); None: the task's ``max_length``.
@@ -215,7 +216,7 @@ def get(task: str) -> TaskRecipe:
   try:
     return REGISTRY[task]
   except KeyError:
-    raise ValueError(f"task={task!r} has no recipe in simpletron_jax.train.recipes; with one: "
+    raise ValueError(f"task={task!r} has no experiments recipe; with one: "
                      f"{', '.join(sorted(REGISTRY))}") from None
 
 
