@@ -13,9 +13,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import chex
 import jax
@@ -26,11 +28,11 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from simpletron_jax.data import image, listops, retrieval, text
+from simpletron_jax.data import batches, image, listops, retrieval, text
 from simpletron_jax.data.common import RaggedExamples
 from simpletron_jax.model import attention, encoders
-from simpletron_jax.runtime import atomic_io, errors
-from simpletron_jax.train import checkpoints, run_config, trainer
+from simpletron_jax.runtime import atomic_io, cli, errors
+from simpletron_jax.train import checkpoints, evaluation, run_config, steps, trainer
 from simpletron_jax.run import run_folder, run_guard
 from simpletron_jax.run.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT, SMALL_LISTOPS
@@ -580,3 +582,33 @@ def test_resume_with_another_optimizer_layout_is_a_config_error_not_damage(
     checkpoints.restore_checkpoint(manager, other, model_config=clipped.model,
                                    quarantine_dir=str(tmp_path / "damaged"))
   assert manager.all_steps() == [2, 4] and not os.path.exists(tmp_path / "damaged")
+
+
+def test_a_ctrl_c_that_python_dropped_stops_an_evaluation(presence_task, monkeypatch):
+  """A real SIGINT whose KeyboardInterrupt Python drops (raised in a finalizer, as in JAX's
+  ``_xla_gc_callback``) inside ``cli.sigint_raises`` (``train.py``) stops a validation or final
+  test at its next batch, instead of being lost (issue 86: a Ctrl-C 1.5 s into the final test
+  let the run finish with status 0)."""
+  config = fault_config()
+  model, state = _state(config, presence_task)
+  _, p_eval = steps.pmap_steps(model.apply)
+  batch_config = batches.BatchConfig.from_config_dict(config)
+  params = steps.replicate(state.params)
+  monkeypatch.setattr(sys, "unraisablehook", lambda lost: None)
+
+  class InterruptedWhileCollected:
+    def __del__(self):
+      os.kill(os.getpid(), signal.SIGINT)
+      deadline = time.monotonic() + 5
+      while time.monotonic() < deadline:   # the handler runs in here; its error is dropped
+        pass
+
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
+  try:
+    with cli.sigint_raises():
+      InterruptedWhileCollected()   # dropped: nothing is raised here
+      with pytest.raises(KeyboardInterrupt):
+        evaluation.evaluate(p_eval, params, presence_task.test, batch_config)
+    assert evaluation.evaluate(p_eval, params, presence_task.test, batch_config)["count"] == 200
+  finally:
+    signal.signal(signal.SIGINT, previous)

@@ -7,6 +7,7 @@ import jax
 
 from simpletron_jax.data.batches import BatchConfig, eval_batch_size, eval_batches
 from simpletron_jax.data.common import Split
+from simpletron_jax.runtime import cli
 from simpletron_jax.train.steps import (EvalMetrics, InFlightLimit, JitParallel, PmapParallel,
                                         means)
 
@@ -20,12 +21,20 @@ def evaluate(p_eval_step, params_repl, examples: Split, batch_config: BatchConfi
   by ``batch_config``, or over ``num_batches`` of its batches (a fixed seeded subset; -1: all).
   Returns ``{"loss", "accuracy", "count", "majority_rate"}``, Python floats equal on every host:
   count in examples; majority_rate the accuracy of always answering the most frequent label of
-  the examples read (:class:`steps.MajorityRate`, summed over all devices)."""
+  the examples read (:class:`steps.MajorityRate`, summed over all devices).
+
+  Raises:
+    KeyboardInterrupt, errors.Terminated: before a batch, a SIGINT or SIGTERM that arrived
+      inside ``cli.sigint_raises`` / ``sigterm_raises`` and whose exception Python dropped (in
+      a garbage-collector callback: a Ctrl-C during a validation or a final test was lost);
+      :func:`simpletron_jax.runtime.cli.raise_if_terminated`.
+  """
   parallel = parallel or PmapParallel()
   batch_size = eval_batch_size(batch_config)
   merged = None   # merged on the device; read once, after the last batch
   in_flight = InFlightLimit()
   for batch in eval_batches(examples, batch_config, batch_size, num_batches):
+    cli.raise_if_terminated()   # a Ctrl-C or SIGTERM whose exception Python dropped
     metrics = p_eval_step(params_repl, parallel.put_batch(batch))
     merged = metrics if merged is None else _merge(merged, metrics)
     in_flight.add(merged)
