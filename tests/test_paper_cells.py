@@ -217,10 +217,17 @@ def test_a_cell_stops_resumes_compares_and_copies(tmp_path, monkeypatch, capsys)
   assert reproduce.main(args) == 0
   with open(os.path.join(dest, "reproduce.json"), encoding="utf-8") as f:
     record = json.load(f)
-  assert record["cell"] == cell.name and record["row"]["published"] == 37.45
-  assert record["row"]["protocol"] == "best_val best"
+  # A :tiny cell of 6 steps is not the published cell: its row has no published number and no
+  # gap, and says why (scripts/compare.py's rule, reporting.comparability_problem).
+  row = record["row"]
+  assert record["cell"] == cell.name and row["published"] is None and row["gap"] is None
+  assert row["reason"].startswith("another size, length and protocol than the published cell: "
+                                  "model.emb_dim 64 (published 512)"), row["reason"]
   with open(os.path.join(dest, "results.json"), encoding="utf-8") as f:
     results = json.load(f)
   assert results["final_step"] == 6
-  assert record["row"]["ours"] == pytest.approx(100 * results["test_accuracy_best_val"])
+  with open(os.path.join(dest, "comparison.md"), encoding="utf-8") as f:
+    comparison = f.read()
+  assert "### Not compared with a published number" in comparison and "37.45" not in comparison
+  assert f"| {100 * results['test_accuracy_best_val']:.2f} ± 0.00 / " in comparison
   assert sorted(os.listdir(dest)) == sorted(reproduce.COPIED_FILES)
