@@ -24,7 +24,7 @@ from simpletron_jax.data import __main__ as data_cli
 from simpletron_jax.data import (agnews, cifar, image, listops, pathfinder, prepare, retrieval,
                                  sources, text)
 from simpletron_jax.runtime import cli
-from tests.conftest import ROOT
+from tests.conftest import ROOT, InterruptedWhileCollected
 
 
 @pytest.fixture(autouse=True)
@@ -514,13 +514,6 @@ def test_a_ctrl_c_that_python_drops_is_raised_again(monkeypatch):
   and Python's report of the dropped one is left out."""
   reported = []
   monkeypatch.setattr(sys, "unraisablehook", lambda lost: reported.append(lost.exc_value))
-
-  class InterruptedWhileCollected:
-    def __del__(self):
-      os.kill(os.getpid(), signal.SIGINT)
-      deadline = time.monotonic() + 5
-      while time.monotonic() < deadline:   # the handler runs in here; its error is dropped
-        pass
 
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
   try:

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import chex
 import jax
@@ -35,7 +34,7 @@ from simpletron_jax.runtime import atomic_io, cli, errors
 from simpletron_jax.train import checkpoints, evaluation, run_config, steps, trainer
 from simpletron_jax.run import run_folder, run_guard
 from simpletron_jax.run.metric_logging import MetricLogger, read_records
-from tests.conftest import ROOT, SMALL_LISTOPS
+from tests.conftest import ROOT, SMALL_LISTOPS, InterruptedWhileCollected
 from tests.test_train import Killed, _state, tiny_config
 
 
@@ -595,13 +594,6 @@ def test_a_ctrl_c_that_python_dropped_stops_an_evaluation(presence_task, monkeyp
   batch_config = batches.BatchConfig.from_config_dict(config)
   params = steps.replicate(state.params)
   monkeypatch.setattr(sys, "unraisablehook", lambda lost: None)
-
-  class InterruptedWhileCollected:
-    def __del__(self):
-      os.kill(os.getpid(), signal.SIGINT)
-      deadline = time.monotonic() + 5
-      while time.monotonic() < deadline:   # the handler runs in here; its error is dropped
-        pass
 
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
   try:

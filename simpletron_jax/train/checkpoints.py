@@ -137,8 +137,9 @@ def _unlisted_problem(step_folder: str) -> str | None:
 def set_aside_unlisted_steps(directory: str, damaged_dir: str) -> list[str]:
   """Moves each step folder of ``directory`` that orbax could not list (:data:`LISTED_FILES`)
   into ``damaged_dir``, with one :class:`errors.RunWarning` naming it and why, so that the
-  manager opens and the run resumes from the newest intact step (docs/faults.md). Process 0
-  moves; every host, having found the same damage, waits for it.
+  manager opens and the run resumes from the newest intact step (docs/faults.md). Every host
+  scans, then process 0 moves and the others wait for it: a collective call on several hosts,
+  as orbax's manager is.
 
   Args:
     directory: a checkpoint folder (``<workdir>/checkpoints``); may not exist yet.
@@ -147,13 +148,15 @@ def set_aside_unlisted_steps(directory: str, damaged_dir: str) -> list[str]:
   Returns:
     The new paths of the moved steps.
   """
-  if not os.path.isdir(directory):
-    return []
   found = []
-  for name in sorted(os.listdir(directory), key=lambda n: (len(n), n)):
+  for name in (sorted(os.listdir(directory), key=lambda n: (len(n), n))
+               if os.path.isdir(directory) else ()):
     problem = _unlisted_problem(os.path.join(directory, name)) if name.isdigit() else None
     if problem is not None:
       found.append((name, problem))
+  # Every host has scanned before process 0 moves anything, so all find the same steps and
+  # all reach the barrier below together (orbax's manager syncs the hosts here anyway).
+  distributed.barrier("scan_unlisted_steps")
   moved = []
   for name, problem in found:
     source = os.path.join(directory, name)
