@@ -1,18 +1,9 @@
-"""Linear attention with the elu+1 feature map.
+"""Linear attention with ``phi(x) = elu(x) + 1`` (Katharopoulos et al., ICML 2020).
 
-Katharopoulos et al., "Transformers are RNNs: Fast Autoregressive Transformers
-with Linear Attention" (ICML 2020). Per head, with ``phi(x) = elu(x) + 1``::
-
-    out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j))
-
-The sums run over real tokens only. Because ``phi(0) = 1``, zeroing keys
-before the feature map would not remove pads; the mask is applied AFTER the
-feature map, so padded keys drop out of both sums (LRA's linear transformer
-masks before it and so fails the padding-invariance test).
-
-The two kernel functions here, :func:`normalized_feature_attention` and
-:func:`causal_normalized_feature_attention`, work on any non-negative
-feature maps; the Performer (``performer.py``) reuses them.
+``y_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j))`` per head, over real
+keys. As ``phi(0) = 1``, pads are masked AFTER the feature map (LRA's
+``models/linear_transformer/linear_attention.py`` does not mask). The kernel functions take
+any non-negative features; the Performer reuses them.
 """
 
 from __future__ import annotations
@@ -25,14 +16,7 @@ from simpletron_jax.model.attention import base, registry
 
 
 def elu_feature_map(x: jnp.ndarray) -> jnp.ndarray:
-  """``phi(x) = elu(x) + 1`` (Katharopoulos et al., 2020), elementwise.
-
-  Args:
-    x: any float array.
-
-  Returns:
-    An array of the same shape and dtype, strictly positive.
-  """
+  """``phi(x) = elu(x) + 1``, elementwise: same shape and dtype, strictly positive."""
   return jax.nn.elu(x) + 1.0
 
 
@@ -44,28 +28,18 @@ def _safe_divide(num, den, eps):
 
 def normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK, mask_BxL,
                                  eps: float = 1e-6, small_den: float = 0.0):
-  """Non-causal normalised kernel attention from feature maps.
+  """Non-causal normalised kernel attention ``[B, L, H, K]``, with no ``L x L`` array.
 
-  ``y_i = phi_q_i^T (sum_j phi_k_j v_j^T) / (phi_q_i^T sum_j phi_k_j + eps)``
-  with ``j`` over real tokens (Katharopoulos et al., 2020; also the renormalised
-  FAVOR+ of Choromanski et al., 2021).
+  ``y_i = phi_q_i^T (sum_j phi_k_j v_j^T) / (phi_q_i^T sum_j phi_k_j + eps)``, ``j`` over real
+  tokens (pad keys and values are zeroed here); also the Performer's renormalised FAVOR+.
 
   Args:
-    phi_q_BxLxHxM: query features, non-negative float.
-    phi_k_BxLxHxM: key features, non-negative float; the values at padded
-      positions are ignored (zeroed here, after the feature map).
-    v_BxLxHxK: values; ignored at padded positions.
+    phi_q_BxLxHxM, phi_k_BxLxHxM: non-negative features.
+    v_BxLxHxK: values.
     mask_BxL: bool, True for real tokens.
-    eps: added to the denominator (0 is allowed: a row whose denominator is 0
-      then gives 0).
-    small_den: the renormaliser of LRA's Performer (``models/performer/
-      performer_attention.py``, its ``numerical_stabilizer``): where the denominator's
-      absolute value is at most ``small_den``, ``2 * small_den`` is added to it. 0 (the
-      default) changes nothing.
-
-  Returns:
-    ``[B, L, H, K]`` in the dtype of the inputs. No ``L x L`` array is built:
-    the largest state is ``[B, H, M, K]``.
+    eps: added to the denominator; with 0 a zero denominator gives 0.
+    small_den: LRA's Performer renormaliser (``models/performer/performer_attention.py``):
+      ``2 * small_den`` is added to a denominator of absolute value at most ``small_den``.
   """
   m_BxLx1x1 = mask_BxL[:, :, None, None]
   phi_k_BxLxHxM = jnp.where(m_BxLx1x1, phi_k_BxLxHxM, 0.0)
@@ -81,24 +55,12 @@ def normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK, mask_B
 
 def feature_attention_map(phi_q_BxLxHxM, phi_k_BxLxHxM, mask_BxL, eps: float = 1e-6,
                           small_den: float = 0.0, causal: bool = False):
-  """The exact token-to-token map of normalised kernel attention, formed explicitly.
+  """The explicit ``[B, H, L, L]`` float32 map ``A`` of normalised kernel attention.
 
-  :func:`normalized_feature_attention` (and its causal form) compute ``A V`` without forming
-  ``A``, where per head ``A_ij = phi_q_i . phi_k_j / (sum_j' phi_q_i . phi_k_j' + eps)``
-  over real keys ``j`` (``j <= i`` when ``causal``; Katharopoulos et al., 2020; the
-  Performer's FAVOR+ with ``small_den``). With the same arguments as those functions, their
-  output is ``einsum("bhij,bjhk->bihk", A, v)`` (pads get zero weight). Quadratic in L: the
-  modules compute it only when asked (:func:`base.sow_map`).
-
-  Args:
-    phi_q_BxLxHxM, phi_k_BxLxHxM: non-negative query and key features.
-    mask_BxL: bool, True for real tokens (the keys kept).
-    eps, small_den: as in :func:`normalized_feature_attention`.
-    causal: the causal form's map.
-
-  Returns:
-    ``[B, H, L, L]`` float32, non-negative; each row sums to at most 1 (exactly
-    ``den / (den + eps)``).
+  ``A_ij = phi_q_i . phi_k_j / (sum_j' phi_q_i . phi_k_j' + eps)`` over real keys (``j <= i``
+  when ``causal``), so that the same arguments to :func:`normalized_feature_attention` give
+  ``einsum("bhij,bjhk->bihk", A, v)``. Rows sum to ``den / (den + eps)``. Quadratic: built only
+  on request (:func:`base.sow_map`).
   """
   phi_k_BxLxHxM = jnp.where(mask_BxL[:, :, None, None], phi_k_BxLxHxM, 0.0)
   s_BxHxLxL = jnp.einsum("bihm,bjhm->bhij", phi_q_BxLxHxM, phi_k_BxLxHxM)
@@ -113,24 +75,11 @@ def feature_attention_map(phi_q_BxLxHxM, phi_k_BxLxHxM, mask_BxL, eps: float = 1
 
 def causal_normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK, mask_BxL,
                                         chunk_size: int, eps: float = 1e-6):
-  """Causal normalised kernel attention: sums over real ``j <= i`` only.
+  """Causal normalised kernel attention ``[B, L, H, K]``: sums over real ``j <= i`` only.
 
-  ``y_i = phi_q_i^T (sum_{j<=i} phi_k_j v_j^T) / (phi_q_i^T sum_{j<=i} phi_k_j + eps)``
-  (Katharopoulos et al., 2020, the causal/RNN form). Chunked like
-  :func:`simpletron_jax.model.attention.simple.causal_simple_attention`: a masked
-  ``[C, C]`` product inside each chunk plus an exclusive prefix sum of the
-  per-chunk states ``sum phi_k v^T`` (``[B, L/C, H, M, K]``) and
-  ``sum phi_k`` (``[B, L/C, H, M]``), so no ``L x L`` array is built.
-
-  Args:
-    phi_q_BxLxHxM, phi_k_BxLxHxM: non-negative query and key features.
-    v_BxLxHxK: values.
-    mask_BxL: bool, True for real tokens; padded keys are left out.
-    chunk_size: C in tokens (positive); L need not be a multiple of it.
-    eps: added to the denominator.
-
-  Returns:
-    ``[B, L, H, K]``.
+  Chunked like :func:`simple.causal_simple_attention`: a masked ``[C, C]`` product within each
+  chunk of ``chunk_size`` tokens (L need not divide) plus an exclusive prefix sum of the
+  per-chunk states, so no ``L x L`` array is built.
   """
   b, length, h, m = phi_q_BxLxHxM.shape
   k = v_BxLxHxK.shape[-1]
@@ -165,29 +114,17 @@ def causal_normalized_feature_attention(phi_q_BxLxHxM, phi_k_BxLxHxM, v_BxLxHxK,
 
 
 class LinearAttention(base.Attention):
-  """Multi-head linear attention, ``phi(x) = elu(x) + 1`` (Katharopoulos et al., 2020).
-
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
-  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
-  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+  """Multi-head linear attention (fields of :class:`base.Attention`, then its own).
 
   Attributes:
-    dropout_rate: unused: linear attention forms no attention weights to drop out (it sums
-      ``phi(K)^T V`` instead); kept so every variant takes the same arguments.
-    causal: if True, position i sees real positions j <= i only (chunked
-      form, never an ``L x L`` array).
+    dropout_rate: unused (no attention weights are formed).
+    causal: position i sees real positions j <= i only (chunked).
     chunk_size: chunk length in tokens for the causal form.
-    eps: added to the normaliser, as in the paper's code (1e-6).
-    lra_masking: False (default): pads are left out of both sums. True: LRA's
-      ``models/linear_transformer/linear_attention.py``, which never applies the padding
-      mask, so pads enter both sums (outputs then depend on the padding).
-    dtype: computation dtype of the projections; the feature maps and sums
-      are computed in float32 and cast back.
+    eps: added to the normaliser (1e-6, the paper's code).
+    lra_masking: True: LRA's unmasked sums, so outputs depend on padding.
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  Outputs at real positions do not depend on padding. Applied with ``mutable=[base.MAPS]``,
-  it sows the exact map :func:`feature_attention_map` ``[B, H, L, L]`` as ``"map"``
-  (:func:`base.sow_map`).
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``; features and sums
+  in float32. Sows :func:`feature_attention_map` as the map.
 
   Raises:
     ValueError: if ``qkv_dim`` is not a multiple of ``num_heads``.

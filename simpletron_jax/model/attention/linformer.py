@@ -1,24 +1,9 @@
-"""Linformer: softmax attention over keys and values projected along the length.
+"""Linformer attention (Wang et al., 2020): softmax over keys and values projected along L.
 
-Wang et al., "Linformer: Self-Attention with Linear Complexity" (2020). Per
-head, with a learned projection ``E`` of shape ``[max_length, k]`` sliced to
-the input length L::
-
-    y = softmax(Q (E^T K)^T / sqrt(d)) (E^T V)
-
-One ``E`` is shared by the heads and (by default) by keys and values, the
-paper's headwise and key-value sharing; ``share_kv=False`` learns a second
-projection ``F`` for the values. The attention weights are ``[B, H, L, k]``,
-linear in L.
-
-Padding: K and V are zeroed at padded positions BEFORE the projection, so
-pads add nothing to ``E^T K`` and ``E^T V``; with ``E`` sliced to ``[:L]``,
-appending pads does not change what the real positions see. (LRA's Linformer
-projects the pads too and so fails the padding-invariance test.)
-
-Config note: the encoder does not pass the maximum length. Set
-``model.attention_kwargs.max_length = model.max_length + 1`` (the CLS
-token); the default is 2048. The LRA code uses ``k = 16``, the papers 256.
+``y = softmax(Q (E^T K)^T / sqrt(d)) (E^T V)`` per head, ``E`` ``[max_length, k]`` sliced to L
+and shared by heads and (by default) keys and values. K and V are zeroed at pads BEFORE the
+projection, so pads change nothing (LRA's ``models/linformer/linformer_attention.py`` projects
+them). Set ``model.attention_kwargs.max_length = model.max_length + 1``; LRA uses ``k = 16``.
 """
 
 from __future__ import annotations
@@ -31,36 +16,21 @@ from simpletron_jax.model.attention import base, registry
 
 
 class LinformerAttention(base.Attention):
-  """Multi-head Linformer self-attention (Wang et al., 2020); non-causal.
-
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
-  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
-  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+  """Multi-head non-causal Linformer attention (:class:`base.Attention`'s fields, then its own).
 
   Attributes:
-    dropout_rate: dropout on the ``[B, H, L, k]`` attention weights.
-    k: the projected length (``k = 256`` in the paper, 16 in LRA's code).
-    max_length: rows of ``E``; must be at least the input length. Configs
-      must set ``model.attention_kwargs.max_length = model.max_length + 1``.
-    share_kv: if True (default) ``E`` projects both keys and values; if
-      False a separate ``F`` projects the values.
-    lra_masking: False (default): K and V are zeroed at pads before the projection.
-      True: LRA's ``models/linformer/linformer_attention.py``, which projects the pads
-      too (its dot product gets ``bias=None``), so outputs depend on the padding.
-    dtype: computation dtype; the softmax is computed in float32.
+    dropout_rate: dropout on the ``[B, H, L, k]`` weights.
+    k: the projected length (paper 256, LRA 16).
+    max_length: rows of ``E``, at least the input length.
+    share_kv: False: a separate ``F`` projects the values.
+    lra_masking: True: LRA's projection of the pads, so outputs depend on padding.
 
-  Parameters besides ``query``/``key``/``value``/``out``: ``proj_E``
-  (and ``proj_F``) of shape ``[max_length, k]``, float32, initialised Xavier-uniform
-  (``U(+-sqrt(6 / (max_length + k)))``) as LRA's ``lr_kernel``
-  (``models/linformer/linformer.py`` passes ``xavier_uniform`` to
-  ``linformer_attention.py``; LRA's ``max_len`` is ``max_length``, plus 1 with CLS).
-
+  Parameters ``proj_E`` (and ``proj_F``): float32 ``[max_length, k]``, Xavier-uniform as LRA's
+  ``lr_kernel`` (``models/linformer/linformer.py``). Softmax in float32.
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
 
   Raises:
-    ValueError: if the input is longer than ``max_length`` (naming
-      ``model.attention_kwargs.max_length``), ``k < 1``, or ``qkv_dim`` is
-      not a multiple of ``num_heads``.
+    ValueError: input longer than ``max_length``, ``k < 1``, or bad ``qkv_dim``.
   """
 
   k: int = 256
@@ -76,7 +46,7 @@ class LinformerAttention(base.Attention):
       raise ValueError(f"model.attention_kwargs.k={self.k} must be >= 1 for linformer")
     mask_BxL = base.lra_mask(base.default_mask(x_BxLxE, mask_BxL), self.lra_masking)
     q, k, v = self.project_qkv(x_BxLxE)
-    init = nn.initializers.xavier_uniform()   # LRA's lr_kernel init
+    init = nn.initializers.xavier_uniform()
     e_MxR = self.param("proj_E", init, (self.max_length, self.k), jnp.float32)
     f_MxR = e_MxR if self.share_kv else self.param("proj_F", init, (self.max_length, self.k),
                                                    jnp.float32)

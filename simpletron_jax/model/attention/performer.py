@@ -1,34 +1,16 @@
-"""Performer attention (FAVOR+) with random or deterministic feature maps.
+"""Performer attention (FAVOR+, Choromanski et al., "Rethinking Attention with Performers", 2021).
 
-Choromanski et al., "Rethinking Attention with Performers" (ICLR 2021). Per
-head, attention is approximated by a feature map ``phi`` and renormalised::
+``y_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j))`` per head, with the
+feature map of field ``kernel``:
 
-    out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j))
+* ``"softmax"``: positive orthogonal random features, ``phi(x) = exp(W x' - |x'|^2 / 2) /
+  sqrt(M)``, ``x' = x / d^(1/4)``, so ``E[phi(q)^T phi(k)] = exp(q^T k / sqrt(d))``; with
+  LRA's stabiliser and ``softmax_eps`` (``models/performer/performer_attention.py``).
+* ``"relu"``: ``relu(W x) + relu_eps``, the generalized kernel.
+* ``"relu_deterministic"``: ``relu(x) + relu_eps``, no projection: what LRA's "Performer" runs
+  (``make_fast_generalized_attention``, ``features_type='deterministic'``).
 
-Kernels (field ``kernel``):
-
-* ``"softmax"``: positive orthogonal random features (FAVOR+),
-  ``phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(M)`` with ``x' = x / d^(1/4)``, so
-  that ``E[phi(q)^T phi(k)] = exp(q^T k / sqrt(d))``, the softmax kernel.
-  ``W`` is ``[M, d]``: blocks of ``d`` orthonormal rows from the QR
-  decomposition of Gaussian matrices, each row rescaled by an independent
-  chi(d)-distributed norm (the norm of a Gaussian vector), so every row is
-  marginally Gaussian. A per-query and a per-(example, head) key maximum of
-  ``W x'`` is subtracted in the exponent (it cancels in the ratio), a small
-  ``softmax_eps`` is added to the features and guards a tiny renormaliser, as in
-  the paper's code and LRA's ``models/performer/performer_attention.py``. LRA's
-  ListOps run drew ``W`` anew on every call from the sum of the queries: option
-  ``lra_bugs``.
-* ``"relu"``: the generalized kernel with random features,
-  ``phi(x) = relu(W x) + relu_eps``.
-* ``"relu_deterministic"``: ``phi(x) = relu(x) + relu_eps`` with no
-  projection. This is what LRA's "Performer" runs (its
-  ``make_fast_generalized_attention`` default ``features_type='deterministic'``,
-  ``kernel_epsilon=0.001``).
-
-Padded keys are removed AFTER the feature map (``phi`` of a zero vector is not
-zero), so padding never changes outputs at real positions; LRA's Performer
-does not do this.
+Pad keys are removed AFTER the feature map (``phi(0) != 0``); LRA's Performer does not mask.
 """
 
 from __future__ import annotations
@@ -48,35 +30,19 @@ KERNELS = ("softmax", "relu", "relu_deterministic")
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def gaussian_orthogonal_random_matrix(key: jax.Array, num_features: int, dim: int) -> jnp.ndarray:
-  """Draws FAVOR+'s orthogonal random projection (Choromanski et al., 2021, sec. 2.4).
+  """FAVOR+'s orthogonal random projection ``W_MxD``, float32 ``[num_features, dim]`` (sec. 2.4).
 
-  Rows come in blocks of ``dim`` mutually orthogonal directions (the Q factor
-  of the QR decomposition of a ``[dim, dim]`` standard Gaussian matrix, with
-  the sign fix that makes it Haar-distributed); the last block is truncated
-  to reach ``num_features`` rows. Each row is then scaled to the norm of an
-  independent ``dim``-dimensional standard Gaussian vector (chi(dim)), so
-  every row is marginally ``N(0, I_dim)`` while rows within a block stay
-  orthogonal.
-
-  Args:
-    key: a PRNG key.
-    num_features: M, the number of random features (positive).
-    dim: d, the per-head query/key width (positive).
-
-  Returns:
-    ``W_MxD``, float32 of shape ``[num_features, dim]``.
+  Blocks of ``dim`` orthogonal rows, each the Haar Q factor of a Gaussian matrix (sign-fixed),
+  the last block truncated; each row scaled to an independent chi(dim) norm, so every row is
+  marginally ``N(0, I)``. Jitted, ``num_features`` and ``dim`` static.
 
   Raises:
-    ValueError: if ``num_features`` or ``dim`` is not positive (config field
-      ``model.attention_kwargs.num_features``).
-
-  Jitted with ``num_features`` and ``dim`` static (one compilation per shape).
+    ValueError: naming ``model.attention_kwargs.num_features`` unless both are positive.
   """
   if num_features <= 0 or dim <= 0:
     raise ValueError(f"model.attention_kwargs.num_features={num_features} and head width "
                      f"{dim} must be positive")
   n_blocks = -(-num_features // dim)
-  # One draw (one threefry kernel): the block matrices, then the norm vectors.
   g = jax.random.normal(key, (n_blocks * dim + num_features, dim), jnp.float32)
   g_NxDxD = g[:n_blocks * dim].reshape(n_blocks, dim, dim)
   q_NxDxD, r_NxDxD = jnp.linalg.qr(g_NxDxD)
@@ -90,29 +56,15 @@ def gaussian_orthogonal_random_matrix(key: jax.Array, num_features: int, dim: in
 
 
 def lra_orthogonal_random_matrix(key: jax.Array, num_features: int, dim: int) -> jnp.ndarray:
-  """The FAVOR+ projection as LRA draws it from ``key`` (with ``lra_bugs``).
+  """The FAVOR+ projection ``W_MxD`` as LRA draws it from ``key`` (``lra_bugs``).
 
-  LRA's ``models/performer/performer_attention.py`` (``draw_weights`` and
-  ``GaussianOrthogonalRandomMatrix`` with ``scaling=0``): the key is split once and its
-  first half ``k0`` drives everything; each block of ``dim`` rows is the transposed Q factor
-  of the QR decomposition of a ``[dim, dim]`` standard Gaussian drawn from a key split off
-  ``k0`` in turn (no sign fix, so the blocks are not exactly Haar); the last block is
-  truncated to reach ``num_features`` rows; row ``i`` is scaled by the norm of row ``i`` of
-  a ``[num_features, dim]`` Gaussian drawn from ``k0`` itself. The random bits are jax's
-  non-partitionable threefry (``jax.threefry_partitionable(False)``), the default of the
-  jax LRA ran with, so the same key gives LRA's numbers.
-
-  Args:
-    key: a PRNG key (raw ``uint32[2]``).
-    num_features: M (positive).
-    dim: d, the per-head query/key width (positive).
-
-  Returns:
-    ``W_MxD``, float32 ``[num_features, dim]``.
+  LRA's ``draw_weights`` / ``GaussianOrthogonalRandomMatrix`` (``scaling=0``): from the first
+  half ``k0`` of ``key``, each block the transposed Q factor of a Gaussian from a key split off
+  ``k0`` in turn (no sign fix), row norms from a Gaussian drawn from ``k0``; non-partitionable
+  threefry, so the same key gives LRA's numbers.
 
   Raises:
-    ValueError: if ``num_features`` or ``dim`` is not positive (config field
-      ``model.attention_kwargs.num_features``).
+    ValueError: naming ``model.attention_kwargs.num_features`` unless both are positive.
   """
   if num_features <= 0 or dim <= 0:
     raise ValueError(f"model.attention_kwargs.num_features={num_features} and head width "
@@ -130,19 +82,10 @@ def lra_orthogonal_random_matrix(key: jax.Array, num_features: int, dim: int) ->
 
 
 def lra_query_seed_key(q_BxLxHxK: jnp.ndarray) -> jax.Array:
-  """LRA's per-call feature key: ``PRNGKey(int32(ceil(sum(q) * 1e7)))``.
+  """LRA's per-call feature key ``PRNGKey(int32(ceil(sum(q) * 1e7)))``, a raw ``uint32[2]``.
 
-  LRA's ``models/performer/performer_attention.py`` (``redraw_features=True``, the default of
-  ``make_fast_softmax_attention``) seeds each call's projection with the sum of ALL the
-  queries of the batch, so the features change with the batch, its padding and the
-  parameters, in training and evaluation alike. The float-to-int32 conversion saturates
-  (XLA's), as it did in LRA's runs.
-
-  Args:
-    q_BxLxHxK: the projected queries; summed in float32.
-
-  Returns:
-    A raw ``uint32[2]`` key.
+  ``q`` is every query of the batch, summed in float32; the conversion saturates as XLA's does
+  (LRA's ``redraw_features=True``). docs/lra_parity.md has the check.
   """
   total = jnp.sum(q_BxLxHxK.astype(jnp.float32))
   seed = jax.lax.convert_element_type(jnp.ceil(total * 10000000.0), jnp.int32)
@@ -151,27 +94,19 @@ def lra_query_seed_key(q_BxLxHxK: jnp.ndarray) -> jax.Array:
 
 
 def softmax_kernel_features(x_BxLxHxK, w_MxK, mask_BxL, *, is_query: bool, eps: float):
-  """FAVOR+ positive random features for the softmax kernel.
+  """FAVOR+ positive features ``[B, L, H, M]`` for the softmax kernel (Lemma 1).
 
-  ``phi(x) = (exp(W x' - |x'|^2/2 - c) + eps) / sqrt(M)``, ``x' = x d^(-1/4)``
-  (Choromanski et al., 2021, Lemma 1). The stabiliser ``c`` is LRA's
-  (``models/performer/performer_attention.py``,
-  ``nonnegative_softmax_kernel_feature_creator``, as in the Performer authors' code): the
-  maximum of ``W x'`` (without the ``|x'|^2/2`` term) over the M features of each query, or
-  for keys over the real positions and the features of each (example, head). Constant
-  along the sums it enters, it cancels in the renormalised attention when ``eps = 0``; with
-  ``eps > 0`` it sets how much ``eps`` weighs, so it is LRA's exactly, gradient included.
+  ``phi(x) = (exp(W x' - |x'|^2/2 - c) + eps) / sqrt(M)``, ``x' = x d^(-1/4)``. The stabiliser
+  ``c`` is LRA's (``nonnegative_softmax_kernel_feature_creator``): the max of ``W x'`` over a
+  query's features, or over the real keys and features of each (example, head). It cancels
+  when ``eps = 0``; with ``eps > 0`` it weighs ``eps``, so it is LRA's exactly.
 
   Args:
     x_BxLxHxK: float32 queries or keys.
-    w_MxK: the projection from :func:`gaussian_orthogonal_random_matrix`.
-    mask_BxL: bool, True for real tokens; for keys only real positions set
-      the stabiliser and padded positions get ``exp(.) = 0``.
+    w_MxK: the projection.
+    mask_BxL: bool, real tokens; pad keys get ``exp(.) = 0`` and set no stabiliser.
     is_query: selects the stabiliser.
-    eps: FAVOR+'s numerical stabiliser added to every feature.
-
-  Returns:
-    ``[B, L, H, M]`` non-negative features.
+    eps: added to every feature.
   """
   num_features, head_dim = w_MxK.shape
   x_BxLxHxK = x_BxLxHxK * head_dim ** -0.25
@@ -191,77 +126,38 @@ def softmax_kernel_features(x_BxLxHxK, w_MxK, mask_BxL, *, is_query: bool, eps: 
 
 
 def relu_kernel_features(x_BxLxHxK, w_MxK, *, eps: float):
-  """Generalized ReLU kernel features (Choromanski et al., 2021, sec. 2.2).
-
-  Args:
-    x_BxLxHxK: float32 queries or keys.
-    w_MxK: random projection, or None for the deterministic form
-      ``relu(x) + eps`` (then ``M = K``).
-    eps: added to every feature (LRA/Performer ``kernel_epsilon``).
-
-  Returns:
-    ``[B, L, H, M]`` positive features.
-  """
+  """ReLU features ``[B, L, H, M]``: ``relu(W x) + eps`` (``w_MxK`` None: ``relu(x) + eps``)."""
   if w_MxK is not None:
     x_BxLxHxK = jnp.einsum("blhk,mk->blhm", x_BxLxHxK, w_MxK)
   return jax.nn.relu(x_BxLxHxK) + eps
 
 
 class PerformerAttention(base.Attention):
-  """Multi-head Performer attention (FAVOR+, Choromanski et al., 2021); non-causal.
-
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
-  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
-  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+  """Multi-head non-causal Performer attention (:class:`base.Attention`'s fields, then its own).
 
   Attributes:
-    dropout_rate: unused: FAVOR+ forms no attention weights to drop out (it sums the
-      features' ``phi(K)^T V``); kept so every variant takes the same arguments.
-    kernel: ``"softmax"`` (FAVOR+ positive orthogonal random features),
-      ``"relu"`` (generalized ReLU kernel with random features) or
-      ``"relu_deterministic"`` (LRA's default Performer: ``relu(x)``, no
-      projection).
-    num_features: M, the number of random features (random kernels only).
-    redraw: if False the projection is drawn once from ``feature_seed``. If
-      True, in training mode (``deterministic=False``) a new projection is
-      drawn on every call from the ``"random_features"`` rng collection; when
-      that collection is not provided (or in deterministic mode) the fixed
-      projection is used.
-    feature_seed: seed of the fixed projection ``jax.random.PRNGKey(feature_seed)``.
-      The matrix is a constant, not a parameter: it is recomputed at trace
-      time and is the same in every run with the same seed.
-    softmax_eps: FAVOR+'s numerical stabiliser for the softmax kernel: added to every
-      feature, and ``2 * softmax_eps`` is added to a renormaliser whose absolute value is
-      at most ``softmax_eps`` (LRA's ``make_fast_softmax_attention``
+    dropout_rate: unused (no attention weights are formed).
+    kernel: ``"softmax"``, ``"relu"`` or ``"relu_deterministic"`` (module docstring).
+    num_features: M, random features (random kernels only).
+    redraw: True: in training, a new projection each call from the ``"random_features"`` rng
+      when given; else the fixed one.
+    feature_seed: the fixed projection is drawn from ``PRNGKey(feature_seed)`` at trace time
+      (a constant, not a parameter).
+    softmax_eps: the softmax kernel's stabiliser, on features and small renormalisers (LRA's
       ``numerical_stabilizer``, 1e-6).
-    relu_eps: the epsilon added to ReLU features (Performer's
-      ``kernel_epsilon``, 1e-3).
-    lra_masking: False (default): pads are left out of the key sums and of the keys'
-      stabiliser. True: LRA's ``models/performer/performer.py``, whose FAVOR+ attention
-      function ignores the padding mask ``nn.SelfAttention`` passes it, so pads enter
-      both (outputs then depend on the padding).
-    lra_bugs: False (default): the ``"softmax"`` kernel's projection is fixed
-      (``feature_seed``) or redrawn from the rng (``redraw``). True: LRA's
-      ``models/performer/performer_attention.py`` as its ListOps config ran it
-      (``make_fast_softmax_attention``, ``redraw_features=True``): on EVERY call, training
-      and evaluation, the projection is drawn from ``PRNGKey(ceil(sum(q) * 1e7))``, the sum
-      of all the batch's queries (:func:`lra_query_seed_key`), by LRA's procedure
-      (:func:`lra_orthogonal_random_matrix`), so each example's output depends on the rest
-      of the batch. ``redraw`` and ``feature_seed`` are then unused. No effect on the
-      ``"relu"`` kernels (LRA's generalized attention never redraws).
-    dtype: computation dtype of the projections; features and sums are
-      float32 and cast back.
+    relu_eps: added to ReLU features (``kernel_epsilon``, 1e-3).
+    lra_masking: True: LRA's unmasked sums and stabiliser, so outputs depend on padding.
+    lra_bugs: True (``"softmax"`` only): LRA's ListOps run, the projection drawn on EVERY call
+      from the batch's queries (:func:`lra_query_seed_key`, :func:`lra_orthogonal_random_matrix`);
+      ``redraw`` and ``feature_seed`` unused.
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  The projection used is sown into the ``"intermediates"`` collection as
-  ``projection_MxK`` (apply with ``mutable=["intermediates"]`` to read it). Applied with
-  ``mutable=[base.MAPS]``, it sows the exact map of its features,
-  ``linear.feature_attention_map`` ``[B, H, L, L]``, as ``"map"``.
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``; features and sums
+  in float32. Sows the projection as ``intermediates/projection_MxK`` and
+  :func:`linear.feature_attention_map` as the map.
 
   Raises:
-    ValueError: for an unknown ``kernel`` (config field
-      ``model.attention_kwargs.kernel``), a non-positive ``num_features``,
-      or ``qkv_dim`` not a multiple of ``num_heads``.
+    ValueError: unknown ``kernel`` (``model.attention_kwargs.kernel``), non-positive
+      ``num_features``, or bad ``qkv_dim``.
   """
 
   kernel: str = "softmax"

@@ -1,29 +1,12 @@
-"""SimpleAttention: softmax-free attention in linear time and memory.
+"""SimpleAttention (Yorsh et al., "SimpleTRON: Simple Transformer with O(N) Complexity").
 
-Yorsh et al., "SimpleTRON: Simple Transformer with O(N) Complexity"
-(2021/2022). Per head::
-
-    SimpleAttention(Q, K, V) = Q (K^T V) / sqrt(L)
-
-with ``Q = X W_q + b_q`` and likewise K, V. ``K^T V`` is formed first, so the
-cost is O(L d^2) time and O(L d) memory; no softmax and no 1/sqrt(d) term.
-``L`` is each example's number of real tokens (CLS included), not the padded
-length: padded positions are zeroed in Q, K and V and so drop out of
-``K^T V`` (the authors' later fixed code masks q, k and v).
-
-The function behind the published numbers is reachable by options (docs/fidelity.md;
-the authors' ``SimpleAttention`` in ``vladyorsh/lra_efficient_transformers``,
-``lra/notebooks/listops_setup_simple_2.ipynb``): ``normalizer="padded"`` divides by
-``sqrt`` of the padded length ``x.shape[1]`` (a constant ``max_length + 1`` when every
-batch is padded to ``max_length``), ``mask_pads=False`` lets the pads enter ``K^T V``, and
-``kv_dropout_rate=0.1`` drops out entries of ``K^T V``. The authors computed
-``Q dropout(K^T V / sqrt(L))``; dropout scales entries, so that equals the
-``Q dropout(K^T V) / sqrt(L)`` computed here.
-
-Paper Table 1 variants are built from this one module, registered at the end of this file:
-``simple`` has no output projection and
-needs ``qkv_dim == out_dim``; ``simple_res`` adds the encoder's double skip;
-``simple_resl`` adds the output projection back.
+``Q (K^T V) / sqrt(L)`` per head, ``K^T V`` first: O(L d^2) time, O(L d) memory, no softmax.
+``L`` is each example's count of real tokens (CLS included); pads are zeroed in Q, K and V.
+The authors' function (``lra/notebooks/listops_setup_simple_2.ipynb``) is reachable by
+options, docs/fidelity.md: ``normalizer="padded"``, ``mask_pads=False``,
+``kv_dropout_rate=0.1`` (``Q dropout(K^T V) / sqrt(L)``, equal to their
+``Q dropout(K^T V / sqrt(L))`` as dropout scales entries). Paper Table 1's ``simple``,
+``simple_res`` and ``simple_resl`` are registered at the end.
 """
 
 from __future__ import annotations
@@ -48,27 +31,18 @@ def _check_normalizer(normalizer: str) -> None:
 
 def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: str = "real",
                      mask_pads: bool = True, kv_dropout=None, block_diagonal: bool = False):
-  """Non-causal SimpleAttention on projected heads.
+  """Non-causal SimpleAttention ``[B, L, H, K]`` on projected heads; largest array ``[B, H, K, K]``.
 
   Args:
     q_BxLxHxK, k_BxLxHxK, v_BxLxHxK: per-head queries, keys, values.
     mask_BxL: bool, True for real tokens.
-    normalizer: ``"real"``: divide by ``sqrt`` of each example's number of real tokens;
-      ``"padded"``: by ``sqrt(L)``, the padded length (the authors' code).
-    mask_pads: True zeroes Q, K and V at pads, so pads stay out of ``K^T V``; False lets
-      them in (the authors' code).
-    kv_dropout: optional callable applied to ``K^T V`` (``[B, H, K, K]``), e.g. dropout.
-    block_diagonal: True: both products run on the heads side by side, ``[B, L, H*K]``,
-      with every head's ``K^T V`` a block of one ``[B, H*K, H*K]`` matrix whose other
-      blocks are zeroed. The zero blocks add exact zeros, so the function is the same (not
-      bit-identical: the sums group differently). The products cost ``H`` times the FLOPs
-      of the per-head ones, but no array of ``L`` rows is transposed, forward or backward.
-      With it, :class:`SimpleAttention` projects Q, K and V flat
-      (:class:`base.HeadProjection`). Its speed on a GPU and CPU: docs/fast_paths.md.
-
-  Returns:
-    ``[B, L, H, K]``; rows at padded positions are 0 when ``mask_pads``. No ``L x L``
-    array is built: the largest intermediate is ``K^T V`` of shape ``[B, H, K, K]``.
+    normalizer: ``"real"``: ``sqrt`` of each example's real tokens; ``"padded"``: of L.
+    mask_pads: zero Q, K and V at pads (pad rows of the output are then 0).
+    kv_dropout: optional callable on ``K^T V`` ``[B, H, K, K]``.
+    block_diagonal: the products on ``[B, L, H*K]``, each head's ``K^T V`` a block of one
+      ``[B, H*K, H*K]`` matrix with zeroed other blocks: the same function (not
+      bit-identical), H times the FLOPs, no transposes of L-row arrays
+      (docs/fast_paths.md).
 
   Raises:
     ValueError: for an unknown ``normalizer``.
@@ -95,12 +69,7 @@ def simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, *, normalizer: s
 
 def _block_diagonal_simple(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, normalizer: str,
                            mask_pads: bool, kv_dropout):
-  """:func:`simple_attention` with ``block_diagonal=True`` (same arguments and result).
-
-  Pads are kept out by zeroing K alone (a zero key row adds nothing to ``K^T V``, whatever
-  the value row) and the output rows, in the normalizing pass that runs anyway: at real
-  positions the same numbers, one masking pass over ``[B, L, D]`` instead of three.
-  """
+  """:func:`simple_attention` with ``block_diagonal``; pads out by zeroing K and output rows."""
   b, l, h, kd = q_BxLxHxK.shape
   q, k, v = (t.reshape(*t.shape[:2], h * kd) for t in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
   m = mask_BxL[:, :, None].astype(q.dtype)
@@ -127,24 +96,11 @@ def _block_diagonal_simple(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, normalizer
 
 def causal_simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, chunk_size: int, *,
                             normalizer: str = "real", mask_pads: bool = True):
-  """Causal SimpleAttention: ``y_i = q_i (sum_{j<=i} k_j^T v_j) / sqrt(n_i)``.
+  """Causal SimpleAttention ``[B, L, H, K]``: ``y_i = q_i (sum_{j<=i} k_j^T v_j) / sqrt(n_i)``.
 
-  ``n_i`` is the number of real tokens at positions ``<= i``. The sequence is
-  split into chunks of ``chunk_size`` tokens: inside a chunk the masked
-  ``[C, C]`` product is used, across chunks an exclusive prefix sum of
-  per-chunk ``K^T V`` states (``[B, L/C, H, K, K]``), so memory stays linear
-  in L for a fixed chunk size.
-
-  Args:
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK: per-head queries, keys, values.
-    mask_BxL: bool, True for real tokens.
-    chunk_size: C in tokens.
-    normalizer: ``"real"`` (``n_i`` as above) or ``"padded"`` (``n_i = i + 1``, every
-      position counted, the causal analogue of the authors' constant).
-    mask_pads: False lets pads enter the prefix sums (the authors' code).
-
-  Returns:
-    ``[B, L, H, K]``.
+  ``n_i`` is the real tokens at positions ``<= i`` (``"padded"``: ``i + 1``). Chunks of
+  ``chunk_size`` tokens: a masked ``[C, C]`` product inside, an exclusive prefix sum of the
+  chunks' ``K^T V`` across, so memory is linear in L. ``mask_pads=False`` lets pads in.
 
   Raises:
     ValueError: for an unknown ``normalizer``.
@@ -177,24 +133,11 @@ def causal_simple_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, chunk_siz
 
 def simple_map(q_BxLxHxK, k_BxLxHxK, mask_BxL, *, normalizer: str = "real",
                mask_pads: bool = True, causal: bool = False):
-  """The exact token-to-token map of SimpleAttention, formed explicitly (for one example).
+  """The ``[B, H, L, L]`` map ``A_ij = q_i . k_j / sqrt(L)`` that SimpleAttention never forms.
 
-  SimpleAttention never forms it: ``Q (K^T V) / sqrt(L)`` equals ``A V`` with
-  ``A_ij = q_i . k_j / sqrt(L)`` per head (Yorsh et al.), which this returns, with the masking
-  and normalizer of :func:`simple_attention` (non-causal) or :func:`causal_simple_attention`
-  (``causal``: ``j <= i`` and ``sqrt(n_i)``). With it, the per-head output of those functions
-  is ``einsum("bhij,bjhk->bihk", A, v)`` for the unmasked ``v`` (pads get zero weight when
-  ``mask_pads``). Quadratic in L: the module computes it only when asked
-  (:func:`base.sow_map`); ``simpletron_jax.tools.explain`` reads it.
-
-  Args:
-    q_BxLxHxK, k_BxLxHxK: per-head queries and keys as projected.
-    mask_BxL: bool, True for real tokens.
-    normalizer, mask_pads: as in :func:`simple_attention`.
-    causal: the causal form's map.
-
-  Returns:
-    ``[B, H, L, L]`` float, signed (no softmax: rows need not sum to 1).
+  With the masking and normalizer of :func:`simple_attention` (or, ``causal``,
+  :func:`causal_simple_attention`), their output is ``einsum("bhij,bjhk->bihk", A, v)``. Signed,
+  rows need not sum to 1. Quadratic: built only on request (:func:`base.sow_map`).
 
   Raises:
     ValueError: for an unknown ``normalizer``.
@@ -220,45 +163,29 @@ def simple_map(q_BxLxHxK, k_BxLxHxK, mask_BxL, *, normalizer: str = "real",
 
 
 class SimpleAttention(base.Attention):
-  """Multi-head SimpleAttention (SimpleTRON, Yorsh et al.).
+  """Multi-head SimpleAttention (:class:`base.Attention`'s fields, then its own).
 
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
-  ``out_dim`` (O; without the output projection the concatenated heads are the output, so
-  ``qkv_dim`` must equal it), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``,
-  ``value`` and ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+  Without the output projection the concatenated heads are the output, so ``qkv_dim`` must
+  equal ``out_dim``.
 
   Attributes:
-    dropout_rate: unused; there is no attention-weight matrix to drop out.
-      Kept so every variant takes the same arguments.
-    use_output_proj: False for paper variants Simple and Simple-Res, True for
-      Simple-ResL.
-    causal: if True, position i sees positions j <= i only.
+    dropout_rate: unused (no attention weights are formed).
+    use_output_proj: True for Simple-ResL only.
+    causal: position i sees positions j <= i only.
     chunk_size: chunk length in tokens for the causal form.
-    normalizer: ``"real"`` (default): ``L`` is each example's number of real tokens,
-      CLS included; ``"padded"``: ``L`` is the padded length ``x.shape[1]``, which is
-      ``model.max_length + 1`` when ``data.bucket=0`` (the authors' code). Causal:
-      ``n_i = i + 1``.
-    mask_pads: True (default) zeroes Q, K, V at pads; False lets pads enter ``K^T V``
-      as the authors' code did (outputs then depend on the padding).
-    kv_dropout_rate: dropout on the entries of ``K^T V`` in training (the authors used
-      0.1); 0 (default): none. Non-causal only.
-    block_diagonal: run the products on ``[B, L, H*K]`` with the heads' ``K^T V`` as the
-      blocks of one block-diagonal matrix (see :func:`simple_attention`; the same function,
-      ``H`` times the attention FLOPs, no transposes; not bit-identical), and the Q, K, V
-      projections as flat matmuls with a flat bias (:class:`base.HeadProjection`, the same
-      parameters). Non-causal only.
-    dtype: computation dtype.
+    normalizer: ``"real"`` (default) or ``"padded"`` (``x.shape[1]``, ``max_length + 1`` with
+      ``data.bucket=0``: the authors').
+    mask_pads: False: pads enter ``K^T V`` (the authors'; outputs depend on padding).
+    kv_dropout_rate: dropout on ``K^T V`` in training (the authors' 0.1); non-causal only.
+    block_diagonal: see :func:`simple_attention`; Q, K, V projected by
+      :class:`base.HeadProjection`. Non-causal only.
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``. Applied with
-  ``mutable=[base.MAPS]``, it sows the exact map it never forms, :func:`simple_map`
-  ``[B, H, L, L]``, as ``"map"`` (:func:`base.sow_map`).
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``. Sows
+  :func:`simple_map` as the map.
 
   Raises:
-    ValueError: if ``use_output_proj`` is False and ``qkv_dim != out_dim``
-      (config fields ``model.qkv_dim`` and ``model.emb_dim``); for an unknown
-      ``normalizer``; for ``kv_dropout_rate > 0`` with ``causal`` (the causal form has
-      one ``K^T V`` state per chunk, not one per sequence), or ``block_diagonal`` with
-      ``causal``; each naming its ``model.attention_kwargs`` field.
+    ValueError: naming its field: ``qkv_dim != out_dim`` without the projection, an unknown
+      ``normalizer``, ``kv_dropout_rate > 0`` or ``block_diagonal`` with ``causal``.
   """
 
   use_output_proj: bool = False
@@ -302,9 +229,7 @@ class SimpleAttention(base.Attention):
     return y_BxLxHxK.reshape(*y_BxLxHxK.shape[:2], self.qkv_dim)
 
 
-# Paper Table 1: Simple and Simple-Res have no output projection, Simple-Res and Simple-ResL
-# the double skip. Simple is exact under length padding only with the pads masked and the
-# real-token count as the normaliser.
+# Paper Table 1. Exact under length padding only with pads masked and the real-token normaliser.
 for _name, _output_proj, _double in (("simple", False, False), ("simple_res", False, True),
                                      ("simple_resl", True, True)):
   registry.register(registry.AttentionSpec(
