@@ -1,41 +1,15 @@
-"""Attention Free Transformer: AFT-full, AFT-simple and AFT-local.
+"""Attention Free Transformer (Zhai et al., 2021): AFT-full, AFT-simple and AFT-local.
 
-Zhai et al., "An Attention Free Transformer" (2021). With ``Q = X W_q``,
-``K = X W_k``, ``V = X W_v`` of ``D = qkv_dim`` features (one "head" per
-feature), every feature ``d`` and position ``t``::
+Per feature d of ``D = qkv_dim`` (one "head" per feature) and position t::
 
-    Y_t = sigma_q(Q_t) * sum_t' exp(K_t' + w_{t,t'}) * V_t' / sum_t' exp(K_t' + w_{t,t'})
+    Y_t = sigma_q(Q_t) * sum_t' exp(K_t' + w_{t,t'}) V_t' / sum_t' exp(K_t' + w_{t,t'})
 
-``sigma_q`` is the sigmoid (paper default; ``activation="relu"`` is the
-option) and the key nonlinearity is the paper's softmax over the context,
-which is the ``exp(K) / sum exp(K)`` above. The variants differ in the
-learned pairwise position bias ``w``:
-
-* ``aft_full``: ``w`` is a learned ``[max_length, max_length]`` matrix
-  (sliced to ``[:T, :T]``); O(T^2 d) time, O(T^2) memory for ``w``.
-* ``aft_simple``: ``w = 0``; O(T d).
-* ``aft_local``: ``w_{t,t'}`` is learned where ``|t - t'| < window`` and 0
-  outside (the paper's ``w'``), stored as a band ``[max_length, 2 window - 1]``.
-  Computed exactly without a ``T x T`` array: the sums over the keys outside
-  the window come from prefix/suffix cumulative sums, the window from blocks
-  of ``window`` tokens that see their neighbour blocks; O(T window d).
-
-Masking: ``exp(K)`` is 0 at padded positions, in the numerator and the
-denominator. For numerical stability ``K`` has its per-feature maximum over the
-real positions subtracted and ``w`` the maximum of each row of its full
-parameter (both cancel in the ratio, and neither depends on padding). Causal
-forms (``causal=True``) keep ``t' <= t`` with cumulative sums (a masked ``w``
-for ``aft_full``). Note that in the causal forms the key stabiliser is still
-the maximum over all real positions: it cancels exactly, so later tokens only
-touch earlier outputs through floating-point rounding.
-
-The output is projected from ``D`` features to ``out_dim`` with
-``base.output_projection``.
-
-Config note: ``aft_full`` and ``aft_local`` need the maximum sequence length
-for their position biases, which the encoder does not pass. Set
-``model.attention_kwargs.max_length = model.max_length + 1`` (the CLS token);
-the default is 2048.
+``sigma_q`` sigmoid (or ``activation="relu"``). ``w``: ``aft_full`` a learned
+``[max_length, max_length]`` matrix (O(T^2 d)); ``aft_simple`` 0 (O(T d)); ``aft_local`` a
+learned band ``|t - t'| < window`` (O(T window d), no ``T x T`` array). ``exp(K)`` is 0 at
+pads; ``K``'s real maximum and ``w``'s row maxima are subtracted (they cancel; in causal forms
+too, so later tokens reach earlier outputs only through rounding). Set
+``model.attention_kwargs.max_length = model.max_length + 1`` for ``full`` and ``local``.
 """
 
 from __future__ import annotations
@@ -51,11 +25,7 @@ ACTIVATIONS = ("sigmoid", "relu")
 
 
 def _stable_exp_keys(k_BxTxD, v_BxTxD, mask_BxT):
-  """``exp(K - max_real K)`` zeroed at pads, and the same times V.
-
-  Returns:
-    ``(ek_BxTxD, ekv_BxTxD)``, float32.
-  """
+  """float32 ``(exp(K - max_real K), same * V)``, zero at pads."""
   real_BxTx1 = mask_BxT[:, :, None]
   kmax_Bx1xD = jnp.max(jnp.where(real_BxTx1, k_BxTxD, -jnp.inf), axis=1, keepdims=True)
   kmax_Bx1xD = jax.lax.stop_gradient(jnp.where(jnp.isfinite(kmax_Bx1xD), kmax_Bx1xD, 0.0))
@@ -69,16 +39,7 @@ def _ratio(num, den):
 
 
 def aft_simple(k_BxTxD, v_BxTxD, mask_BxT, *, causal: bool):
-  """AFT-simple context: ``sum_t' softmax_t'(K)_t' * V_t'`` (Zhai et al., 2021).
-
-  Args:
-    k_BxTxD, v_BxTxD: float32 keys and values.
-    mask_BxT: bool, True for real tokens.
-    causal: if True the sums run over ``t' <= t`` (cumulative sums).
-
-  Returns:
-    ``[B, T, D]``, the weighted average of values (before ``sigma_q(Q)``).
-  """
+  """AFT-simple context ``[B, T, D]``: ``sum_t' softmax_t'(K) V_t'``, real (causal: ``t' <= t``) keys."""
   ek_BxTxD, ekv_BxTxD = _stable_exp_keys(k_BxTxD, v_BxTxD, mask_BxT)
   if causal:
     return _ratio(jnp.cumsum(ekv_BxTxD, axis=1), jnp.cumsum(ek_BxTxD, axis=1))
@@ -87,19 +48,9 @@ def aft_simple(k_BxTxD, v_BxTxD, mask_BxT, *, causal: bool):
 
 
 def aft_full(k_BxTxD, v_BxTxD, mask_BxT, w_MxM, *, causal: bool):
-  """AFT-full context with a learned pairwise bias (Zhai et al., 2021).
+  """AFT-full context ``[B, T, D]``: ``exp(w)[:T, :T] @ (exp(K) V)`` over ``exp(w) @ exp(K)``.
 
-  ``sum_t' exp(K_t' + w_{t,t'}) V_t' / sum_t' exp(K_t' + w_{t,t'})``, as the
-  product ``exp(w)[T, T] @ (exp(K) * V)[T, D]``. Quadratic in T.
-
-  Args:
-    k_BxTxD, v_BxTxD: float32 keys and values.
-    mask_BxT: bool, True for real tokens.
-    w_MxM: the position-bias parameter, ``M >= T``; ``[:T, :T]`` is used.
-    causal: if True only ``t' <= t`` enter.
-
-  Returns:
-    ``[B, T, D]``.
+  ``w_MxM`` is the bias parameter, ``M >= T``; quadratic in T. float32 keys and values.
   """
   t = k_BxTxD.shape[1]
   ek_BxTxD, ekv_BxTxD = _stable_exp_keys(k_BxTxD, v_BxTxD, mask_BxT)
@@ -114,31 +65,12 @@ def aft_full(k_BxTxD, v_BxTxD, mask_BxT, w_MxM, *, causal: bool):
 
 
 def aft_local(k_BxTxD, v_BxTxD, mask_BxT, band_MxR, window: int, *, causal: bool):
-  """AFT-local context, exact and sub-quadratic (Zhai et al., 2021).
+  """AFT-local context ``[B, T, D]``, exact, sub-quadratic; ``band_MxR`` ``[M >= T, 2 window - 1]``.
 
-  ``w_{t,t'} = band[t, t' - t + window - 1]`` for ``|t - t'| < window``, else 0.
-  Split as ``sum_t' = sum_{outside window} exp(K) (.) + sum_{inside} exp(K + w) (.)``:
-
-  * outside: ``sum_{t' <= t - s}`` from an inclusive prefix cumulative sum and
-    (non-causal) ``sum_{t' >= t + s}`` from a suffix cumulative sum; no
-    subtraction of large sums, so no cancellation;
-  * inside: the sequence is cut into blocks of ``C = min(s, T)`` tokens; the
-    queries of block n see the keys of blocks ``n - 1, n, n + 1``, which hold
-    every key with ``|t - t'| < C``; the gathered band weights are
-    ``[T/C, C, 3C]``.
-
-  The band row maximum (and 0, the weight outside) is subtracted per query.
-
-  Args:
-    k_BxTxD, v_BxTxD: float32 keys and values.
-    mask_BxT: bool, True for real tokens.
-    band_MxR: band parameter, ``M >= T`` rows, ``R = 2 window - 1``.
-    window: s >= 1.
-    causal: if True only ``t' <= t`` enter.
-
-  Returns:
-    ``[B, T, D]``. Largest intermediates: ``[B, T, D]`` sums and
-    ``[B, T/C, 3C, D]`` key windows.
+  ``w_{t,t'} = band[t, t' - t + window - 1]`` inside the window, else 0. Keys outside come from
+  prefix (and suffix) cumulative sums, with no subtraction of large sums; inside, blocks of
+  ``C = min(window, T)`` queries see the keys of blocks n-1..n+1 (``[B, T/C, 3C, D]``). Each
+  query's band maximum (and 0) is subtracted.
   """
   b, t, d = k_BxTxD.shape
   s = window
@@ -186,39 +118,25 @@ def aft_local(k_BxTxD, v_BxTxD, mask_BxT, band_MxR, window: int, *, causal: bool
 
 
 class AFTAttention(base.Attention):
-  """Attention Free Transformer layer (Zhai et al., 2021): full, simple or local.
+  """An AFT layer (:class:`base.Attention`'s fields, then its own).
 
-  Fields: :class:`base.Attention`'s ``num_heads`` (H; it only shares the projections, AFT
-  itself has one "head" per feature), ``qkv_dim`` (D, the number of AFT features),
-  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
-  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+  ``num_heads`` only shapes the projections; ``qkv_dim`` is D, the AFT features.
 
   Attributes:
-    dropout_rate: unused; there is no attention-weight matrix to drop out.
-      Kept so every variant takes the same arguments.
+    dropout_rate: unused (no attention weights are formed).
     variant: ``"full"``, ``"simple"`` or ``"local"`` (set by the registry).
-    causal: if True, position t sees positions t' <= t only.
-    activation: ``sigma_q``: ``"sigmoid"`` (paper) or ``"relu"``.
-    max_length: rows (and columns) of the position bias of ``full`` and
-      ``local``; must be at least the input length. Configs must set
-      ``model.attention_kwargs.max_length = model.max_length + 1`` (CLS).
-      Unused by ``simple``.
-    window: s, the AFT-local window (``|t - t'| < s`` gets a learned bias).
-      Unused by the other variants.
-    dtype: computation dtype of the projections; the AFT sums are float32
-      and cast back.
+    causal: position t sees t' <= t only.
+    activation: ``sigma_q``, ``"sigmoid"`` (paper) or ``"relu"``.
+    max_length: rows of the position bias (``full``, ``local``), at least the input length.
+    window: s, AFT-local's window.
 
-  Parameters besides ``query``/``key``/``value``/``out``: ``pos_bias``
-  ``[max_length, max_length]`` (full) or ``pos_bias_band``
-  ``[max_length, 2 window - 1]`` (local), initialised to zero.
-
+  Parameters ``pos_bias`` ``[max_length, max_length]`` (full) or ``pos_bias_band``
+  ``[max_length, 2 window - 1]`` (local), zero-initialised. Sums in float32.
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
 
   Raises:
-    ValueError: for an unknown ``variant`` or ``activation``
-      (``model.attention_kwargs.activation``), a ``window < 1``
-      (``model.attention_kwargs.window``), or, for ``full``/``local``, an
-      input longer than ``max_length`` (``model.attention_kwargs.max_length``).
+    ValueError: unknown ``variant`` or ``activation``, ``window < 1``, or an input longer
+      than ``max_length``, naming the ``model.attention_kwargs`` field.
   """
 
   variant: str = "simple"

@@ -1,65 +1,19 @@
-"""Synthesizer attention: attention weights synthesised without token-token dot products.
+"""Synthesizer attention (Tay et al., ICML 2021): weights synthesised without token-token products.
 
-Tay et al., "Synthesizer: Rethinking Self-Attention in Transformer Models" (ICML 2021);
-the LRA "Synthesizer" baseline (``lra_benchmarks/models/synthesizer/
-synthesizer_attention.py``). Per head h, with values ``V = X W_v`` (the ``value``
-projection) and keys masked at padded positions::
+LRA's "Synthesizer" (``models/synthesizer/synthesizer_attention.py``). Per head,
+``Y_h = softmax(B_h) V_h`` over real keys, quadratic, non-causal:
 
-    Y_h = softmax(B_h) V_h
+* Dense (``synthesizer``): ``B_h[i] = W2_h relu(W1 x_i + b1)_h + b2_h``, ``W2_h``: K ->
+  ``max_length`` sliced to the first L keys. ``W2`` is per head (LRA's shares it and mixes
+  heads and positions by a reshape).
+* Random (``synthesizer_random``): ``B_h = R_h[:L, :L]``, ``R`` ``[H, max_length, max_length]``
+  learned, Xavier-uniform over the whole array as LRA's; or ``R1_h R2_h`` of rank
+  ``factorized_rank``; or, ``trainable=False``, fixed ``N(0, 1)`` rows drawn per call.
 
-* Dense (``synthesizer``, the paper's Dense Synthesizer): each query row is predicted
-  from its own token, ``B_h[i] = W2_h relu(W1 x_i + b1)_h + b2_h``, with ``W1``:
-  E -> (H, K) (``syn_hidden``) and ``W2_h``: K -> ``max_length`` (``syn_out_kernel``,
-  ``syn_out_bias``), sliced to the first L key positions.
-* Random (``synthesizer_random``, the paper's Random Synthesizer): ``B_h = R_h[:L, :L]``
-  with a learned ``R`` of shape ``[H, max_length, max_length]`` (``random_logits``; LRA's
-  ``random``), initialised as LRA's ``SynthesizerAttention`` does (the paper only says
-  "randomly initialised"): ``xavier_uniform()`` over the whole ``[H, M, M]`` array, whose
-  fans are ``H * M`` each (the head axis counts as a receptive field), so
-  ``U(+-sqrt(3 / (H M)))``: ``R`` starts close to 0, the attention close to uniform.
-  ``factorized_rank = k > 0`` learns ``R_h = R1_h R2_h`` with ``R1_h``
-  ``[max_length, k]`` and ``R2_h`` ``[k, max_length]`` (``random_factor1``/``2``, LRA's
-  ``random1``/``2``: the paper's factorized random synthesizer, LRA's
-  ``synthesizer_mode='factorized_random'``, ``k=32``, which its configs never reach), each
-  ``xavier_uniform()`` as in LRA (fans ``H M`` and ``H k``). ``trainable=False`` is
-  the paper's fixed random synthesizer: ``R`` is not a parameter but drawn ``N(0, 1)`` from
-  ``jax.random.PRNGKey(random_seed)`` in every call (row i from ``fold_in(key, i)``,
-  so rows do not depend on L: padding invariance), at a cost of O(L H max_length)
-  random numbers per call (the factors: ``N(0, k^-1/2)`` each, so ``R`` has unit variance).
-
-There is no ``1/sqrt(d)`` scaling and no query or key projection, unless
-``dot_product=True``: then the softmax-attention logits ``Q K^T / sqrt(d)`` (from the
-``query``/``key`` projections) are added to ``B`` before the softmax, the paper's
-"Random + Vanilla" / "Dense + Vanilla" mixtures. Both forms build
-``[B, H, L, L]`` weights: quadratic in time and memory.
-
-Padding: the logits of pad keys are replaced by a large negative number, so pad
-keys get zero weight; the logits of real keys depend only on the query token and
-on the key POSITION, so appending pads changes nothing at real positions.
-``lra_bugs=True`` (random form only) reproduces LRA's masking instead
-(``synthesizer_attention.py``): with the dot product, the mask is the outer product of the
-query and key masks added as a ``-1e10`` bias, so a PAD QUERY's row is ``-1e10``
-everywhere and (in float32, where ``-1e10 + x == -1e10``) averages every value, pads
-included; this matters where LRA averages over the pads (MEAN pooling). Without the dot
-product (``ignore_dot_product=True``) LRA applies no padding mask at all.
-
-LRA defaults: its ``SynthesizerAttention`` takes ``max_length`` (512 by default, the
-model's ``max_len`` + 1 in practice). Its blocks (``models/synthesizer/synthesizer.py``)
-default to ``synthesizer_mode='random'`` with ``ignore_dot_product=False``, i.e. random
-logits PLUS the dot product, and that is what LRA ran: the image configs set
-``config.model.synthesizer_mode='random'``, and the text config's
-``synthesizer_mode='factorized_random'``, ``k=32``, ``ignore_dot_product=True`` are
-top-level config fields that ``text_classification/train.py`` never passes to the
-model (only ``config.model`` is). To reproduce LRA use ``synthesizer_random`` with
-``dot_product=True``, as ``configs/<task>/synthesizer_random.py`` do; the module's default
-is the pure form of the paper. LRA's dense form
-shares ``W2`` across heads and reshapes ``[B, L, H, M]`` to ``[B, H, L, M]`` without a
-transpose (mixing heads and positions); here ``W2`` is per head and the axes are kept.
-
-Causal form: none; the variants are used bidirectionally, as in LRA.
-
-Config note: set ``model.attention_kwargs.max_length = model.max_length + 1`` (the
-CLS token); the default is 2048.
+``dot_product=True`` adds ``Q K^T / sqrt(d)`` to ``B`` (the paper's "+ Vanilla"), which is
+what LRA ran (docs/lra_parity.md). Pad keys get zero weight and real keys' logits depend only
+on the query and the key position, so padding changes nothing. Set
+``model.attention_kwargs.max_length = model.max_length + 1``.
 """
 
 from __future__ import annotations
@@ -74,9 +28,7 @@ NEG = -1e30
 
 
 def _values_and_dots(module: base.Attention, x_BxLxE):
-  """``(v_BxLxHxK, dots)``: the values, and ``Q K^T / sqrt(d)`` (``[B, H, L, L]``) when
-  ``module.dot_product`` else 0, projected with ``module``'s fields (:class:`base.Attention`;
-  call it inside its compact ``__call__``)."""
+  """``(v_BxLxHxK, Q K^T / sqrt(d) [B, H, L, L] or 0)`` with ``module``'s projections."""
   if not module.dot_product:
     return module.project_heads(x_BxLxE, "value"), 0.0
   q, k, v = module.project_qkv(x_BxLxE)
@@ -87,21 +39,11 @@ def _values_and_dots(module: base.Attention, x_BxLxE):
 def synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL, dropout: nn.Module,
                         deterministic: bool, dtype, lra_pad_queries: bool = False
                         ) -> jnp.ndarray:
-  """``softmax(B) V`` with pad keys masked; the softmax is float32.
+  """``softmax(B) V`` ``[B, L, H, K]``, pad keys masked, the softmax in float32 cast to ``dtype``.
 
-  Args:
-    logits_BxHxLxL: synthesised logits ``B`` (rows: queries, columns: keys); a
-      ``[1, H, L, L]`` batch axis broadcasts.
-    v_BxLxHxK: values.
-    mask_BxL: bool, True for real tokens.
-    dropout: an ``nn.Dropout`` applied to the weights.
-    deterministic: disables dropout.
-    dtype: dtype of the weights after the softmax.
-    lra_pad_queries: give each pad query uniform weights over every key, pads included,
-      as LRA's ``-1e10`` query-and-key mask does (``synthesizer_attention.py``).
-
-  Returns:
-    ``[B, L, H, K]``.
+  ``logits_BxHxLxL`` (a ``[1, H, L, L]`` batch broadcasts) are query rows by key columns;
+  ``dropout`` acts on the weights. ``lra_pad_queries``: a pad query weighs every key evenly,
+  as LRA's ``-1e10`` query-and-key mask does.
   """
   logits = jnp.where(mask_BxL[:, None, None, :], logits_BxHxLxL.astype(jnp.float32), NEG)
   if lra_pad_queries:   # LRA: a pad query's row is all -1e10, i.e. uniform over every key
@@ -112,32 +54,20 @@ def synthetic_attention(logits_BxHxLxL, v_BxLxHxK, mask_BxL, dropout: nn.Module,
 
 
 class DenseSynthesizerAttention(base.Attention):
-  """Dense Synthesizer (Tay et al., 2021); non-causal, quadratic.
-
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, the values' and the
-  hidden layer's width over all heads), ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of
-  the ``value`` and ``out`` projections, and ``query`` and ``key`` with ``dot_product``), then
-  ``dropout_rate``, ``dtype`` and its own options:
+  """Dense Synthesizer (:class:`base.Attention`'s fields, ``qkv_dim`` also the hidden width).
 
   Attributes:
-    dropout_rate: dropout on the ``[B, H, L, L]`` attention weights.
-    max_length: the number of key positions ``W2`` predicts; must be at least the
-      input length. Configs must set ``model.attention_kwargs.max_length =
-      model.max_length + 1``.
-    dot_product: if True, add ``Q K^T / sqrt(d)`` to the logits (Dense + Vanilla).
-    dtype: computation dtype; the softmax is float32.
+    dropout_rate: dropout on the ``[B, H, L, L]`` weights.
+    max_length: key positions ``W2`` predicts, at least the input length.
+    dot_product: add ``Q K^T / sqrt(d)`` (Dense + Vanilla).
 
-  Parameters: ``syn_hidden`` (``DenseGeneral`` E -> (H, D/H)), ``syn_out_kernel``
-  ``[H, D/H, max_length]`` (Xavier-uniform per head), ``syn_out_bias``
-  ``[H, max_length]`` (normal(1e-6)), ``value``, ``out`` (and ``query``, ``key`` with
-  ``dot_product``).
-
+  Parameters: ``syn_hidden`` (E -> (H, D/H)), ``syn_out_kernel`` ``[H, D/H, max_length]``
+  (Xavier-uniform per head), ``syn_out_bias`` ``[H, max_length]``, ``value``, ``out`` (and
+  ``query``, ``key`` with ``dot_product``).
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
 
   Raises:
-    ValueError: if the input is longer than ``max_length`` (naming
-      ``model.attention_kwargs.max_length``) or ``qkv_dim`` is not a multiple of
-      ``num_heads``.
+    ValueError: input longer than ``max_length``, or bad ``qkv_dim``.
   """
 
   max_length: int = 2048
@@ -168,56 +98,33 @@ class DenseSynthesizerAttention(base.Attention):
 
 
 def fixed_random_rows(key: jax.Array, rows: int, shape: tuple[int, ...]) -> jnp.ndarray:
-  """``N(0, 1)`` rows ``i = 0..rows-1`` of shape ``shape``, row i from ``fold_in(key, i)``.
-
-  Row i does not depend on ``rows``, so a longer input sees the same first rows.
-
-  Returns:
-    float32 ``[rows, *shape]``.
-  """
+  """float32 ``N(0, 1)`` ``[rows, *shape]``, row i from ``fold_in(key, i)`` whatever ``rows``."""
   return jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), shape))(
       jnp.arange(rows))
 
 
 class RandomSynthesizerAttention(base.Attention):
-  """Random Synthesizer (Tay et al., 2021); non-causal, quadratic.
-
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, the values' width
-  over all heads), ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``value`` and
-  ``out`` projections, and ``query`` and ``key`` with ``dot_product``), then ``dropout_rate``,
-  ``dtype`` and its own options:
+  """Random Synthesizer (:class:`base.Attention`'s fields, then its own).
 
   Attributes:
-    dropout_rate: dropout on the ``[B, H, L, L]`` attention weights.
-    max_length: rows and columns of ``R``; must be at least the input length.
-      Configs must set ``model.attention_kwargs.max_length = model.max_length + 1``.
-    trainable: if True (default) ``R`` is a parameter; if False it is a constant
-      drawn from ``random_seed`` (the paper's fixed random synthesizer).
-    factorized_rank: 0 (default) for a full ``R``; k > 0 for ``R = R1 R2`` of rank k.
-    random_seed: seed of the fixed ``R`` (``trainable=False`` only).
-    dot_product: if True, add ``Q K^T / sqrt(d)`` to the logits (Random + Vanilla,
-      what LRA's Synthesizer runs).
-    lra_bugs: reproduce the padding bugs of LRA's ``SynthesizerAttention``
-      (``models/synthesizer/synthesizer_attention.py``; default False, the correct
-      function): with ``dot_product``, every pad query attends uniformly to every key,
-      pads included (LRA's ``-1e10`` bias on the query-and-key mask); without it, no
-      padding mask at all (LRA drops the mask when ``ignore_dot_product=True``). Real
-      queries' outputs are unchanged by the first; pad positions' outputs reach the
-      result only through LRA's MEAN over the pads (``model.lra_mean_over_pads``).
-    dtype: computation dtype; the softmax is float32.
+    dropout_rate: dropout on the ``[B, H, L, L]`` weights.
+    max_length: rows and columns of ``R``, at least the input length.
+    trainable: False: ``R`` is a constant from ``random_seed`` (the fixed random synthesizer;
+      factors ``N(0, k^-1/2)``, so ``R`` has unit variance).
+    factorized_rank: 0 (default) for a full ``R``; k > 0 for ``R = R1 R2``.
+    random_seed: seed of the fixed ``R``.
+    dot_product: add ``Q K^T / sqrt(d)`` (Random + Vanilla, what LRA ran).
+    lra_bugs: LRA's masking: with ``dot_product`` a pad query weighs every key evenly, pads
+      included; without it no padding mask. Real outputs are unchanged by the first; pad rows
+      matter only to ``model.lra_mean_over_pads``.
 
-  Parameters: ``random_logits`` ``[H, max_length, max_length]`` (LRA's ``random``; or
-  ``random_factor1`` ``[H, max_length, k]`` and ``random_factor2`` ``[H, k, max_length]``,
-  LRA's ``random1``, ``random2``), each ``xavier_uniform()`` as in LRA, when
-  ``trainable``; ``value`` and ``out`` (and ``query``, ``key`` with ``dot_product``).
-
+  Parameters, when ``trainable``: ``random_logits`` ``[H, M, M]`` (LRA's ``random``) or
+  ``random_factor1`` ``[H, M, k]`` and ``random_factor2`` ``[H, k, M]`` (``random1``/``2``),
+  each Xavier-uniform as LRA's; ``value``, ``out`` (and ``query``, ``key`` with ``dot_product``).
   Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
 
   Raises:
-    ValueError: if the input is longer than ``max_length`` (naming
-      ``model.attention_kwargs.max_length``), ``factorized_rank < 0`` (naming
-      ``model.attention_kwargs.factorized_rank``) or ``qkv_dim`` is not a multiple of
-      ``num_heads``.
+    ValueError: input longer than ``max_length``, ``factorized_rank < 0``, or bad ``qkv_dim``.
   """
 
   max_length: int = 2048
@@ -231,7 +138,7 @@ class RandomSynthesizerAttention(base.Attention):
     """``R[:, :L, :L]``, ``[H, L, L]`` float32."""
     h, m, k = self.num_heads, self.max_length, self.factorized_rank
     if self.trainable:
-      # LRA's kernel_init, xavier_uniform() on the whole array: fans over H * (last axes).
+      # LRA's xavier_uniform() on the whole array: the fans include H.
       init = nn.initializers.xavier_uniform()
       if k == 0:
         r_HxMxM = self.param("random_logits", init, (h, m, m), jnp.float32)
@@ -239,7 +146,6 @@ class RandomSynthesizerAttention(base.Attention):
       r1_HxMxR = self.param("random_factor1", init, (h, m, k), jnp.float32)
       r2_HxRxM = self.param("random_factor2", init, (h, k, m), jnp.float32)
       return jnp.einsum("hir,hrj->hij", r1_HxMxR[:, :length], r2_HxRxM[:, :, :length])
-    # Fixed: generate only the rows (and, for the factors, columns) used.
     key = jax.random.PRNGKey(self.random_seed)
     if k == 0:
       rows_LxHxM = fixed_random_rows(key, length, (h, m))
