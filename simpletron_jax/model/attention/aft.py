@@ -39,7 +39,7 @@ def _ratio(num, den):
 
 
 def aft_simple(k_BxTxD, v_BxTxD, mask_BxT, *, causal: bool):
-  """AFT-simple context ``[B, T, D]``: ``sum_t' softmax_t'(K) V_t'``, real (causal: ``t' <= t``) keys."""
+  """AFT-simple context ``[B, T, D]``: ``sum_t' softmax_t'(K) V_t'`` (causal: ``t' <= t``)."""
   ek_BxTxD, ekv_BxTxD = _stable_exp_keys(k_BxTxD, v_BxTxD, mask_BxT)
   if causal:
     return _ratio(jnp.cumsum(ekv_BxTxD, axis=1), jnp.cumsum(ek_BxTxD, axis=1))

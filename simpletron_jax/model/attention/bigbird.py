@@ -1,41 +1,14 @@
-"""BigBird attention: block window + global first and last blocks + random blocks.
+"""BigBird attention (Zaheer et al., 2020), the blocked ITC form, as LRA computes it.
 
-Zaheer et al., "Big Bird: Transformers for Longer Sequences" (2020), the blocked ITC form,
-as LRA's code computes it (``models/bigbird/bigbird_attention.py``; block 64 and 3 random
-blocks there, ``connectivity_seed`` = the layer index in ``models/bigbird/bigbird.py``).
-
-Layout. The pattern is laid out on ``P`` tokens: the module field ``max_length`` when it is
-set (the configs set it to ``model.max_length`` plus CLS, the length LRA pads every batch
-to), else the batch's length L. As LRA does, ``P`` is extended by ``b - P % b`` positions (a
-whole block when ``b`` divides ``P``) to ``N = P // b + 1`` blocks of ``b = block_size``
-tokens. For query block n:
-
-* n = 0 and n = N-1 are GLOBAL: their queries attend to every key, and every query attends
-  to their keys;
-* every other n attends to the blocks ``{0, n-1, n, n+1, N-1}`` (so block 1 sees
-  ``{0, 1, 2, N-1}`` and block N-2 sees ``{0, N-3, N-2, N-1}``) and to its
-  ``num_random_blocks`` random blocks.
-
-Random blocks (:func:`lra_random_blocks`): LRA's ``get_block_rand_mask`` draw, made in numpy
-at trace time from ``numpy.random.RandomState(random_seed + layer)``, head after head. The
-layer index is read from the Flax module path (:func:`layer_index`): the encoder names block
-i ``encoderblock_{i}`` (LRA's names too), so no per-layer argument has to travel through the
-encoder and the registry; a module outside an encoder block is layer 0. The pattern is fixed
-across steps and examples, differs between heads and layers, and depends only on ``N`` (LRA
-restricts the draws to the first 1024 tokens, as the BigBird code it follows does).
-
-Masking (default): only real keys get weight. With ``max_length`` set, the pattern does not
-depend on the batch's padding, and only the blocks that hold the batch are computed (blocks
-past the batch are padding and get no weight): outputs at real positions are padding
-invariant. With ``max_length = 0`` the pattern follows the batch length, as in LRA's code.
-
-``lra_bugs=True`` reproduces the rest of LRA's ``bigbird_attention.py``: the appended
-positions (zero inputs, LRA pads the mask with ``-1e9`` on a bool array, i.e. True) are REAL
-keys; the outputs at padding queries are zero (LRA multiplies the context by the query mask:
-this matters under LRA's MEAN over the pads); and no attention dropout (LRA's sparse path
-ignores ``dropout_rate``). Non-causal (LRA falls back to full attention for causal).
-
-Cost: scores ``[B, H, N, b, (5 + r) b]`` plus ``[B, H, b, L]`` per global block: linear in L.
+LRA's ``models/bigbird/bigbird_attention.py`` (block 64, 3 random blocks, the layer index as
+``connectivity_seed`` in ``bigbird.py``). The pattern is laid out on ``P`` tokens (field
+``max_length``, else the batch length), extended by ``b - P % b`` to ``N = P // b + 1`` blocks.
+Blocks 0 and N-1 are global; every other block n attends to ``{0, n-1, n, n+1, N-1}`` and
+its random blocks, drawn as LRA's ``get_block_rand_mask`` (:func:`lra_random_blocks`) with the
+layer read from the module path (:func:`layer_index`). Only real keys get weight; with
+``max_length`` set only the blocks holding the batch are computed, so padding changes
+nothing. Scores ``[B, H, N, b, (5 + r) b]`` plus ``[B, H, b, L]`` per global block: linear in
+L. Non-causal.
 """
 
 from __future__ import annotations
@@ -56,14 +29,7 @@ RANDOM_LAST_IDX = 1024
 
 
 def layer_index(path: Sequence[str]) -> int:
-  """The encoder layer of a module: i from the innermost ``encoderblock_{i}`` in ``path``.
-
-  Args:
-    path: the Flax module path (``module.path``).
-
-  Returns:
-    i, or 0 when no component is named ``encoderblock_<int>``.
-  """
+  """The layer i of the innermost ``encoderblock_{i}`` in ``path`` (LRA's names), else 0."""
   for name in reversed(tuple(path)):
     match = re.fullmatch(r"encoderblock_(\d+)", name)
     if match:
@@ -72,22 +38,12 @@ def layer_index(path: Sequence[str]) -> int:
 
 
 def num_pattern_blocks(length: int, block_size: int) -> int:
-  """N: LRA pads ``length`` by ``b - length % b`` (a whole block when b divides it).
-
-  Returns:
-    ``length // block_size + 1``.
-  """
+  """N, ``length // block_size + 1``: LRA pads by ``b - length % b``."""
   return length // block_size + 1
 
 
 def _candidates(i: int, num_blocks: int, last: int) -> np.ndarray:
-  """The key blocks query block i (1..N-2) may draw at random, in LRA's order.
-
-  LRA's ``get_block_rand_mask`` (``models/bigbird/bigbird_attention.py``): blocks 1..N-2
-  without the window of i, cut at ``last``; its special rows (i = 1, 2, N-3, N-2, checked in
-  that order) and numpy's slicing (negative bounds included) are kept, since the draw
-  depends on the exact array.
-  """
+  """The blocks query block i may draw, as LRA's ``get_block_rand_mask`` lists them."""
   a = np.arange(1, num_blocks - 1)
   if i == 1:
     return a[2:last]
@@ -108,23 +64,12 @@ def _candidates(i: int, num_blocks: int, last: int) -> np.ndarray:
 @functools.lru_cache(maxsize=256)
 def lra_random_blocks(num_blocks: int, block_size: int, num_heads: int,
                       num_random_blocks: int, seed: int) -> np.ndarray:
-  """LRA's random key blocks of one layer (``get_block_rand_mask``, one call per head).
+  """LRA's random key blocks of one layer, ``[H, N, r]`` int64, read-only; ``-1`` where none.
 
-  Seeds ``numpy.random.RandomState(seed)`` (LRA: ``numpy.random.seed(connectivity_seed)``)
-  and, for each head in turn and each query block i = 1..N-2, takes the first r entries of a
-  random permutation of :func:`_candidates`. Random draws stop at ``last``: block
-  ``min(N b, 1024) // b - 1`` when ``min(N b, 1024) > 2 b``, else ``N - 1``.
-
-  Args:
-    num_blocks: N (padded length / b).
-    block_size: b.
-    num_heads: H.
-    num_random_blocks: r.
-    seed: the numpy seed (``random_seed + layer``), ``0 <= seed < 2**32``.
-
-  Returns:
-    ``[H, N, r]`` int64, read-only; rows 0 and N-1 (global) and draws beyond the candidates
-    (LRA raises there) are ``-1``.
+  ``numpy.random.RandomState(seed)`` (``seed = random_seed + layer``), then per head and query
+  block 1..N-2 the first r of a permutation of :func:`_candidates`; draws stop at
+  ``min(N b, 1024)`` tokens as in LRA. Rows 0 and N-1, and draws past the candidates (where
+  LRA raises), are -1.
   """
   rng = np.random.RandomState(seed)
   out = np.full((num_heads, num_blocks, num_random_blocks), -1, np.int64)
@@ -141,15 +86,10 @@ def lra_random_blocks(num_blocks: int, block_size: int, num_heads: int,
 @functools.lru_cache(maxsize=256)
 def key_blocks(num_blocks: int, block_size: int, num_heads: int, num_random_blocks: int,
                seed: int) -> np.ndarray:
-  """The key blocks each (head, query block) attends to, for the non-global query blocks.
+  """``[H, N, 5 + r]`` int64 key blocks of each (head, query block), read-only; ``-1`` empty.
 
-  Query block n (``0 < n < N-1``) gets ``[0, n-1, n, n+1, N-1]`` then its random blocks
-  (:func:`lra_random_blocks`); a block already listed is replaced by ``-1``, so each key
-  counts once. Global rows (n = 0, N-1) list only themselves (they attend to every key
-  elsewhere).
-
-  Returns:
-    ``[H, N, 5 + r]`` int64, read-only, ``-1`` for an empty slot.
+  ``[0, n-1, n, n+1, N-1]`` then the random blocks, repeats dropped; global rows list only
+  themselves.
   """
   n = np.arange(num_blocks)[:, None]
   fixed = np.concatenate([np.zeros_like(n), n - 1, n, n + 1, np.full_like(n, num_blocks - 1)],
@@ -173,34 +113,23 @@ def global_blocks(num_blocks: int) -> tuple[int, ...]:
 
 
 class BigBirdAttention(base.Attention):
-  """Multi-head BigBird block-sparse attention (Zaheer et al., 2020), as in LRA.
-
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
-  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
-  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+  """BigBird block-sparse attention as in LRA (:class:`base.Attention`'s fields, then its own).
 
   Attributes:
-    dropout_rate: dropout on the attention weights (none with ``lra_bugs``).
-    block_size: b, tokens per block (LRA: 64).
-    num_random_blocks: r, random key blocks per query block (LRA: 3; 0 disables them).
-    random_seed: added to the layer index to seed numpy's draw (0: LRA's seed, the layer
-      index; seeds s and s+1 give layer-shifted patterns).
-    max_length: P, the length the pattern is laid out for (the configs: ``model.max_length``
-      plus CLS); 0: the batch's length, as LRA's code. Inputs longer than a nonzero P raise.
-    lra_bugs: reproduce LRA's ``models/bigbird/bigbird_attention.py``: appended positions
-      are real keys, padding queries output zero, no attention dropout (see the module
-      docstring). Config field ``model.attention_kwargs.lra_bugs``; default False.
-    dtype: computation dtype; the softmax is computed in float32.
+    dropout_rate: dropout on the weights (none with ``lra_bugs``).
+    block_size: b (LRA: 64).
+    num_random_blocks: r (LRA: 3; 0: none).
+    random_seed: added to the layer index to seed the draw (0: LRA's).
+    max_length: P (configs: ``model.max_length`` plus CLS); 0: the batch's length, as LRA.
+    lra_bugs: LRA's appended positions as real keys, zero outputs at pad queries, no
+      attention dropout.
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  Non-causal. The chosen random blocks are sown into ``"intermediates"`` as
-  ``random_blocks`` (``[H, N, r]`` int32, ``-1`` for none).
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``; softmax in float32.
+  Sows ``intermediates/random_blocks`` ``[H, N, r]`` int32.
 
   Raises:
-    ValueError: if ``block_size < 1``, ``num_random_blocks < 0``, ``random_seed < 0``,
-      ``max_length < 0`` or ``0 < max_length < L`` (naming
-      ``model.attention_kwargs.<field>``), or ``qkv_dim`` is not a multiple of
-      ``num_heads``.
+    ValueError: a negative field, ``block_size < 1``, or ``0 < max_length < L``, naming the
+      ``model.attention_kwargs`` field; or bad ``qkv_dim``.
   """
 
   block_size: int = 64
@@ -223,7 +152,6 @@ class BigBirdAttention(base.Attention):
     num_blocks = num_pattern_blocks(pattern_length, b)
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     if self.lra_bugs:
-      # Every pattern block is computed; the appended positions are zero inputs, real keys.
       num_computed = num_blocks
       appended = num_blocks * b - pattern_length
       keys_BxC = jnp.concatenate(
@@ -269,7 +197,6 @@ class BigBirdAttention(base.Attention):
     weights = dropout(weights, deterministic=deterministic)
     y_BxHxNxbxK = jnp.einsum("bhnqk,bhnkd->bhnqd", weights, v_BxHxNxSbxK)
 
-    # Global query blocks: every key.
     for g in global_blocks(num_blocks):
       if g >= num_computed:
         continue

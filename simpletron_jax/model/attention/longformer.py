@@ -1,35 +1,12 @@
-"""Longformer attention: a sliding window, optionally with global attention on position 0.
+"""Longformer attention (Beltagy et al., 2020): a sliding window, optionally position 0 global.
 
-Beltagy et al., "Longformer: The Long-Document Transformer" (2020), the non-dilated sliding
-window, as LRA's own module computes it (``models/longformer/longformer_attention.py``;
-``sliding_window_size=512``, and no global token: LRA's encoders never pass a
-``global_mask``).
-
-Window convention (LRA's ``_build_sliding_window_mask``): a window of w tokens covers
-``w - w // 2`` positions to the left INCLUDING the query itself and ``w // 2`` to the right,
-i.e. query i sees key j iff ``-(w - w // 2 - 1) <= j - i <= w // 2`` (w keys in all; for
-odd w the two sides are equal, for even w the right side gets one more).
-
-Parameters (LRA's): the window uses ``query``/``key``/``value`` (LRA's
-``*_sliding_window``), global attention ``query_global``/``key_global``/``value_global``;
-both sets always exist, as in LRA, whether or not a global token is used; ``out`` merges
-the heads.
-
-``global_first=True`` (off by default, as in LRA's runs) makes position 0 global, as LRA's
-module does for a ``global_mask`` that is True at position 0: every query also attends to key
-0 through the window projections, and position 0 attends to every key through the global
-projections. Only real keys get weight.
-
-The window is computed blockwise, with no ``L x L`` array: the sequence is cut into chunks
-of ``s = min(w // 2, L)`` tokens (at least 1); each chunk's queries score the keys of the
-chunk and its two neighbours, ``[B, H, L/s, s, 3s]``, with an exact band mask (and, with
-``global_first``, one extra column for key 0, removed from the band so that it counts
-once). Memory and time are ``O(L w)``.
-
-``lra_bugs=True`` reproduces LRA's treatment of padding queries: LRA masks queries and keys,
-so a padding query's row is all masked and, at ``-1e10`` everywhere, comes out uniform over
-ALL L keys (pads and positions outside the window included). This only shows through LRA's
-MEAN over the pads. Non-causal (LRA's encoders are bidirectional); there is no causal form.
+The non-dilated window of LRA's ``models/longformer/longformer_attention.py`` (window 512, no
+global token: LRA never passes a ``global_mask``). A window of w tokens: query i sees key j
+iff ``-(w - w // 2 - 1) <= j - i <= w // 2`` (LRA's ``_build_sliding_window_mask``). LRA's
+parameters: ``query``/``key``/``value`` for the window, ``*_global`` (always made), ``out``.
+``global_first``: every query also sees key 0, and position 0 sees every key through the
+global projections. Blockwise, no ``L x L`` array: chunks of ``s = min(w // 2, L)`` score their
+and their neighbours' keys, ``[B, H, L/s, s, 3s]``; O(L w). Non-causal.
 """
 
 from __future__ import annotations
@@ -44,40 +21,24 @@ from simpletron_jax.model.attention.local import (check_int_field, masked_softma
 
 
 def window_offsets(window: int) -> tuple[int, int]:
-  """The smallest and largest ``j - i`` a query sees in a window of ``window`` tokens.
-
-  Returns:
-    ``(-(window - window // 2 - 1), window // 2)``: LRA's convention.
-  """
+  """The smallest and largest ``j - i`` of a window of ``window`` tokens (LRA's convention)."""
   return -(window - window // 2 - 1), window // 2
 
 
 class LongformerAttention(base.Attention):
-  """Multi-head sliding-window attention (Beltagy et al., 2020), as LRA's module.
-
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
-  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value``,
-  ``*_global`` and ``out`` projections), then ``dropout_rate``, ``dtype`` and its own
-  options:
+  """Sliding-window attention as LRA's module (:class:`base.Attention`'s fields, then its own).
 
   Attributes:
-    dropout_rate: dropout on the attention weights (window, and with ``global_first`` the
-      key-0 column and the global row).
-    window: w, the sliding window in tokens (LRA: 512); see the module docstring for the
-      convention.
-    global_first: position 0 (CLS, or the first token with MEAN pooling) is global, with
-      the ``*_global`` projections; LRA's runs: False (no global token).
-    lra_bugs: padding queries attend uniformly to every position, as in LRA's
-      ``models/longformer/longformer_attention.py`` (see the module docstring). Config
-      field ``model.attention_kwargs.lra_bugs``; default False.
-    dtype: computation dtype; the softmax is computed in float32.
+    dropout_rate: dropout on the weights (window, key-0 column, global row).
+    window: w in tokens (LRA: 512).
+    global_first: position 0 global with the ``*_global`` projections (LRA's runs: False).
+    lra_bugs: LRA's query-and-key mask: a pad query's row is uniform over all L keys, which
+      shows only through LRA's MEAN over the pads.
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  Non-causal; outputs at real positions do not depend on padding.
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``; softmax in float32.
 
   Raises:
-    ValueError: if ``window < 1`` (naming ``model.attention_kwargs.window``), or
-      ``qkv_dim`` is not a multiple of ``num_heads``.
+    ValueError: ``window < 1`` (``model.attention_kwargs.window``), or bad ``qkv_dim``.
   """
 
   window: int = 512
@@ -90,7 +51,6 @@ class LongformerAttention(base.Attention):
     length = x_BxLxE.shape[1]
     mask_BxL = base.default_mask(x_BxLxE, mask_BxL)
     q, k, v = self.project_qkv(x_BxLxE)
-    # LRA creates the global projections whether or not a global token is used.
     q_g, k_g, v_g = (self.project_heads(x_BxLxE, f"{name}_global")
                      for name in ("query", "key", "value"))
     q, q_g = scale_queries(q), scale_queries(q_g)
@@ -132,7 +92,6 @@ class LongformerAttention(base.Attention):
       y_BxLxHxK = jnp.where(mask_BxL[:, :, None, None], y_BxLxHxK,
                             jnp.mean(v, axis=1, keepdims=True))
     if self.global_first:
-      # Global row: position 0 attends to every real key, with the global projections.
       row_BxHxL = masked_softmax(jnp.einsum("bhd,blhd->bhl", q_g[:, 0], k_g),
                                  mask_BxL[:, None, :], self.dtype)
       row_BxHxL = dropout(row_BxHxL, deterministic=deterministic)

@@ -1,44 +1,15 @@
-"""Reformer LSH attention as LRA builds it: shared QK, hashed, sorted, cut into chunks.
+"""Reformer LSH attention (Kitaev et al., ICLR 2020) as LRA builds it: shared QK, hashed, chunked.
 
-Kitaev et al., "Reformer: The Efficient Transformer" (ICLR 2020, sec. 2), in the form of
-the LRA "Reformer" baseline (``lra_benchmarks/models/reformer/reformer_attention.py``,
-docs/lra_parity.md). Per head and per hash round r = 1..R, over the n real tokens of
-an example:
-
-1. Shared QK: the keys are the queries, ``k_j = q_j`` (LRA's ``length_norm=False``; the
-   paper's unit-RMS keys with ``normalize_keys=True``); logits ``q_i . k_j / sqrt(K)``.
-2. Angular LSH: ``h(x) = argmax([x R_r; -x R_r])`` with one ``N(0, 1)`` rotation
-   ``[K, R, num_buckets / 2]`` for every head, layer and call, drawn from
-   ``fold_in(PRNGKey(hash_seed), 1)`` (LRA's ``nn.stochastic(PRNGKey(0))`` +
-   ``nn.make_rng()``; :func:`random_rotations`). Pads get bucket ``num_buckets``, after
-   every real bucket.
-3. Sort by (bucket, position) and cut the n sorted real tokens into chunks of
-   ``c = ceil(n / num_buckets)`` (LRA cuts each round into ``num_buckets`` chunks, one
-   average bucket each). A query attends to every key of its own chunk and of the previous
-   chunk, the first chunk's previous being the last (LRA's ``look_one_back`` wraps around,
-   as trax's ``look_adjacent``), across buckets (LRA has no bucket mask, trax's
-   ``attend_across_buckets=True``; ``attend_across_buckets=False`` keeps the same bucket
-   only). A token does not attend to itself unless it has no other key (the paper's rule,
-   done as trax: its own logit is -1e5).
-4. Rounds are combined with the paper's weights: with ``z_r(i)`` the logsumexp of query
-   i's logits in round r, ``o_i = sum_r softmax_r(z_r(i)) o_r(i)``.
-5. The heads are concatenated, ``[B, L, H*K]``; there is no output projection (LRA's
-   structure), so ``out_dim`` must equal ``qkv_dim``.
-
-Since the chunks are laid over the real tokens only, real outputs do not depend on the
-amount of padding; pad rows return 0. Rounds are sorted and chunked separately (LRA
-concatenates the rounds, so for R > 1 its first chunk of round r looks back into round
-r - 1; LRA runs R = 1). Memory: logits ``[B, H, R, N, c, 2c]`` with N = num_buckets, i.e.
-``O(L^2 / N)`` per head as in LRA; no ``L x L`` array.
-
-``lra_bugs=True`` reproduces what LRA's code computes beyond those choices (docs/lra_parity.md): the input is padded with ``10 - L % 10`` zero rows (always 1..10, LRA's
-``chunk_len=10``) and the padding mask is never read, so pads and appended rows are real
-tokens and keys; chunks are cut over that padded length; no self-mask; logits multiplied
-by ``sqrt(K)`` instead of divided; no attention dropout (LRA takes ``dropout_rate`` and
-never uses it); the heads-first result ``[B, H, L', K]`` is reshaped to ``[B, L', H*K]``
-without a transpose, which scrambles positions and heads, then cut to the first L rows.
-
-Causal form: none; the variant is used bidirectionally, as in LRA.
+LRA's ``models/reformer/reformer_attention.py``. Per head and hash round, over the n real
+tokens: keys are the queries (LRA's ``length_norm=False``; ``normalize_keys`` for the
+paper's); angular LSH ``argmax([x R; -x R])`` with one fixed rotation
+(:func:`random_rotations`), pads bucketed last; tokens sorted by (bucket, position) and cut
+into ``num_buckets`` chunks of ``ceil(n / num_buckets)``; each query attends to its chunk and
+the previous one (wrapping, as LRA), across buckets unless ``attend_across_buckets=False``,
+to itself only when it has no other key. Rounds combine by the softmax of their logsumexps
+(the paper); each round is chunked on its own (docs/lra_parity.md). Heads are concatenated
+with no output projection, so ``out_dim == qkv_dim``. Real outputs do not depend on padding;
+pad rows are 0. Logits ``[B, H, R, N, c, 2c]``: ``O(L^2 / N)`` per head. Non-causal.
 """
 
 from __future__ import annotations
@@ -56,19 +27,13 @@ LRA_PAD_MULTIPLE = 10  # LRA's ``chunk_len`` default: the length is padded by 10
 
 def random_rotations(hash_seed: int, head_dim: int, num_hashes: int,
                      num_buckets: int) -> jnp.ndarray:
-  """The angular-LSH rotation, float32 ``N(0, 1)`` of shape ``[K, R, num_buckets // 2]``.
+  """The angular-LSH rotation, float32 ``N(0, 1)`` ``[K, R, num_buckets // 2]``, a constant.
 
-  The same for every head, layer and call, independent of the sequence length. Drawn as
-  LRA's ``hash_vectors`` draws it: ``jax.random.normal`` on ``fold_in(PRNGKey(hash_seed), 1)``
-  (the first ``nn.make_rng()`` inside ``nn.stochastic(PRNGKey(hash_seed))``), with the
-  original, non-partitionable threefry bits, so the values are those of LRA's jax 0.4
-  whatever the installed jax's default (``lra_benchmarks/models/reformer/
-  reformer_attention.py``, ``hash_seed=0`` there). Computed at trace time (a constant).
+  The same for every head, layer, call and length: LRA's ``hash_vectors`` draw from
+  ``fold_in(PRNGKey(hash_seed), 1)`` with non-partitionable threefry, so LRA's values.
 
   Raises:
-    ValueError: if ``num_buckets`` is not a positive even number (naming
-      ``model.attention_kwargs.num_buckets``) or ``num_hashes < 1`` (naming
-      ``model.attention_kwargs.num_hashes``).
+    ValueError: ``num_buckets`` not positive and even, or ``num_hashes < 1``, naming the field.
   """
   if num_buckets < 2 or num_buckets % 2:
     raise ValueError(f"model.attention_kwargs.num_buckets={num_buckets} must be a positive "
@@ -82,17 +47,9 @@ def random_rotations(hash_seed: int, head_dim: int, num_hashes: int,
 
 def lsh_buckets(x_BxLxHxK: jnp.ndarray, mask_BxL: jnp.ndarray,
                 rotations_KxRxN: jnp.ndarray) -> jnp.ndarray:
-  """Angular LSH buckets (Kitaev et al., 2020, sec. 2; LRA's ``hash_vectors``).
+  """Angular LSH buckets, int32 ``[B, H, R, L]``: ``[0, 2N)`` for real tokens, ``2N`` for pads.
 
-  Args:
-    x_BxLxHxK: the shared query/key vectors (float).
-    mask_BxL: bool, True for real tokens.
-    rotations_KxRxN: from :func:`random_rotations`, ``N = num_buckets // 2``, shared by
-      every head.
-
-  Returns:
-    int32 ``[B, H, R, L]`` buckets in ``[0, 2N)`` for real tokens and ``2N`` (after
-    every real bucket) for pads. A zero vector gets bucket 0 (argmax of ties).
+  ``rotations_KxRxN`` (``N = num_buckets // 2``) is shared by the heads; a zero vector gets 0.
   """
   num_buckets = 2 * rotations_KxRxN.shape[-1]
   rotated_BxHxRxLxN = jnp.einsum("blhk,krn->bhrln", x_BxLxHxK.astype(jnp.float32),
@@ -103,42 +60,26 @@ def lsh_buckets(x_BxLxHxK: jnp.ndarray, mask_BxL: jnp.ndarray,
 
 
 class ReformerAttention(base.Attention):
-  """Multi-head LSH self-attention as LRA's Reformer (Kitaev et al., 2020); non-causal.
+  """LSH self-attention as LRA's Reformer (:class:`base.Attention`'s fields, then its own).
 
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, queries/keys and
-  values over all heads; it must equal ``out_dim``: no output projection), ``out_dim`` (O,
-  ``model.emb_dim``), ``use_bias`` and ``dense_init`` (of the ``query`` and ``value``
-  projections), then ``dropout_rate``, ``dtype`` and its own options:
+  ``qkv_dim`` must equal ``out_dim`` (``model.emb_dim``). Parameters: ``query`` and ``value``
+  ``[E, H, K]`` (Xavier-uniform, LRA's ``ReformerBlock``); no ``key``, no ``out``.
 
   Attributes:
-    dropout_rate: dropout on the chunk attention weights (not applied with ``lra_bugs``).
+    dropout_rate: dropout on the chunk weights (none with ``lra_bugs``).
     num_hashes: R, hash rounds (LRA: 1).
-    num_buckets: buckets per round, even; also the number of chunks per round (LRA: 10).
+    num_buckets: buckets, and chunks, per round; even (LRA: 10).
     hash_seed: seed of the fixed rotation (LRA: 0).
-    normalize_keys: keys ``q / sqrt(mean(q^2) + 1e-6)`` as in the paper and trax; LRA's
-      ``length_norm`` is False (the default here).
-    attend_across_buckets: a query sees every key of its two chunks (LRA, trax's default);
-      False keeps only the keys of its own bucket (the paper's description).
-    lra_bugs: compute what LRA's ``reformer_attention.py`` computes where it departs from
-      the method: pad with ``10 - L % 10`` zero rows and ignore the padding mask (pads and
-      appended rows are keys, and the chunks are cut over the padded length), no
-      self-mask, logits times ``sqrt(K)`` instead of divided, no attention dropout, and the
-      heads-first ``[B, H, L', K]`` result reshaped to ``[B, L', H*K]`` without a transpose
-      (positions and heads scrambled). Config field ``model.attention_kwargs.lra_bugs``.
-    dtype: computation dtype; hashing, logits and softmax are float32.
+    normalize_keys: keys ``q / sqrt(mean(q^2) + 1e-6)`` (the paper, trax; LRA: False).
+    attend_across_buckets: False: only keys of the query's own bucket (the paper's text).
+    lra_bugs: LRA's ``10 - L % 10`` appended zero rows and an unread mask, no self-mask,
+      logits times ``sqrt(K)``, no dropout, heads and positions scrambled by a reshape.
 
-  Parameters: ``query`` and ``value`` kernels ``[E, H, K]`` (Xavier-uniform, as LRA's
-  ``ReformerBlock``); shared QK: there is no ``key``; no ``out``.
-
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxD`` in ``dtype``.
-  The buckets are sown into ``"intermediates"`` as ``buckets_BxHxRxL`` (L the padded
-  length with ``lra_bugs``).
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxD`` in ``dtype``;
+  hashing, logits and softmax in float32. Sows ``intermediates/buckets_BxHxRxL``.
 
   Raises:
-    ValueError: for an odd or non-positive ``num_buckets`` or ``num_hashes < 1`` (each
-      naming its ``model.attention_kwargs`` field), ``qkv_dim`` not a multiple of
-      ``num_heads``, or ``qkv_dim != out_dim`` (naming ``model.qkv_dim`` and
-      ``model.emb_dim``).
+    ValueError: bad ``num_buckets``, ``num_hashes`` or ``qkv_dim``, or ``qkv_dim != out_dim``.
   """
 
   num_hashes: int = 1
@@ -173,8 +114,7 @@ class ReformerAttention(base.Attention):
     # Sorted slot p holds token order[p]; the n real tokens fill slots 0..n-1.
     order_BxHxRxP = jnp.argsort(buckets_BxHxRxP, axis=-1, stable=True)
 
-    # Chunks over the n real tokens: length c = ceil(n / nb), m = ceil(n / c) of them.
-    # Static bounds: N = min(nb, P) chunks of C = ceil(P / nb) slots.
+    # c = ceil(n / nb) tokens a chunk, m = ceil(n / c) chunks; static bounds N and C.
     n_chunks, c_max = min(nb, padded), -(-padded // nb)
     n_B = jnp.sum(mask_BxP, axis=-1).astype(jnp.int32)
     c_B = jnp.maximum(-(-n_B // nb), 1)
@@ -257,9 +197,7 @@ class ReformerAttention(base.Attention):
     return jnp.where(mask_BxP[..., None], y_BxLxD, 0).astype(self.dtype)
 
 
-# LRA's ``models/reformer/reformer_attention.py``: ``n_buckets=10`` chunks per round and no
-# output projection are the module's defaults; its ``qkv_dim`` is ``emb_dim`` (set by
-# ``configs/lra.make_config``): LRA's module takes ``qkv_features`` from the input width.
+# LRA's module takes qkv_features from the input width: configs set qkv_dim = emb_dim.
 registry.register(registry.AttentionSpec(
     "reformer", ReformerAttention,
     paper="Kitaev et al., Reformer: The Efficient Transformer (2020)", output_projection=False))

@@ -1,57 +1,15 @@
-"""Sparse Sinkhorn attention as LRA computes it: local attention in strided groups plus
-attention to a learned soft sorting of the groups.
+"""Sparse Sinkhorn attention (Tay et al., ICML 2020) as LRA computes it: strided groups + sorting.
 
-Tay et al., "Sparse Sinkhorn Attention" (ICML 2020); the LRA "Sinkhorn Transformer"
-baseline (``lra_benchmarks/models/sinkhorn_transformer/sinkhorn_attention.py``).
-
-The length L is padded with masked positions to ``N * b`` (``b = block_size``,
-``N = ceil(L / b)``; LRA requires ``L % b == 0`` and does not pad) and reshaped, as LRA
-does, to ``[B, b, N, ...]``: group n holds the positions ``{p : p mod N = n}`` (strided, not
-contiguous), slot s of group n is position ``s N + n``. Per head:
-
-1. Group summary: the sum of the keys of each group, ``s_n`` (``[N, K]``; LRA's sum).
-2. Sorting network: one dense layer ``sort_net`` from ``K`` to ``M = max_num_blocks``
-   outputs (LRA: 25), sliced to ``M' = min(N, M)``: ``R_nl = (W s_n + c)_l``, the
-   paper's ``F_P``.
-3. Sort: ``sort="softmax"`` (LRA's ``sort_activation`` default, what LRA ran) is a row
-   softmax of ``R / temperature`` over the real groups l; ``sort="sinkhorn"`` is the
-   paper's Sinkhorn normalisation in log space (``sinkhorn_iters`` rounds of row then
-   column normalisation, over the real groups; needs ``M >= N``). Either gives ``P``
-   (``[N, M']``).
-4. The sorted keys and values of group n are ``sum_l P_nl K_l`` and ``sum_l P_nl V_l``.
-5. Each query attends to the b keys of its own group and, separately, to the b sorted
-   keys of its group: two softmaxes, each over its own b keys, whose outputs are ADDED
-   (LRA's form: ``x + sorted_x``); ``joint_softmax=True`` takes one softmax over the 2b
-   keys instead.
-
-Memory: the logits are ``[B, H, N, b, b]`` twice and ``P`` is ``[B, H, N, M']``, so
-O(L b + N M'), with no ``L x L`` array.
-
-Padding (default): pad keys and values are zeroed and pad keys get zero weight; a group
-with no real token is not a sort target. A slot t of a sorted group is a real key when
-some group with nonzero weight in ``P`` has a real token at slot t. As N follows the
-(padded) input length, the outputs at real positions depend on how far the batch is
-padded (not on what the pads hold), as in LRA.
-
-LRA's bugs, reproduced by ``lra_bugs=True`` (docs/lra_parity.md):
-
-* the sorting einsum ``'bskhd,bnhl->bsnhd'`` sums the keys over the groups k and the
-  permutation over l separately, so every sorted group is ``(sum_k K_k) * sum_l P_nl``,
-  the sum of all groups (pads included), and the sort network has no effect (the same
-  for the values and for the sorted mask);
-* the padding mask is cut into CONTIGUOUS blocks ``[B, N, b]`` while the groups are
-  strided: query s and key t of group n are allowed by the real flags of positions
-  ``n b + s`` and ``n b + t`` (query AND key), and sorted key t by
-  ``OR_k (real[k b + s] and real[k b + t])``; a row with no allowed key (LRA's ``-1e10``
-  bias) is uniform over its b keys;
-* pad keys are not zeroed, and the summaries and the sort use every group.
-
-LRA defaults taken: ``block_size = 50`` and ``max_num_blocks = 25``
-(``sinkhorn_attention.py``), ``sort="softmax"``, temperature 1.0, the separate softmaxes.
-``sinkhorn_iters`` (default 5) is used only by ``sort="sinkhorn"``, which LRA never ran
-(its ``sinkhorn_operator`` would run one round and clip the log-permutation to [-1, 1]).
-
-Causal form: none; the variant is used bidirectionally, as in LRA.
+LRA's ``models/sinkhorn_transformer/sinkhorn_attention.py``. L is padded to ``N * b``
+(``N = ceil(L / b)``) and reshaped ``[B, b, N, ...]``, group n the strided
+``{p : p mod N = n}``. Per head: a ``sort_net`` Dense maps each group's key sum to
+``M = max_num_blocks`` logits (sliced to ``M' = min(N, M)``); ``sort="softmax"`` (LRA's) takes a
+row softmax over real groups, ``"sinkhorn"`` the paper's log-space balancing, giving ``P``
+``[N, M']``; group n's sorted keys and values are ``sum_l P_nl K_l``, ``sum_l P_nl V_l``. Each
+query attends to its group's b keys and to its b sorted keys by two softmaxes whose outputs
+are added (LRA's; ``joint_softmax`` for one). Logits ``[B, H, N, b, b]`` twice: O(L b + N M').
+Pads get zero weight and no group of pads is a sort target; real outputs depend on how far
+the batch is padded (through N), as in LRA. ``lra_bugs``: docs/lra_parity.md. Non-causal.
 """
 
 from __future__ import annotations
@@ -62,28 +20,17 @@ import jax.numpy as jnp
 
 from simpletron_jax.model.attention import base, registry
 
-# Finite "minus infinity" for masked log-space entries and logits (keeps gradients finite).
-# A row with every entry masked comes out uniform, as LRA's -1e10 bias makes it.
+# A finite "minus infinity" keeps gradients finite; an all-masked row comes out uniform, as LRA's.
 NEG = -1e30
 SORTS = ("softmax", "sinkhorn")
 
 
 def log_sinkhorn(log_alpha_XxNxN: jnp.ndarray, valid_XxN: jnp.ndarray,
                  num_iters: int) -> jnp.ndarray:
-  """Masked Sinkhorn normalisation in log space (Tay et al., 2020, sec. 3.2).
+  """Masked log-space Sinkhorn normalisation: ``[..., N, N]`` float32, ``NEG`` off ``valid``.
 
-  Each iteration subtracts the logsumexp of every row, then of every column, over the
-  valid entries only: entry ``(i, j)`` is valid when ``valid[i]`` and ``valid[j]``.
-  On the valid sub-matrix ``exp(result)`` tends to a doubly stochastic matrix.
-
-  Args:
-    log_alpha_XxNxN: float32 ``[..., N, N]`` logits (already divided by the
-      temperature).
-    valid_XxN: bool ``[..., N]``: which rows and columns take part.
-    num_iters: number of (row, column) normalisation rounds, >= 1.
-
-  Returns:
-    ``[..., N, N]`` float32 log of the soft permutation, ``NEG`` at invalid entries.
+  Each of ``num_iters`` rounds subtracts the logsumexp of every row, then every column, over
+  entries whose row and column are ``valid_XxN``; ``exp`` tends to doubly stochastic.
   """
   valid_XxNxN = valid_XxN[..., :, None] & valid_XxN[..., None, :]
 
@@ -101,46 +48,29 @@ def log_sinkhorn(log_alpha_XxNxN: jnp.ndarray, valid_XxN: jnp.ndarray,
 
 
 class SinkhornAttention(base.Attention):
-  """Multi-head sparse Sinkhorn self-attention as in LRA (Tay et al., 2020); non-causal.
+  """Sparse Sinkhorn attention as in LRA (:class:`base.Attention`'s fields, then its own).
 
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
-  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
-  ``out`` projections; ``use_bias`` also on ``sort_net``), then ``dropout_rate``, ``dtype``
-  and its own options:
-
-  Attributes:
-    dropout_rate: dropout on the local and the sorted attention weights.
-    block_size: b, the size of each strided group (LRA: 50).
-    max_num_blocks: M, outputs of the sorting network (LRA: 25); groups ``l >= M`` are
-      no sort target. 0: ``ceil(max_length / block_size)``, every group of the longest
-      input.
-    max_length: the longest input, used only when ``max_num_blocks == 0``.
-    sort: ``"softmax"`` (LRA's row softmax, default) or ``"sinkhorn"`` (the paper's
-      balancing; needs ``M >= N``).
-    sinkhorn_iters: Sinkhorn normalisation rounds (>= 1), ``sort="sinkhorn"`` only.
-    temperature: the sorting logits are divided by it (> 0; LRA: 1.0).
-    joint_softmax: one softmax over the 2b local and sorted keys; False (default, LRA):
-      two separately normalised softmaxes whose outputs are added.
-    lra_bugs: reproduce LRA's ``sinkhorn_attention.py`` (config field
-      ``model.attention_kwargs.lra_bugs``): every sorted group is the sum of all groups
-      (the einsum that sums keys and permutation separately; the sort network has no
-      effect), and the padding mask is read as contiguous blocks of b though the groups
-      are strided, masking queries and keys; see the module docstring. False (default):
-      the sorting as in the paper and each query sees the real keys of its group.
-    dtype: computation dtype; the sorting and the softmaxes are float32.
-
-  Parameters besides ``query``/``key``/``value``/``out``: ``sort_net`` (a ``Dense``
-  from the head width K to M, Xavier-uniform, shared by the heads, as LRA's
+  ``use_bias`` also applies to ``sort_net`` (K -> M, Xavier-uniform, shared by heads: LRA's
   ``DenseGeneral_0``).
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``. The soft
-  permutation is sown into ``"intermediates"`` as ``permutation_BxHxNxM``.
+  Attributes:
+    dropout_rate: dropout on the local and the sorted weights.
+    block_size: b, the strided group size (LRA: 50).
+    max_num_blocks: M, sort outputs (LRA: 25); 0: ``ceil(max_length / block_size)``.
+    max_length: the longest input, used only when ``max_num_blocks == 0``.
+    sort: ``"softmax"`` (LRA's, default) or ``"sinkhorn"`` (needs ``M >= N``; LRA never ran it).
+    sinkhorn_iters: rounds for ``"sinkhorn"`` (>= 1).
+    temperature: divides the sorting logits (> 0; LRA: 1.0).
+    joint_softmax: one softmax over the 2b keys instead of two added ones.
+    lra_bugs: LRA's sorting einsum (every sorted group the sum of all groups), its mask read
+      as contiguous blocks though groups are strided, pads not zeroed.
+
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``; sorting and
+  softmaxes in float32. Sows ``intermediates/permutation_BxHxNxM``.
 
   Raises:
-    ValueError: if ``block_size``, ``max_num_blocks``, ``sinkhorn_iters``,
-      ``temperature`` or ``sort`` is out of range, if ``sort="sinkhorn"`` has fewer
-      sort outputs than groups, or (``max_num_blocks == 0``) the input is longer than
-      ``max_length`` (each naming its ``model.attention_kwargs`` field).
+    ValueError: a field out of range, too few sort outputs for ``"sinkhorn"``, or an input
+      longer than ``max_length`` when needed, naming the ``model.attention_kwargs`` field.
   """
 
   block_size: int = 50
@@ -191,8 +121,7 @@ class SinkhornAttention(base.Attention):
     q, k, v = self.project_qkv(x_BxLxE)
     heads, head_dim = q.shape[-2:]
 
-    # Pad to N * b (appended positions are pads) and reshape to strided groups:
-    # position p = s * N + g sits at [:, s, g].
+    # Position p = s * N + g sits at [:, s, g].
     extra = n * b - length
     mask_BxP = jnp.pad(mask_BxL, ((0, 0), (0, extra)))
     real_BxSxN = mask_BxP.reshape(batch, b, n)
@@ -208,7 +137,6 @@ class SinkhornAttention(base.Attention):
     q_BxSxNxHxK = groups(q / jnp.sqrt(head_dim).astype(self.dtype), False)
     k_BxSxNxHxK, v_BxSxNxHxK = groups(k, correct), groups(v, correct)
 
-    # Sorting network on the sum of each group's keys.
     summary_BxNxHxK = jnp.sum(k_BxSxNxHxK.astype(jnp.float32), axis=1)
     sort_BxNxHxW = nn.Dense(width, use_bias=self.use_bias, kernel_init=base.KERNEL_INIT,
                             bias_init=base.BIAS_INIT, dtype=jnp.float32,

@@ -1,42 +1,15 @@
-"""Sparse Transformer attention with the "fixed" pattern, as LRA computes it.
+"""Sparse Transformer attention, the "fixed" pattern (Child et al., 2019), as LRA computes it.
 
-Child et al., "Generating Long Sequences with Sparse Transformers" (2019),
-sec. 4.3, the fixed pattern with both of its parts merged into every head,
-as in LRA (``models/sparse_transformer/sparse_attention.py``, patterns
-``Fixed1Pattern`` + ``Fixed2Pattern`` with ``block_size=50, c=10`` set in
-``utils/train_utils.py``). With block length ``l = block_size`` and
-``c = num_summary``, query i attends to key j iff
+LRA's ``models/sparse_transformer/sparse_attention.py`` (``Fixed1Pattern`` + ``Fixed2Pattern``
+in every head, ``block_size=50, c=10``). With ``l = block_size``, ``c = num_summary``, query i
+attends to real key j iff ``j // l == i // l`` or j is a summary key, ``j mod l == 0`` (LRA's
+addition) or ``j mod l >= l - c``. ``global_first`` (LRA's ``use_cls_token``, set with CLS
+pooling) makes position 0 global and starts the grid at 1.
 
-* j is in i's block: ``j // l == i // l`` (``Fixed1Pattern``, the paper's A^(1)), or
-* j is a "summary" key of any block: ``j mod l == 0`` or ``j mod l >= l - c``
-  (``Fixed2Pattern``; the paper's A^(2) has only the last c positions, LRA's
-  code adds the first position of every block: LRA's choice, kept),
-
-and j is a real token. Positions are counted from the start of the blocked
-part of the sequence (see ``global_first``).
-
-``global_first`` (default True) is LRA's ``use_cls_token``, which LRA's encoder
-sets exactly when the pooling is CLS: position 0 (the CLS token the encoder
-prepends; in LRA's dual encoder, which prepends none, the first token) attends
-to every real key and every query attends to it, and the block grid starts at
-position 1. With ``global_first=False`` the grid starts at 0 and position 0 is
-an ordinary token (LRA with MEAN pooling).
-
-Computed without an ``L x L`` array: block-local scores ``[B, H, L/l, l, l]``
-and scores against the gathered summary keys ``[B, H, L/l, l, (L/l) s]``
-(``s = c + 1`` summary positions per block, or l when ``c = l``), normalised by
-one joint softmax. A summary key in the query's own block is dropped from the
-summary part (it is already in the local part), so no key is counted twice.
-The summary scores are ``O(L^2 s / l)``: a constant factor ``s / l`` (LRA:
-11/50) below full attention, not linear.
-
-LRA's bugs, reproduced by ``lra_bugs=True`` (docs/lra_parity.md): LRA's
-``_build_mask`` AND-s every fixed pattern with a causal mask ``j <= i`` (code
-written for language models, used by LRA's classifiers too; the global row and
-column of ``global_first`` stay whole), and its padding mask masks queries as
-well as keys with a ``-1e10`` bias, so a pad query's row is uniform over all L
-keys (pads included). By default the pattern is bidirectional, as LRA's paper
-describes its encoders.
+No ``L x L`` array: block scores ``[B, H, L/l, l, l]`` and summary scores
+``[B, H, L/l, l, (L/l) s]`` under one softmax, a summary key of the query's own block
+counted once; ``O(L^2 s / l)``, a factor ``s / l`` (LRA: 11/50) below full attention.
+``lra_bugs``: LRA's causal AND-ed pattern and pad-query rows (docs/lra_parity.md).
 """
 
 from __future__ import annotations
@@ -50,45 +23,26 @@ from simpletron_jax.model.attention.local import (check_int_field, masked_softma
 
 
 def summary_offsets(block_size: int, num_summary: int) -> list[int]:
-  """The in-block offsets of LRA's summary keys (``Fixed2Pattern`` in
-  ``models/sparse_transformer/sparse_attention.py``): ``0`` and ``l - c .. l - 1``, sorted,
-  without repeats (``c = l`` gives every offset)."""
+  """LRA's in-block summary offsets ``0`` and ``l - c .. l - 1``, sorted, no repeats."""
   return sorted({0, *range(block_size - num_summary, block_size)})
 
 
 class SparseAttention(base.Attention):
-  """Multi-head Sparse Transformer attention, LRA's fixed pattern (Child et al., 2019).
-
-  Fields: :class:`base.Attention`'s ``num_heads`` (H), ``qkv_dim`` (D, over all heads),
-  ``out_dim`` (O), ``use_bias`` and ``dense_init`` (of the ``query``, ``key``, ``value`` and
-  ``out`` projections), then ``dropout_rate``, ``dtype`` and its own options:
+  """LRA's fixed-pattern sparse attention (:class:`base.Attention`'s fields, then its own).
 
   Attributes:
-    dropout_rate: dropout on the attention weights (the joint local +
-      summary weights, and the global row).
+    dropout_rate: dropout on the joint local + summary weights and the global row.
     block_size: l, tokens per block (LRA: 50).
-    num_summary: c, summary positions at the end of each block
-      (``1 <= c <= l``; LRA: 10; the paper uses c in {8, 16, 32} with
-      l = 128). The first position of each block is a summary key too (LRA).
-    global_first: if True, position 0 is global and the block grid starts at
-      position 1 (LRA's ``use_cls_token``, on with CLS pooling); if False, no
-      global token (LRA with MEAN pooling). The configs set it from
-      ``model.classifier_pool``.
-    dtype: computation dtype; the softmax is computed in float32.
-    lra_bugs: reproduce LRA's ``models/sparse_transformer/sparse_attention.py`` (config
-      field ``model.attention_kwargs.lra_bugs``): the fixed pattern AND a causal mask
-      ``j <= i`` (the global row and column stay whole), and pad queries uniform over
-      all L keys (LRA's query AND key padding mask as a ``-1e10`` bias; here without
-      attention dropout on those rows). False (default): bidirectional, pads only
-      masked as keys.
+    num_summary: c, ``1 <= c <= l`` (LRA: 10; the paper 8 to 32 with l = 128).
+    global_first: position 0 global, grid from 1 (set from ``model.classifier_pool``).
+    lra_bugs: LRA's pattern AND a causal mask ``j <= i`` (global row and column whole), and
+      pad queries uniform over all L keys (here without dropout on those rows).
 
-  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``.
-  Outputs at real positions do not depend on padding.
+  Call: ``(x_BxLxE float, mask_BxL bool | None, deterministic) -> y_BxLxO``; softmax in float32.
 
   Raises:
-    ValueError: if ``block_size < 1`` or ``num_summary`` is not in
-      ``[1, block_size]`` (naming ``model.attention_kwargs.<field>``), or
-      ``qkv_dim`` is not a multiple of ``num_heads``.
+    ValueError: ``block_size < 1`` or ``num_summary`` outside ``[1, block_size]``, naming the
+      field, or bad ``qkv_dim``.
   """
 
   block_size: int = 50
@@ -125,8 +79,7 @@ class SparseAttention(base.Attention):
     if self.lra_bugs:
       keep_local = keep_local & jnp.tril(jnp.ones((l, l), bool))
 
-    # Summary part: the summary offsets of every block but the query's own (LRA's bug:
-    # of the blocks before it).
+    # Summary part: every block but the query's own (LRA's bug: the blocks before it).
     k_BxSxHxK = k_BxNxlxHxK[:, :, offsets].reshape((batch, num_blocks * s) + k.shape[2:])
     v_BxSxHxK = v_BxNxlxHxK[:, :, offsets].reshape((batch, num_blocks * s) + v.shape[2:])
     real_BxS = real_BxNxl[:, :, offsets].reshape(batch, num_blocks * s)
@@ -156,15 +109,13 @@ class SparseAttention(base.Attention):
     y_BxLxHxK = y_BxNxlxHxK.reshape((batch, -1) + q.shape[2:])[:, :length - start]
 
     if self.global_first:
-      # Global row: position 0 attends to every real key.
       row_BxHxL = jnp.einsum("bhd,blhd->bhl", q[:, 0], k)
       row_BxHxL = masked_softmax(row_BxHxL, mask_BxL[:, None, :], self.dtype)
       row_BxHxL = nn.Dropout(self.dropout_rate)(row_BxHxL, deterministic=deterministic)
       y0_Bx1xHxK = jnp.einsum("bhl,blhd->bhd", row_BxHxL, v)[:, None]
       y_BxLxHxK = jnp.concatenate([y0_Bx1xHxK, y_BxLxHxK], axis=1)
     if self.lra_bugs:
-      # LRA masks pad queries too: every logit of their row gets -1e10, so the row is
-      # uniform over all L keys.
+      # LRA's -1e10 on every logit of a pad query's row: uniform over all L keys.
       mean_Bx1xHxK = v.mean(axis=1, keepdims=True)
       y_BxLxHxK = jnp.where(mask_BxL[:, :, None, None], y_BxLxHxK, mean_Bx1xHxK)
     return self.project_out(y_BxLxHxK)
