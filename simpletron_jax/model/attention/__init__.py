@@ -1,12 +1,7 @@
-"""The attention variants: one file each, registered beside its module.
+"""The attention variants, one file each, registered beside its module (docs/configs.md).
 
-Each module of this package but :mod:`~simpletron_jax.model.attention.base` and
-:mod:`~simpletron_jax.model.attention.registry` defines one attention (a
-:class:`base.Attention`) and registers its :class:`AttentionSpec` (or, for a family built
-from one module, several) with :func:`register`. Importing the package imports all of them,
-so a new attention is one new file here plus its ``configs/<task>/<name>.py`` files
-(docs/configs.md). ``get(name)`` returns a spec and ``spec.build(...)`` makes the Flax module;
-the registry is :mod:`~simpletron_jax.model.attention.registry`.
+Importing the package imports every module, so each registers its :class:`AttentionSpec`;
+:mod:`~simpletron_jax.model.attention.registry` holds them.
 """
 
 from __future__ import annotations

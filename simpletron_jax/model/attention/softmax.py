@@ -9,9 +9,9 @@ the same function:
   cuDNN's kernel with key lengths from the mask (rows must be right-padded; others come out
   NaN), on a TPU the Pallas kernel with the mask as segment ids (any mask).
 
-Where the requested one cannot run (dtype, head dim, attention dropout, ``lra_masking``,
-``num_queries``), the module falls back (``flash`` -> ``xla`` -> ``einsum``) and logs the
-reason once. docs/fast_paths.md has the limits and timings.
+Where the requested one cannot run (dtype, head dim, ``lra_masking``, ``num_queries``), the
+module falls back to ``xla`` (to ``einsum`` with attention dropout active) and logs the reason
+once. Limits: docs/fast_paths.md (GPU), docs/tpu.md (TPU).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def resolve_implementation(requested: str, *, backend: str, dtype, head_dim: int
     head_dim: per-head width K.
     dropout_active: attention dropout is on.
 
-  Returns ``reason == ""`` when the requested one runs; shape limits beyond the head dim are
-  found by the module at trace time.
+  ``reason`` is empty when the requested one runs; kernel limits beyond the head dim are found
+  by the module at trace time.
 
   Raises:
     ValueError: naming ``model.attention_kwargs.implementation`` for an unknown one.
