@@ -3,15 +3,14 @@ module, and :func:`load_task`.
 
 A record holds a task's data facts: its reader (:class:`DataConfig` ``->`` :class:`TaskData`),
 vocabulary and classes, ``max_length``, the reader's ``config.data`` fields, and its data
-command: how
-``python -m simpletron_jax.data where|prepare|verify`` finds, prepares and checks its files
-(:mod:`simpletron_jax.data.prepare`) and how ``scripts/explain.py`` shows its tokens. Each
-task's module (:mod:`simpletron_jax.data.listops`, ``text``, ``retrieval``, ``image``,
-``pathfinder``, ``agnews``) registers its record when ``simpletron_jax.data`` is imported, so
-every reader of the registry sees them all. The experiment facts (the published models and
-recipes, LRA's baseline settings, the published accuracies) are
-:mod:`simpletron_jax.experiments`'s. ``get(name)`` returns a record, ``names()``
-the tasks; docs/tasks.md says how to add one.
+command: how ``python -m simpletron_jax.data where|prepare|verify`` finds, prepares and
+checks its files (:mod:`simpletron_jax.data.prepare`) and how ``scripts/explain.py`` shows
+its tokens. Each task's module (:mod:`simpletron_jax.data.listops`, ``text``, ``retrieval``,
+``image``, ``pathfinder``, ``agnews``) registers its record when ``simpletron_jax.data`` is
+imported, so every reader of the registry sees them all. The experiment facts (the published
+models and recipes, LRA's baseline settings, the published accuracies) are
+:mod:`simpletron_jax.experiments`'s. ``get(name)`` returns a record, ``names()`` the tasks;
+docs/tasks.md says how to add one.
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ class TaskData:
   vocab_size: int
   num_classes: int
   source: str
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +138,7 @@ class DataConfig:
   Attributes:
     task: ``config.task``.
     max_length: ``model.max_length``, tokens per document (CLS excluded).
-    seed: ``data.seed`` (the train/val split, the generators, the data order).
+    seed: ``data.seed`` (the seeded train/val splits and the generators).
   """
   task: str
   max_length: int
