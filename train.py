@@ -149,7 +149,9 @@ def _train(fl):
   # Flags and config.wandb are checked before JAX starts, so a typo costs no start-up.
   profile_steps = profiling.parse_profile_steps(fl.profile_steps, fl.config.num_train_steps)
   progress.env_interval()   # a malformed SIMPLETRON_PROGRESS_SECONDS, before anything is written
-  metric_logging.wandb_settings(fl.config)
+  wandb = metric_logging.WandbConfig(**(fl.config.get("wandb") or {}))
+  wandb.validate()
+  wandb.enabled()
   config = fl.config
   workdir = fl.workdir or os.path.join(
       "runs", f"{config.task}_{config.model.attention}_seed{config.seed}")

@@ -166,11 +166,11 @@ def main(args: argparse.Namespace | None = None):
 
   config = load_config(args.config)
   vocab_size, num_classes = task_sizes(config.task)
-  model = train_state.build_model(config, types.SimpleNamespace(
+  run = run_config.RunConfig.from_config_dict(config)
+  model = train_state.build_model(run, types.SimpleNamespace(
       vocab_size=vocab_size, num_classes=num_classes, train=None))
   state = trained_moments(train_state.create_train_state(
-      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
-      config.model.max_length))
+      run.train, model, jax.random.PRNGKey(0), config.model.max_length))
   params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
   state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves((state.params, state.opt_state)))
   meta = {"run_id": "benchmark", "best_val_accuracy": 0.5, "best_step": 1,

@@ -82,7 +82,8 @@ def main(argv):
     widths = None
     if flags.FLAGS.all_widths:
       devices = tpu_aot.slice_devices(flags.FLAGS.slice)
-      widths = tpu_aot.step_widths(config, tasks.load_task(config), len(devices))
+      widths = tpu_aot.step_widths(config, tasks.load_task(tasks.data_config(config)),
+                                   len(devices))
       print(f"widths met: train {widths['train']}, eval {widths['eval']}", file=sys.stderr)
     report = tpu_aot.compile_report(
         config, flags.FLAGS.slice, steps=flags.FLAGS.steps, widths=widths,

@@ -168,13 +168,13 @@ def test_load_task_through_the_registry():
   config = lra.make_config("agnews", "simple_resl", "tiny")
   config.data.data_dir = FIXTURES
   config.data.vocab_path = FIXTURES
-  data = tasks.load_task(config)
+  data = tasks.load_task(tasks.data_config(config))
   assert (data.vocab_size, data.num_classes) == (182, 4)
   assert "vocab.txt" in data.source and "train.csv" in data.source
   assert max(int(data.train.lengths.max()), int(data.val.lengths.max())) == 64  # max_length
   config.data.vocab_path = None
   with pytest.raises(FileNotFoundError, match="data.vocab_path is unset"):
-    tasks.load_task(config)
+    tasks.load_task(tasks.data_config(config))
 
 
 @pytest.mark.slow

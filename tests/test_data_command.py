@@ -197,7 +197,7 @@ def test_prepare_listops_and_pathfinder_from_lra_release(lra_archive, tmp_path):
   assert not (dest / "lra_release" / "pathfinder32" / "curv_baseline").exists()  # other level
   assert sorted(os.listdir(level / "imgs" / "0")) == [f"sample_{j}.png" for j in range(4)]
   config = _config("pathfinder", f"--config.data.data_dir={dest / 'lra_release'}")
-  splits = pathfinder.load_pathfinder(config.data.data_dir, resolution=32, level="hard", seed=0,
+  splits = pathfinder.load_pathfinder(config.data_dir, resolution=32, level="hard", seed=0,
                                       progress=False)
   assert sum(len(s) for s in splits.values()) == 4
   checks = prepare.verify("pathfinder", config)
@@ -392,9 +392,9 @@ def test_prepare_generates_listops_and_pathfinder_as_training_would(tmp_path):
   # Without --config (the published 200,000 images are not there): each set in the cache.
   found = prepare.configs_to_verify("pathfinder", _config("pathfinder",
                                                           f"--config.data.cache_dir={cache}"))
-  assert [(c.data.num_images, c.data.generator) for c in found] == [(3, "solid")]
+  assert [(c.num_images, c.generator) for c in found] == [(3, "solid")]
   assert prepare.configs_to_verify("pathx", _config("pathx", f"--config.data.cache_dir={cache}")
-                                   )[0].data.num_images == 200000   # none at 128 x 128
+                                   )[0].num_images == 200000   # none at 128 x 128
 
 
 # ----------------------------------------------------------------------------

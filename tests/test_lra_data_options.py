@@ -40,12 +40,16 @@ def test_an_option_an_older_config_lacks_is_the_records_default():
                       ("text", "val_fraction"), ("listops", "task_name")):
     tree = lra.make_config(task, "softmax", "tiny").to_dict()
     tree["data"][field] = "set" if field != "val_fraction" else 0.5
-    assert tasks.data_option(ml_collections.ConfigDict(tree), field) == tree["data"][field]
+    data = tasks.data_config(ml_collections.ConfigDict(tree))
+    assert getattr(data, field) == tree["data"][field]
     del tree["data"][field]
-    assert (tasks.data_option(ml_collections.ConfigDict(tree), field)
+    assert (getattr(tasks.data_config(ml_collections.ConfigDict(tree)), field)
             == tasks.get(task).data_options[field]), (task, field)
-  with pytest.raises(ValueError, match="data.nope is missing, and task 'text' has no default"):
-    tasks.data_option(lra.make_config("text", "softmax", "tiny"), "nope")
+  config = lra.make_config("text", "softmax", "tiny")
+  config.data.nope = 1
+  with pytest.raises(ValueError, match="^data.nope is not a data setting of task 'text'; its "
+                                       "settings: seed, data_dir, "):
+    tasks.data_config(config)
 
 
 # ----------------------------------------------------------------------------
@@ -70,12 +74,14 @@ def test_lra_split_reaches_load_image(tmp_path):
   def ids(split):
     return sorted(int(split.example(i)[0]) for i in range(len(split)))
 
-  lra_data = tasks.load_task(_image_config(tmp_path, lra_split=True))
+  lra_data = tasks.load_task(tasks.data_config(_image_config(tmp_path, lra_split=True)))
   assert ids(lra_data.train) == list(range(45)) and ids(lra_data.val) == list(range(45, 50))
-  seeded = tasks.load_task(_image_config(tmp_path))            # default: a seeded draw
+  seeded = tasks.load_task(tasks.data_config(_image_config(tmp_path)))   # a seeded draw
   assert len(seeded.val) == 5 and ids(seeded.val) != list(range(45, 50))
-  with pytest.raises(ValueError, match="data.lra_split"):   # a config built outside lra.py
-    tasks._flag(ml_collections.ConfigDict({"data": {"lra_split": "yes"}}), "lra_split")
+  with pytest.raises(ValueError, match=r"^data.lra_split='yes' must be True or False$"):
+    tree = _image_config(tmp_path).to_dict()   # a config built outside lra.py
+    tree["data"]["lra_split"] = "yes"
+    tasks.data_config(ml_collections.ConfigDict(tree))
 
 
 def test_lra_split_is_tfds_train_90_percent(tmp_path):
@@ -226,7 +232,7 @@ def test_split_hash_reaches_load_pathfinder(tmp_path):
   config.data.level = "easy"
   config.data.split_hash = "lra"
   with pytest.warns(UserWarning):
-    data = tasks.load_task(config)
+    data = tasks.load_task(tasks.data_config(config))
   assert _ids(data.test) == PINNED_EASY["test"]
 
 

@@ -27,7 +27,7 @@ import pytest
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from simpletron_jax.runtime import errors
-from simpletron_jax.train import trainer
+from simpletron_jax.train import run_config, trainer
 from simpletron_jax.run import metric_logging, profiling, tensorboard_writer
 from simpletron_jax.run.metric_logging import MetricLogger, read_records
 from tests.conftest import ROOT
@@ -58,16 +58,22 @@ def _values(accumulator, tag):
           for e in accumulator.Tensors(tag)]
 
 
+def _settings(config):
+  """MetricLogger's ``hparams`` and ``wandb`` of ``config``, as train_and_evaluate gives them."""
+  return {"hparams": metric_logging.flat_config(config),
+          "wandb": run_config.RunConfig.from_config_dict(config).logging.wandb}
+
+
 def test_resumed_run_shows_one_value_per_step_in_tensorboard(tmp_path):
   config = fault_config()
-  killed = MetricLogger(str(tmp_path), config=config)
+  killed = MetricLogger(str(tmp_path), **_settings(config))
   killed.write(0, {"params": 100}, "info")
   for step in (1, 2, 3, 4):
     killed.write(step, {"loss": 1.0 / step}, "train")
   killed.write(3, {"accuracy": 0.5}, "val")   # after the checkpoint at 2: to be hidden
   # Killed after step 4 (every record is on disk already); resumed from the checkpoint at 2.
   _next_second()
-  resumed = MetricLogger(str(tmp_path), resume_step=2, config=config)
+  resumed = MetricLogger(str(tmp_path), resume_step=2, **_settings(config))
   resumed.write(2, {"params": 100}, "info")
   for step in (3, 4, 5):
     resumed.write(step, {"loss": 10.0 * step}, "train")
@@ -228,13 +234,13 @@ def test_wandb_offline_run_holds_the_values_and_a_resumed_start_continues_it(
     wandb_offline, tmp_path):
   workdir, run_id = str(tmp_path / "run"), "0123456789abcdef0123456789abcdef"
   os.makedirs(workdir)
-  first = MetricLogger(workdir, config=wandb_offline, run_id=run_id)
+  first = MetricLogger(workdir, **_settings(wandb_offline), run_id=run_id)
   for step in (1, 2, 3):
     first.write(step, {"loss": 1.0 / step, "accuracy": 0.25 * step}, "train")
   first.write(2, {"accuracy": 0.5}, "test")   # a lower step than the last row: kept
   first_dir = first._writers[-1].run_dir  # pylint: disable=protected-access
   first.close()
-  resumed = MetricLogger(workdir, resume_step=2, config=wandb_offline, run_id=run_id)
+  resumed = MetricLogger(workdir, resume_step=2, **_settings(wandb_offline), run_id=run_id)
   resumed.write(3, {"loss": 0.125}, "train")
   resumed_dir = resumed._writers[-1].run_dir  # pylint: disable=protected-access
   resumed.close()
@@ -270,14 +276,14 @@ def test_wandb_mode_left_empty_follows_wandbs_own_variable(wandb_offline, tmp_pa
   default = simple.get_config("tiny")
   assert default.wandb.mode == ""
   default.wandb.project = "simpletron-test"
-  assert metric_logging.wandb_settings(default)["mode"] == ""
+  assert _settings(default)["wandb"].mode == ""
   run_dirs = []
   for name, config in (("from_variable", default), ("from_config", wandb_offline)):
     if name == "from_config":
       monkeypatch.setenv("WANDB_MODE", "online")
     workdir = str(tmp_path / name)
     os.makedirs(workdir)
-    logger = MetricLogger(workdir, config=config, run_id=f"{name:0>32}")
+    logger = MetricLogger(workdir, **_settings(config), run_id=f"{name:0>32}")
     logger.write(1, {"loss": 0.5}, "train")
     run_dirs.append(logger._writers[-1].run_dir)  # pylint: disable=protected-access
     logger.close()
@@ -292,16 +298,16 @@ def test_wandb_settings_errors_name_the_field_and_the_fix(wandb_offline, tmp_pat
   config.wandb.mode = "Offline"
   with pytest.raises(ValueError,
                      match=r"^config\.wandb\.mode='Offline' is not one of '', online, offline"):
-    MetricLogger(str(tmp_path), config=config)
+    MetricLogger(str(tmp_path), **_settings(config))
   assert not os.listdir(tmp_path), "checked before any file is written"
   config.wandb.mode = "offline"
   real_find_spec = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
   with pytest.raises(errors.RunError, match=re.escape('pip install -e ".[wandb]"')):
-    MetricLogger(str(tmp_path), config=config)
+    MetricLogger(str(tmp_path), **_settings(config))
   config.wandb.project = ""   # off: wandb is not needed
-  assert metric_logging.wandb_settings(config) is None
+  assert not _settings(config)["wandb"].enabled()
 
 
 # ----------------------------------------------------------------------------

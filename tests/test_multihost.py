@@ -88,9 +88,9 @@ def single(tmp_path_factory):
 
 def _final_params(workdir):
   config, data = worker.worker_config(), worker.presence_data()
-  state = train_state.create_train_state(
-      run_config.TrainConfig.from_config_dict(config), train_state.build_model(config, data),
-      jax.random.PRNGKey(1), config.model.max_length)
+  run = run_config.RunConfig.from_config_dict(config)
+  state = train_state.create_train_state(run.train, train_state.build_model(run, data),
+                                         jax.random.PRNGKey(1), config.model.max_length)
   manager = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
   state, _, step = checkpoints.restore_checkpoint(manager, state)
   assert step == STEPS

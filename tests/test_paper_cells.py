@@ -167,7 +167,7 @@ def test_cell_trains_two_steps_on_cpu(name, data_dirs, tmp_path):
   """2 train steps, a validation batch and a test batch of the full-size cell, on CPU."""
   cell = reproduce.get_cell(name)
   config = smoke_config(cell, data_dirs)
-  data = full_width(tasks.load_task(config), config.model.max_length)
+  data = full_width(tasks.load_task(tasks.data_config(config)), config.model.max_length)
   results = trainer.train_and_evaluate(config, str(tmp_path / name), data=data)
   assert results["final_step"] == 2
   for key in ("test_accuracy_final", "test_accuracy_best_val", "test_loss_final"):

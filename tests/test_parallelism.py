@@ -18,10 +18,10 @@ from tests.test_train import tiny_config
 def _run_steps(name, config, task, num_steps=3):
   """Params, last train metrics and an eval of ``num_steps`` train steps under ``name``."""
   parallel = steps.make_parallel(name)
-  model = train_state.build_model(config, task)
-  state = train_state.create_train_state(
-      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
-      config.model.max_length)
+  run = run_config.RunConfig.from_config_dict(config)
+  model = train_state.build_model(run, task)
+  state = train_state.create_train_state(run.train, model, jax.random.PRNGKey(0),
+                                         config.model.max_length)
   train, evaluate = parallel.steps(model.apply)
   state = parallel.put_state(state)
   for i in range(num_steps):
@@ -63,9 +63,9 @@ def test_unknown_parallelism_is_named():
 
 
 def _final_params(workdir, config, task):
-  state = train_state.create_train_state(
-      run_config.TrainConfig.from_config_dict(config), train_state.build_model(config, task),
-      jax.random.PRNGKey(0), config.model.max_length)
+  run = run_config.RunConfig.from_config_dict(config)
+  state = train_state.create_train_state(run.train, train_state.build_model(run, task),
+                                         jax.random.PRNGKey(0), config.model.max_length)
   manager = checkpoints.checkpoint_manager(f"{workdir}/checkpoints", None)
   return checkpoints.restore_checkpoint(manager, state)[0].params
 

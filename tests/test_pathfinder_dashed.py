@@ -306,4 +306,4 @@ def test_the_task_loader_generates_with_the_configured_generator(generator, monk
   config.data.data_dir = None
   config.data.cache_dir = str(tmp_path)
   with pytest.raises(Asked, match=f"^{generator}$"):
-    tasks.load_task(config)
+    tasks.load_task(tasks.data_config(config))

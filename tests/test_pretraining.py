@@ -16,7 +16,7 @@ from configs import lra
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.experiments import recipes
 from simpletron_jax.model import encoders, transfer
-from simpletron_jax.train import evaluation, pretraining, steps, trainer
+from simpletron_jax.train import evaluation, pretraining, run_config, steps, trainer
 from tests.module_support import init_variables
 from tests.test_train import Killed, _final_params, majority_split, tiny_config
 
@@ -25,6 +25,12 @@ def _spt_config(objective="mlm", attention="simple", **overrides):
   config = tiny_config(attention, **overrides)
   config.pretrain = pretraining.default_config(objective)
   return config
+
+
+def _build(config, **sizes):
+  """``pretraining.build_model`` of ``config``'s typed model and ``pretrain`` section."""
+  run = run_config.RunConfig.from_config_dict(config)
+  return pretraining.build_model(run.model, run.pretrain, **sizes)
 
 
 def _batch(rng, b=4, length=12):
@@ -62,7 +68,7 @@ def test_eval_keys_depend_on_the_row_only():
 
 
 def _lm(config, vocab=16):
-  model = pretraining.build_model(config, vocab_size=vocab, num_classes=2)
+  model = _build(config, vocab_size=vocab, num_classes=2)
   tokens = jnp.ones((1, 8), jnp.int32)
   params = init_variables(model, tokens, None, deterministic=True, seed=0)["params"]
   return model, params
@@ -155,7 +161,7 @@ def test_fine_tuning_starts_from_the_pretrained_encoder_exactly():
   spt = _spt_config()
   model, params = _lm(spt)
   ft = _spt_config("none")
-  clf = pretraining.build_model(ft, vocab_size=16, num_classes=2)
+  clf = _build(ft, vocab_size=16, num_classes=2)
   assert isinstance(clf, encoders.ClassificationEncoder)
   target = init_variables(clf, jnp.ones((1, 8), jnp.int32), None, deterministic=True,
                           seed=1)["params"]
@@ -200,7 +206,7 @@ def test_lm_head_is_one_dense_by_default_and_mlp_adds_berts_transform():
   assert a.shape == b.shape == (4, 12, 17) and not np.allclose(a, b)
   config.pretrain.lm_head = "deep"
   with pytest.raises(ValueError, match="pretrain.lm_head"):
-    pretraining.build_model(config, vocab_size=16, num_classes=2)
+    _build(config, vocab_size=16, num_classes=2)
 
 
 def test_next_token_targets_and_causal_check():
@@ -209,7 +215,7 @@ def test_next_token_targets_and_causal_check():
   np.testing.assert_array_equal(targets, [[4, 5, 0, 0], [7, 0, 0, 0]])
   np.testing.assert_array_equal(weights, [[1, 1, 0, 0], [1, 0, 0, 0]])
   with pytest.raises(ValueError, match="pretrain.objective='causal'"):
-    pretraining.build_model(_spt_config("causal"), vocab_size=16, num_classes=2)
+    _build(_spt_config("causal"), vocab_size=16, num_classes=2)
   config = _spt_config("causal", attention="aft_simple")
   config.model.attention_kwargs = ml_collections.ConfigDict({"causal": True})
   model, params = _lm(config)
@@ -225,9 +231,9 @@ def test_bad_pretrain_fields_are_named():
     config = _spt_config()
     config.pretrain[field] = value
     with pytest.raises(ValueError, match=match):
-      pretraining.build_model(config, vocab_size=16, num_classes=2)
+      _build(config, vocab_size=16, num_classes=2)
   with pytest.raises(ValueError, match="retrieval"):
-    pretraining.build_model(_spt_config(), vocab_size=16, num_classes=2, dual=True)
+    _build(_spt_config(), vocab_size=16, num_classes=2, dual=True)
 
 
 def test_encoder_states_are_one_per_token():
@@ -325,7 +331,7 @@ def test_reference_rows_match_their_papers_averages():
 def test_pixel_tasks_predict_the_256_values_with_an_explicit_mask(task):
   config = lra.make_config(task, "linear", "tiny_spt")
   config.model.max_length = 16
-  model = pretraining.build_model(config, vocab_size=256, num_classes=2)
+  model = _build(config, vocab_size=256, num_classes=2)
   tokens = np.random.default_rng(0).integers(0, 256, (2, 16))
   tokens[0] = 0   # an all-black row: every pixel is real
   tokens = jnp.asarray(tokens, jnp.int32)
@@ -385,7 +391,7 @@ def test_spt_script_arms_share_the_fine_tuning_recipe():
 
 def test_spt_evaluation_majority_rate_counts_the_class_labels_not_the_tokens():
   task, config = majority_split(), _spt_config(eval_batch_size=8)
-  model = pretraining.build_model(config, vocab_size=16, num_classes=task.num_classes)
+  model = _build(config, vocab_size=16, num_classes=task.num_classes)
   params = init_variables(model, jnp.ones((1, 8), jnp.int32), None, deterministic=True,
                           seed=0)["params"]
   _, p_eval = steps.pmap_steps(model.apply)

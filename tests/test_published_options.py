@@ -2,6 +2,8 @@
 numpy reference: the SimpleTRON authors' SimpleAttention, LRA's missing padding masks, the
 authors' encoder and heads, the retrieval interaction and LRA's black-pixel mask."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -217,11 +219,12 @@ def test_lra_masking_matches_lra_numpy(name, kwargs, ref):
 def test_lra_pixel_mask_treats_black_pixels_as_padding():
   pixels = [np.array([0, 5, 0, 7], np.uint8), np.array([3, 0, 0, 1], np.uint8)]
   split = RaggedExamples.from_sequences(pixels, [0, 1], dtype=np.uint8, explicit_mask=True)
-  config = ml_collections.ConfigDict({"data": {"lra_pixel_mask": False}})
-  kept = tasks.apply_lra_pixel_mask(config, {"train": split})["train"]
+  data = tasks.data_config(lra.make_config("image", "softmax", "tiny"))
+  assert data.lra_pixel_mask is False
+  kept = tasks.apply_lra_pixel_mask(data, {"train": split})["train"]
   assert make_batch(kept, np.arange(2), max_length=4, bucket=0)["mask"].all()
-  config.data.lra_pixel_mask = True
-  lra_split = tasks.apply_lra_pixel_mask(config, {"train": split})["train"]
+  data = dataclasses.replace(data, lra_pixel_mask=True)
+  lra_split = tasks.apply_lra_pixel_mask(data, {"train": split})["train"]
   batch = make_batch(lra_split, np.arange(2), max_length=4, bucket=0)
   np.testing.assert_array_equal(batch["mask"], np.stack(pixels) > 0)
 

@@ -57,7 +57,7 @@ def test_unknown_task_is_one_line_naming_the_field_and_the_tasks():
   with pytest.raises(ValueError, match=re.escape(message)):
     run_config.RunConfig.from_config_dict(config, n_devices=1)
   with pytest.raises(ValueError, match=re.escape(message)):
-    tasks.load_task(config)
+    tasks.data_config(config)
   with pytest.raises(tpu_aot.TpuCheckError, match=re.escape(message)):
     tpu_aot.task_sizes(config)
 
@@ -87,19 +87,19 @@ def test_consumers_read_the_record():
 TOY_FILE = "toy.npz"
 
 
-def _toy_folder(config):
-  return os.path.join(tasks.cache_dir(config), "toy", f"seed{int(config.data.seed)}")
+def _toy_folder(data):
+  return os.path.join(data.cache, "toy", f"seed{data.seed}")
 
 
-def _toy_make(config):
+def _toy_make(data):
   """Draws the toy data from ``data.seed`` into the cache, with a manifest."""
-  rng = np.random.default_rng(int(config.data.seed))
+  rng = np.random.default_rng(data.seed)
   arrays = {}
   for split, n in (("train", 64), ("val", 16), ("test", 16)):
-    lengths = rng.integers(2, config.model.max_length, n)
+    lengths = rng.integers(2, data.max_length, n)
     arrays[f"{split}_tokens"] = np.concatenate([rng.integers(1, 7, k) for k in lengths])
     arrays[f"{split}_lengths"], arrays[f"{split}_labels"] = lengths, rng.integers(0, 3, n)
-  folder = _toy_folder(config)
+  folder = _toy_folder(data)
   os.makedirs(folder, exist_ok=True)
   np.savez(os.path.join(folder, TOY_FILE), **arrays)
   sources.write_manifest(folder, "toy", [os.path.join(folder, TOY_FILE)], None)
@@ -113,26 +113,26 @@ def _toy_read(folder):
             for s in sources.SPLITS}
 
 
-def _toy_reader(config):
-  found = _toy_find(config)
-  folder = found.path if found.ready else _toy_make(config)
+def _toy_reader(data):
+  found = _toy_find(data)
+  folder = found.path if found.ready else _toy_make(data)
   return tasks.TaskData(**_toy_read(folder), vocab_size=7, num_classes=3, source=folder)
 
 
-def _toy_find(config):
-  folder = _toy_folder(config)
+def _toy_find(data):
+  folder = _toy_folder(data)
   ready = os.path.isfile(os.path.join(folder, TOY_FILE))
   return sources.Where("toy", "generated", folder, ready, "drawn from data.seed")
 
 
-def _toy_prepare(config, source, dest, num_workers, log):
+def _toy_prepare(data, source, dest, num_workers, log):
   del source, dest, num_workers, log
-  _toy_make(config)
-  return _toy_find(config)
+  _toy_make(data)
+  return _toy_find(data)
 
 
-def _toy_check(config, found):
-  del config
+def _toy_check(data, found):
+  del data
   labels = {split: examples.labels for split, examples in _toy_read(found.path).items()}
   return sources.split_checks("toy", labels, 3, {"train": 64, "val": 16, "test": 16})
 
@@ -164,8 +164,9 @@ def test_a_new_task_is_one_record_and_one_reader(toy_task, tmp_path):
   assert config.data.vocab_path is None
   config.data.vocab_path = "/somewhere"           # an unset field that takes a string
   assert lra.task_variants("toy") == ("tiny",)    # no LRA, SimpleTRON or SPT variants
-  run_config.RunConfig.from_config_dict(config, n_devices=1)
-  data = tasks.load_task(config)
+  run = run_config.RunConfig.from_config_dict(config, n_devices=1)
+  assert (run.data.flavour, run.data.vocab_path) == ("plain", "/somewhere")
+  data = tasks.load_task(run.data)
   assert (data.vocab_size, data.num_classes, len(data.train)) == (7, 3, 64)
   assert tpu_aot.task_sizes(config) == (7, 3, False)
 

@@ -40,10 +40,10 @@ def tiny_config(attention="simple", **overrides):
 
 
 def _state(config, task):
-  model = train_state.build_model(config, task)
-  return model, train_state.create_train_state(
-      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
-      config.model.max_length)
+  run = run_config.RunConfig.from_config_dict(config)
+  model = train_state.build_model(run, task)
+  return model, train_state.create_train_state(run.train, model, jax.random.PRNGKey(0),
+                                               config.model.max_length)
 
 
 def test_pmap_on_two_devices_equals_one_device(presence_task):
@@ -191,8 +191,8 @@ def test_tiny_run_learns_and_eval_reproduces_test_accuracy(presence_task, tmp_pa
     assert (r["compile_seconds"] > 0) == (r["new_shapes"] > 0)
     assert r["steps_per_sec_excluding_compile"] >= r["steps_per_sec"]
   assert os.path.isdir(os.path.join(workdir, "tb"))
-  _, p_eval = steps.pmap_steps(train_state.build_model(config, presence_task).apply)
   model, state = _state(config, presence_task)
+  _, p_eval = steps.pmap_steps(model.apply)
   saved = checkpoints.checkpoint_manager(os.path.join(workdir, "checkpoints"), None)
   assert saved.best_step() == results["best_step"]
   state, meta, step = checkpoints.restore_checkpoint(saved, state, results["best_step"])

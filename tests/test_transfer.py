@@ -19,10 +19,10 @@ from tests.test_train import tiny_config
 
 
 def _model_and_params(config, task, seed=0):
-  model = train_state.build_model(config, task)
-  state = train_state.create_train_state(
-      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(seed),
-      config.model.max_length)
+  run = run_config.RunConfig.from_config_dict(config)
+  model = train_state.build_model(run, task)
+  state = train_state.create_train_state(run.train, model, jax.random.PRNGKey(seed),
+                                         config.model.max_length)
   return model, state.params
 
 
@@ -79,10 +79,10 @@ def test_surgery_errors_name_mismatching_paths(presence_task):
 @pytest.mark.parametrize("freeze,lora_rank", [(("attention/(query|key|value)/",), 0), ((), 4)])
 def test_frozen_parameters_stay_bit_identical(presence_task, freeze, lora_rank):
   config = tiny_config("softmax", freeze=freeze, **{"lora.rank": lora_rank})
-  model = train_state.build_model(config, presence_task)
-  state = train_state.create_train_state(
-      run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(0),
-      config.model.max_length)
+  run = run_config.RunConfig.from_config_dict(config)
+  model = train_state.build_model(run, presence_task)
+  state = train_state.create_train_state(run.train, model, jax.random.PRNGKey(0),
+                                         config.model.max_length)
   before = transfer.flatten(jax.device_get(state.params))
   p_train, _ = steps.pmap_steps(state.apply_fn)
   state_repl = steps.replicate(state)
@@ -108,7 +108,8 @@ def test_frozen_parameters_stay_bit_identical(presence_task, freeze, lora_rank):
 def test_attention_per_layer_builds_those_modules(presence_task):
   config = tiny_config("softmax", **{"model.num_layers": 3,
                                      "model.attention_per_layer": ("simple", "linear", "softmax")})
-  model = train_state.build_model(config, presence_task)
+  model = train_state.build_model(run_config.RunConfig.from_config_dict(config),
+                                  presence_task)
   tokens, mask = _tokens(presence_task)
   paths = model.module_paths(jax.random.PRNGKey(0), tokens, mask)
   kinds = {i: type(paths[f"encoder/encoderblock_{i}/attention"]) for i in range(3)}
@@ -117,7 +118,8 @@ def test_attention_per_layer_builds_those_modules(presence_task):
   same = tiny_config("softmax", **{"model.attention_per_layer": ("linear", "linear")})
   plain = tiny_config("linear")
   m_same, params = _model_and_params(same, presence_task)
-  m_plain = train_state.build_model(plain, presence_task)
+  m_plain = train_state.build_model(run_config.RunConfig.from_config_dict(plain),
+                                    presence_task)
   np.testing.assert_array_equal(m_same.apply({"params": params}, tokens, mask),
                                 m_plain.apply({"params": params}, tokens, mask))
 

@@ -56,8 +56,8 @@ def kv_matrices(config, params, data) -> list[np.ndarray]:
   ``L`` is each example's number of real tokens (CLS included), as in Simple attention.
   """
   from simpletron_jax.data import batches  # pylint: disable=import-outside-toplevel
-  from simpletron_jax.train import train_state  # pylint: disable=import-outside-toplevel
-  model = train_state.build_model(config, data)
+  from simpletron_jax.train import run_config, train_state  # pylint: disable=C0415
+  model = train_state.build_model(run_config.RunConfig.from_config_dict(config), data)
   batch = next(batches.eval_batches(data.val, batches.BatchConfig.from_config_dict(config), 32, 1))
   want = lambda mdl, _: mdl.name in ("key", "value")  # noqa: E731
   _, state = model.apply({"params": params}, batch["inputs"], batch["mask"],

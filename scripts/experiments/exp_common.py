@@ -184,7 +184,7 @@ class DataCache:
     key = config.task + json.dumps(config.data.to_dict(), sort_keys=True, default=str)
     if key not in self._cache:
       from simpletron_jax.data import tasks  # pylint: disable=import-outside-toplevel
-      self._cache[key] = tasks.load_task(config)
+      self._cache[key] = tasks.load_task(tasks.data_config(config))
     return self._cache[key]
 
 
@@ -235,8 +235,8 @@ def evaluate_params(config: ml_collections.ConfigDict, params, data: tasks.TaskD
   ``final_test.evaluate_checkpoint``)."""
   # pylint: disable=import-outside-toplevel
   from simpletron_jax.data import batches
-  from simpletron_jax.train import evaluation, steps, train_state
-  model = train_state.build_model(config, data)
+  from simpletron_jax.train import evaluation, run_config, steps, train_state
+  model = train_state.build_model(run_config.RunConfig.from_config_dict(config), data)
   _, p_eval = steps.pmap_steps(model.apply)
   limit = config.get("num_test_steps" if split == "test" else "num_eval_steps", -1)
   return evaluation.evaluate(p_eval, steps.replicate(params), getattr(data, split),
@@ -247,11 +247,10 @@ def init_params(config: ml_collections.ConfigDict, data: tasks.TaskData):
   """Freshly initialised parameters of the model of ``config`` (seed ``config.seed``)."""
   import jax  # pylint: disable=import-outside-toplevel
   from simpletron_jax.train import run_config, train_state  # pylint: disable=C0415
-  model = train_state.build_model(config, data)
+  run = run_config.RunConfig.from_config_dict(config)
   return train_state.create_train_state(
-
-          run_config.TrainConfig.from_config_dict(config), model, jax.random.PRNGKey(config.seed),
-          config.model.max_length).params
+      run.train, train_state.build_model(run, data), jax.random.PRNGKey(config.seed),
+      config.model.max_length).params
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

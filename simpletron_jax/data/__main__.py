@@ -85,17 +85,17 @@ def run(args: argparse.Namespace) -> int:
   """
   if args.command == "where":
     for task in ([args.task] if args.task else tasks.names()):
-      config = prep.task_config(task, args.config, args.config_overrides)
-      print(prep.where(task, config).line(), flush=True)
+      data = prep.task_config(task, args.config, args.config_overrides)
+      print(prep.where(task, data).line(), flush=True)
     return 0
-  config = prep.task_config(args.task, args.config, args.config_overrides)
+  data = prep.task_config(args.task, args.config, args.config_overrides)
   if args.command == "prepare":
-    found = prep.prepare(args.task, config, args.source, args.dest, args.workers,
+    found = prep.prepare(args.task, data, args.source, args.dest, args.workers,
                          log=lambda line: print(line, flush=True))
     print(found.line())
     return 0
   failed = False
-  found = [config] if args.config else prep.configs_to_verify(args.task, config)
+  found = [data] if args.config else prep.configs_to_verify(args.task, data)
   for one in found:
     for status, line in prep.verify(args.task, one, args.source):
       print(f"{status}: {line}", flush=True)

@@ -36,7 +36,6 @@ import logging
 import os
 from typing import Any, Callable, Sequence
 
-import ml_collections
 import numpy as np
 
 from simpletron_jax.data import sources, tasks
@@ -367,11 +366,11 @@ KNOWN_COUNTS = {"train": 120000, "test": 7600}
 PER_CLASS = {"train": 30000, "test": 1900}
 
 
-def source_dirs(config: ml_collections.ConfigDict) -> tuple[str | None, str | None]:
+def source_dirs(data: tasks.DataConfig) -> tuple[str | None, str | None]:
   """As :func:`simpletron_jax.data.tasks.source_dirs` for ``ag_news_subset``, with
   :data:`DEFAULT_DIR` as the default CSV folder when it holds ``train.csv`` and
   ``test.csv``."""
-  data_dir, tfds_dir = tasks.source_dirs(config, TFDS_NAME)
+  data_dir, tfds_dir = tasks.source_dirs(data, TFDS_NAME)
   default = os.path.expanduser(DEFAULT_DIR)
   if data_dir is None and tfds_dir is None and all(
       os.path.isfile(os.path.join(default, name)) for name in CSV_FILES.values()):
@@ -408,23 +407,22 @@ def copy_release(source: str, out_dir: str) -> list[str]:
   return written
 
 
-def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
-  data_dir, tfds_dir = source_dirs(config)
+def _load(data: tasks.DataConfig) -> tasks.TaskData:
+  data_dir, tfds_dir = source_dirs(data)
   kind, where = find_source(data_dir, tfds_dir)
   splits, tokenizer, _ = load_agnews(
-      data_dir=data_dir, tfds_data_dir=tfds_dir, vocab_path=config.data.get("vocab_path"),
-      max_length=int(config.model.max_length), seed=int(config.data.seed),
-      val_fraction=float(tasks.data_option(config, "val_fraction")),
-      lowercase=config.data.get("lowercase"))
+      data_dir=data_dir, tfds_data_dir=tfds_dir, vocab_path=data.vocab_path,
+      max_length=data.max_length, seed=data.seed, val_fraction=data.val_fraction,
+      lowercase=data.lowercase)
   return tasks.TaskData(**splits, vocab_size=tokenizer.vocab_size, num_classes=NUM_CLASSES,
                         source=f"{tasks.describe(kind, where)}; vocabulary {tokenizer.path}")
 
 
-def _find(config: ml_collections.ConfigDict) -> sources.Where:
-  return tasks.found_source("agnews", *find_source(*source_dirs(config)))
+def _find(data: tasks.DataConfig) -> sources.Where:
+  return tasks.found_source("agnews", *find_source(*source_dirs(data)))
 
 
-def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+def _prepare(data: tasks.DataConfig, source: str | None, dest: str,
              num_workers: int | None, log: Callable[[str], None]) -> sources.Where | None:
   del num_workers
   if source is None:
@@ -432,11 +430,11 @@ def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
   out = os.path.join(dest, "ag_news_csv")
   log(f"agnews: {source} -> {out}")
   sources.write_manifest(out, "agnews", copy_release(source, out), source)
-  return sources.point_at(sources.Where("agnews", "csv", out, True), _find, config, log)
+  return sources.point_at(sources.Where("agnews", "csv", out, True), _find, data, log)
 
 
-def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
-  del config
+def _check(data: tasks.DataConfig, found: sources.Where) -> list[sources.Check]:
+  del data
   if found.kind == "tfds":
     return sources.count_checks("agnews", sources.tfds_counts(found.path), KNOWN_COUNTS)
   labels = {split: read_csv(os.path.join(found.path, CSV_FILES[split]))[1]

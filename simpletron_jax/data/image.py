@@ -49,7 +49,6 @@ import zipfile
 import zlib
 from typing import Any, Callable
 
-import ml_collections
 import numpy as np
 
 from simpletron_jax.data import cifar, sources, tasks
@@ -359,22 +358,21 @@ KNOWN_COUNTS = {"train": 50000, "test": 10000}
 PER_CLASS = {"train": 5000, "test": 1000}
 
 
-def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
-  data_dir, tfds_dir = tasks.source_dirs(config, TFDS_NAME)
+def _load(data: tasks.DataConfig) -> tasks.TaskData:
+  data_dir, tfds_dir = tasks.source_dirs(data, TFDS_NAME)
   kind, where = find_source(data_dir, tfds_dir)
-  splits = load_image(data_dir=data_dir, tfds_data_dir=tfds_dir, seed=int(config.data.seed),
-                      val_fraction=float(config.data.val_fraction),
-                      lra_split=tasks.data_flag(config, "lra_split"))
-  splits = tasks.apply_lra_pixel_mask(config, splits)
+  splits = load_image(data_dir=data_dir, tfds_data_dir=tfds_dir, seed=data.seed,
+                      val_fraction=data.val_fraction, lra_split=data.lra_split)
+  splits = tasks.apply_lra_pixel_mask(data, splits)
   return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
                         source=tasks.describe(kind, where))
 
 
-def _find(config: ml_collections.ConfigDict) -> sources.Where:
-  return tasks.found_source("image", *find_source(*tasks.source_dirs(config, TFDS_NAME)))
+def _find(data: tasks.DataConfig) -> sources.Where:
+  return tasks.found_source("image", *find_source(*tasks.source_dirs(data, TFDS_NAME)))
 
 
-def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+def _prepare(data: tasks.DataConfig, source: str | None, dest: str,
              num_workers: int | None, log: Callable[[str], None]) -> sources.Where | None:
   del num_workers
   if source is None:
@@ -383,11 +381,11 @@ def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
   log(f"image: {source} -> {out}")
   counts = cifar_npz(source, out)
   sources.write_manifest(os.path.dirname(out), "image", [out], source, {"images": counts})
-  return sources.point_at(sources.Where("image", "npz", out, True), _find, config, log)
+  return sources.point_at(sources.Where("image", "npz", out, True), _find, data, log)
 
 
-def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
-  del config
+def _check(data: tasks.DataConfig, found: sources.Where) -> list[sources.Check]:
+  del data
   if found.kind == "tfds":
     return sources.count_checks("image", sources.tfds_counts(found.path), KNOWN_COUNTS,
                                 "images")

@@ -30,16 +30,14 @@ import os
 import shutil
 from typing import Callable, Sequence
 
-import ml_collections
-
 from simpletron_jax.data import sources, tasks
 from simpletron_jax.data.sources import COMMAND, MANIFEST, Check, DataError, Where  # noqa: F401
 from simpletron_jax.runtime import overrides
 
 
 def task_config(task: str, spec: str | None = None,
-                config_overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-  """The config whose data settings a command uses.
+                config_overrides: Sequence[str] = ()) -> tasks.DataConfig:
+  """The data settings a command uses (:func:`simpletron_jax.data.tasks.data_config`).
 
   Args:
     task: a registered task (:func:`simpletron_jax.data.tasks.names`).
@@ -49,20 +47,22 @@ def task_config(task: str, spec: str | None = None,
     config_overrides: ``--config.<field>=<value>`` arguments.
 
   Returns:
-    The config.
+    The task's :class:`simpletron_jax.data.tasks.DataConfig`.
 
   Raises:
-    ValueError: an unknown task (naming ``--task``), or a config or override that cannot be
-      loaded (one line, :func:`simpletron_jax.runtime.overrides.load_config`).
+    ValueError: an unknown task (naming ``--task``), a config or override that cannot be
+      loaded (one line, :func:`simpletron_jax.runtime.overrides.load_config`), or a bad
+      ``data`` field (naming it).
   """
   if task not in tasks.names():
     raise ValueError(f"--task {task!r} is not a task; the tasks: {', '.join(tasks.names())}")
   if spec is None:
-    return overrides.apply_overrides(tasks.task_config(task), config_overrides)
+    return tasks.data_config(overrides.apply_overrides(tasks.task_config(task),
+                                                       config_overrides))
   config = overrides.load_config(spec, config_overrides)
   if config.task != task:
     raise ValueError(f"--config {spec} is a {config.task!r} config, not {task!r}")
-  return config
+  return tasks.data_config(config)
 
 
 def default_dest() -> str:
@@ -70,8 +70,9 @@ def default_dest() -> str:
   return os.path.expanduser(tasks.DEFAULT_DATA_ROOT)
 
 
-def where(task: str, config: ml_collections.ConfigDict) -> Where:
-  """Where ``task`` reads its data from under ``config``, found by its record's ``find``.
+def where(task: str, data: tasks.DataConfig) -> Where:
+  """Where ``task`` reads its data from under its settings ``data``, found by its record's
+  ``find``.
 
   Returns:
     A :class:`Where`; ``kind == "missing"`` with :func:`sources.fetch_line` (or the loader's
@@ -80,9 +81,9 @@ def where(task: str, config: ml_collections.ConfigDict) -> Where:
   """
   spec = tasks.get(task)
   try:
-    return spec.find(config)
+    return spec.find(data)
   except FileNotFoundError as e:
-    if config.data.get("data_dir") or config.data.get("tfds_data_dir"):
+    if data.folder("data_dir") or data.folder("tfds_data_dir"):
       return Where(task, "missing", "", False, f"{task}: {' '.join(str(e).split())}")
     return Where(task, "missing", "", False, sources.fetch_line(task, spec.download))
 
@@ -101,7 +102,7 @@ def _drop_new(root: str, before: set[str]) -> None:
       removed.append(path)
 
 
-def prepare(task: str, config: ml_collections.ConfigDict, source: str | None = None,
+def prepare(task: str, data: tasks.DataConfig, source: str | None = None,
             dest: str | None = None, num_workers: int | None = None,
             log: Callable[[str], None] = print) -> Where:
   """Puts ``task``'s data where the loaders find it, with its record's ``prepare``.
@@ -117,7 +118,7 @@ def prepare(task: str, config: ml_collections.ConfigDict, source: str | None = N
 
   Args:
     task: a registered task.
-    config: :func:`task_config`.
+    data: :func:`task_config`.
     source: the downloaded file or unpacked folder (``--from``), or None.
     dest: the destination root (``--dest``); None: ``~/data``.
     num_workers: generator processes (ListOps, Pathfinder); None: every CPU.
@@ -138,29 +139,28 @@ def prepare(task: str, config: ml_collections.ConfigDict, source: str | None = N
       d = spec.download
       raise DataError(f"--from {source}: no such file or folder" + (
           f"; fetch {d.file} ({d.what}) from {d.url} and pass its path" if d else ""))
-  cache = tasks.cache_dir(config)
+  cache = data.cache
   before = _folders(cache)
   try:
-    made = spec.prepare(config, source, dest, num_workers, log)
+    made = spec.prepare(data, source, dest, num_workers, log)
   except KeyboardInterrupt:
     _drop_new(cache, before)
     raise
   if made is not None:
     return made
-  found = where(task, config)
+  found = where(task, data)
   if found.kind == "missing":
     raise DataError(found.note)
   log(f"{task}: already in place; nothing to do")
   return found
 
 
-def verify(task: str, config: ml_collections.ConfigDict, source: str | None = None
-           ) -> list[Check]:
-  """Checks the data ``task`` reads under ``config`` (see the module docstring).
+def verify(task: str, data: tasks.DataConfig, source: str | None = None) -> list[Check]:
+  """Checks the data ``task`` reads under its settings ``data`` (see the module docstring).
 
   Args:
     task: a registered task.
-    config: :func:`task_config`.
+    data: :func:`task_config`.
     source: a downloaded file to check against its published MD5 too (``--from``).
 
   Returns:
@@ -175,7 +175,7 @@ def verify(task: str, config: ml_collections.ConfigDict, source: str | None = No
   if source and spec.download:
     checks.append(sources.check_download(spec.download,
                                          os.path.abspath(os.path.expanduser(source))))
-  found = where(task, config)
+  found = where(task, data)
   if found.kind == "missing":
     return checks + [("FAIL", found.note)]
   if not found.ready:
@@ -183,15 +183,14 @@ def verify(task: str, config: ml_collections.ConfigDict, source: str | None = No
                               f"prepare --task {task}")]
   checks.append(("note", found.line()))
   folder = found.path if os.path.isdir(found.path) else os.path.dirname(found.path)
-  return checks + sources.check_manifest(folder) + spec.check(config, found)
+  return checks + sources.check_manifest(folder) + spec.check(data, found)
 
 
-def configs_to_verify(task: str, config: ml_collections.ConfigDict
-                      ) -> list[ml_collections.ConfigDict]:
-  """What ``verify`` without ``--config`` checks: ``config`` (the published size) when its
+def configs_to_verify(task: str, data: tasks.DataConfig) -> list[tasks.DataConfig]:
+  """What ``verify`` without ``--config`` checks: ``data`` (the published size) when its
   data is there or the task generates nothing, else each set generated into the cache (the
-  record's ``generated``; ``:tiny`` and any other size), or ``config`` when there is none."""
+  record's ``generated``; ``:tiny`` and any other size), or ``data`` when there is none."""
   spec = tasks.get(task)
-  if spec.generated is None or where(task, config).ready:
-    return [config]
-  return spec.generated(config) or [config]
+  if spec.generated is None or where(task, data).ready:
+    return [data]
+  return spec.generated(data) or [data]

@@ -35,11 +35,11 @@ this loader does not apply that clip.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import logging
 import os
 from typing import Callable
 
-import ml_collections
 import numpy as np
 
 from simpletron_jax.data import sources, tasks
@@ -248,10 +248,10 @@ prepare --task retrieval`` puts them there."""
 KNOWN_COUNTS = {"train": 147086, "val": 18090, "test": 17437}   # LRA paper, section 3
 
 
-def data_dir_of(config: ml_collections.ConfigDict) -> str | None:
+def data_dir_of(data: tasks.DataConfig) -> str | None:
   """The folder the retrieval task searches for the AAN TSVs: ``data.data_dir``, else
   :data:`DEFAULT_LRA_DIR` when it holds them, else None."""
-  data_dir = tasks.optional_dir(config, "data_dir")
+  data_dir = data.folder("data_dir")
   if data_dir:
     return data_dir
   try:
@@ -261,8 +261,8 @@ def data_dir_of(config: ml_collections.ConfigDict) -> str | None:
   return os.path.expanduser(DEFAULT_LRA_DIR)
 
 
-def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
-  data_dir = data_dir_of(config)
+def _load(data: tasks.DataConfig) -> tasks.TaskData:
+  data_dir = data_dir_of(data)
   if not data_dir:
     raise FileNotFoundError(
         "config field data.data_dir is unset and ~/data/lra_release holds no AAN files: the "
@@ -270,21 +270,21 @@ def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
         "https://storage.googleapis.com/long-range-arena/lra_release.gz); run python -m "
         "simpletron_jax.data prepare --task retrieval --from lra_release.gz, or pass "
         "--config.data.data_dir=/path/to/tsv_data")
-  pairs = load_retrieval(data_dir=data_dir, max_length=int(config.model.max_length),
-                         unescape=bool(tasks.data_option(config, "unescape")))
+  pairs = load_retrieval(data_dir=data_dir, max_length=data.max_length,
+                         unescape=data.unescape)
   splits = {name: PairedExamples(*pairs[name]) for name in ("train", "val", "test")}
   return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
                         source=data_dir)
 
 
-def _find(config: ml_collections.ConfigDict) -> sources.Where:
-  folder = data_dir_of(config)
+def _find(data: tasks.DataConfig) -> sources.Where:
+  folder = data_dir_of(data)
   if folder is None:
     raise FileNotFoundError("no AAN files in ~/data/lra_release")
   return sources.Where("retrieval", "tsv", find_data_dir(folder), True)
 
 
-def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+def _prepare(data: tasks.DataConfig, source: str | None, dest: str,
              num_workers: int | None, log: Callable[[str], None]) -> sources.Where | None:
   del num_workers
   if source is None:
@@ -294,13 +294,11 @@ def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
   tsv_dir = find_data_dir(folder)
   if os.path.abspath(os.path.expanduser(DEFAULT_LRA_DIR)) != os.path.abspath(folder):
     log(sources.data_dir_line("retrieval", tsv_dir))
-  config = config.copy_and_resolve_references()
-  config.data.data_dir = tsv_dir
-  return _find(config)
+  return _find(dataclasses.replace(data, data_dir=tsv_dir))
 
 
-def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
-  del config
+def _check(data: tasks.DataConfig, found: sources.Where) -> list[sources.Check]:
+  del data
   labels = {split: read_split(os.path.join(found.path, name), 1)[0].labels
             for split, name in SPLIT_FILES.items()}
   return sources.split_checks("retrieval", labels, NUM_CLASSES, KNOWN_COUNTS)

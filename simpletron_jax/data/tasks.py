@@ -1,21 +1,22 @@
 """The task registry: one record per task (:class:`TaskSpec`), registered by the task's own
 module, and :func:`load_task`.
 
-A record holds a task's data facts: its reader (``config ->`` :class:`TaskData`), vocabulary
-and classes, ``max_length``, the reader's ``config.data`` fields, and its data command: how
-``python -m simpletron_jax.data where|prepare|verify`` finds, prepares and checks its files
-(:mod:`simpletron_jax.data.prepare`) and how ``scripts/explain.py`` shows its tokens. Each
-task's module (:mod:`simpletron_jax.data.listops`, ``text``, ``retrieval``, ``image``,
-``pathfinder``, ``agnews``) registers its record when ``simpletron_jax.data`` is imported, so
-every reader of the registry sees them all. The experiment facts (the published models and
-recipes, LRA's baseline settings, the published accuracies) are
-:mod:`simpletron_jax.experiments`'s. ``get(name)`` returns a record, ``names()``
-the tasks; docs/tasks.md says how to add one.
+A record holds a task's data facts: its reader (:class:`DataConfig` ``->`` :class:`TaskData`),
+vocabulary and classes, ``max_length``, the reader's ``config.data`` fields, and its data
+command: how ``python -m simpletron_jax.data where|prepare|verify`` finds, prepares and
+checks its files (:mod:`simpletron_jax.data.prepare`) and how ``scripts/explain.py`` shows
+its tokens. Each task's module (:mod:`simpletron_jax.data.listops`, ``text``, ``retrieval``,
+``image``, ``pathfinder``, ``agnews``) registers its record when ``simpletron_jax.data`` is
+imported, so every reader of the registry sees them all. The experiment facts (the published
+models and recipes, LRA's baseline settings, the published accuracies) are
+:mod:`simpletron_jax.experiments`'s. ``get(name)`` returns a record, ``names()`` the tasks;
+docs/tasks.md says how to add one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Mapping
 
@@ -57,33 +58,30 @@ class TaskData:
   source: str
 
 
-Config = ml_collections.ConfigDict
-
-
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
   """A task's data facts and data command; :func:`load_task`, the configs
   (``configs/lra.py``), ``tpu_aot``, ``config_checks`` and the data command read it
-  (docs/tasks.md).
+  (docs/tasks.md). The callables take the task's :class:`DataConfig` (``data``).
 
   Attributes:
     name: the registry key, ``config.task`` and the folder ``configs/<name>/``.
-    reader: ``config -> TaskData``: loads (or generates) the three splits.
+    reader: ``data -> TaskData``: loads (or generates) the three splits.
     vocab_size: token ids lie in ``[0, vocab_size)``, 0 padding; None when the reader's
       tokenizer decides it (``agnews``: the BERT vocabulary of ``data.vocab_path``).
     num_classes: labels.
     max_length: the published ``model.max_length`` (tokens per document, CLS excluded).
-    find: ``config -> Where``: where the reader reads from under ``config``, by the reader's
+    find: ``data -> Where``: where the reader reads from under ``data``, by the reader's
       own search (``ready=False``: generated on first use); raises ``FileNotFoundError``
       when the data is missing.
-    prepare: ``(config, source, dest, num_workers, log) -> Where | None``: puts the data in
+    prepare: ``(data, source, dest, num_workers, log) -> Where | None``: puts the data in
       place from ``source`` (``--from``: a download or the folder it was unpacked to, or
       None) under ``dest`` (or the cache, for generated data), writing a manifest; None when
       there is nothing to make without a source.
-    check: ``(config, found) -> [(status, line)]``: ``verify``'s checks of the data
+    check: ``(data, found) -> [(status, line)]``: ``verify``'s checks of the data
       ``find`` found (counts, labels, files), beyond the manifest's checksums.
     download: the public file ``prepare --from`` takes (None: none).
-    generated: ``config -> [config]``: for data generated into the cache, a config for each
+    generated: ``data -> [data]``: for data generated into the cache, the settings of each
       set there (each size found), which ``verify`` without ``--config`` checks; None when
       the task generates nothing.
     shown: how ``scripts/explain.py`` draws the tokens (:data:`SHOWN`): ``tokens`` (spaced
@@ -91,25 +89,73 @@ class TaskSpec:
     dual: two documents per example (retrieval's dual encoder).
     lra: one of LRA's six tasks (Tay et al., ICLR 2021); they are registered in the order of
       LRA's Table 1, which :func:`lra_tasks` keeps.
-    data_options: the reader's ``config.data`` fields with their defaults; a type (``str``,
-      ``bool``) makes an unset field (None) of that type.
+    data_options: the reader's ``config.data`` fields with their defaults, each written
+      here once; a type (``str``, ``bool``) makes an unset field (None) of that type.
   """
 
   name: str
-  reader: Callable[[Config], TaskData]
+  reader: Callable[[DataConfig], TaskData]
   vocab_size: int | None
   num_classes: int
   max_length: int
-  find: Callable[[Config], Where]
-  prepare: Callable[[Config, str | None, str, int | None, Callable[[str], None]],
+  find: Callable[[DataConfig], Where]
+  prepare: Callable[[DataConfig, str | None, str, int | None, Callable[[str], None]],
                     Where | None]
-  check: Callable[[Config, Where], list[Check]]
+  check: Callable[[DataConfig, Where], list[Check]]
   download: Download | None = None
-  generated: Callable[[Config], list[Config]] | None = None
+  generated: Callable[[DataConfig], list[DataConfig]] | None = None
   shown: str = "tokens"
   dual: bool = False
   lra: bool = True
   data_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  @functools.cached_property
+  def options(self) -> dict[str, Any]:
+    """Every ``config.data`` field of the task but ``seed``: :data:`SHARED_DATA_OPTIONS`,
+    then ``data_options`` (which may change a shared default), with their defaults."""
+    return {**SHARED_DATA_OPTIONS, **self.data_options}
+
+  @functools.cached_property
+  def settings(self) -> type[DataConfig]:
+    """The task's frozen :class:`DataConfig` subclass: one field per :attr:`options` entry,
+    at its default (None for a type)."""
+    fields = [(name, _kind(default), dataclasses.field(
+        default=None if isinstance(default, type) else default))
+              for name, default in self.options.items()]
+    return dataclasses.make_dataclass(
+        f"{self.name.title()}DataConfig", fields, bases=(DataConfig,), frozen=True,
+        namespace={"__doc__": f"The {self.name} task's data settings (:class:`DataConfig`)."})
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """A task's data settings, typed and checked, built once from the config by
+  :func:`data_config`; the readers and the data command take it. Each task's subclass
+  (:attr:`TaskSpec.settings`) adds its ``config.data`` fields (:attr:`TaskSpec.options`:
+  folders, the generator's arguments, LRA's options), at the record's default where a config
+  lacks one (an older run's ``config.json``).
+
+  Attributes:
+    task: ``config.task``.
+    max_length: ``model.max_length``, tokens per document (CLS excluded).
+    seed: ``data.seed`` (the seeded train/val splits and the generators).
+  """
+  task: str
+  max_length: int
+  seed: int
+
+  def folder(self, field: str) -> str | None:
+    """The folder field ``field`` (``data_dir``, ``tfds_data_dir``) expanded, or None when
+    unset or not a field of the task."""
+    path = getattr(self, field, None)
+    return os.path.expanduser(path) if path else None
+
+  @property
+  def cache(self) -> str:
+    """The data cache: ``data.cache_dir``, else ``$SIMPLETRON_JAX_CACHE``, else
+    ``~/.cache/simpletron_jax`` (expanded)."""
+    path = self.cache_dir or os.environ.get("SIMPLETRON_JAX_CACHE") or DEFAULT_CACHE
+    return os.path.expanduser(path)
 
 
 REGISTRY: dict[str, TaskSpec] = {}
@@ -186,18 +232,15 @@ def data_section(spec: TaskSpec, seed: ml_collections.FieldReference
       it is set itself.
 
   Returns:
-    :data:`SHARED_DATA_OPTIONS`, ``seed``, then ``spec.data_options`` (which may change a
-    shared default: Pathfinder's ``bucket``).
+    ``data_dir``, ``cache_dir``, ``seed``, then the rest of :attr:`TaskSpec.options`.
   """
   data = ml_collections.ConfigDict()
-  _set_options(data, {name: SHARED_DATA_OPTIONS[name] for name in ("data_dir", "cache_dir")})
+  _set_options(data, {name: spec.options[name] for name in ("data_dir", "cache_dir")})
   # A reference of its own that points at seed's, not seed's reference, which would make
   # --config.data.seed=1 set config.seed too (a field holding a reference passes a new value
   # to it).
   data.seed = ml_collections.FieldReference(seed, field_type=int)
-  _set_options(data, {name: value for name, value in SHARED_DATA_OPTIONS.items()
-                      if name not in data})
-  _set_options(data, spec.data_options)
+  _set_options(data, {name: value for name, value in spec.options.items() if name not in data})
   return data
 
 
@@ -220,30 +263,67 @@ def task_config(name: str) -> ml_collections.ConfigDict:
   return config
 
 
-def load_task(config: Config) -> TaskData:
-  """Loads (generating first where the task allows) the data named by ``config.task``, with
-  the reader of its record; each task module's docstring gives its sources and their order,
+_KINDS = {bool: "True or False", int: "an int", float: "a number", str: "a string",
+          tuple: "a tuple"}
+
+
+def _kind(default: Any) -> type:
+  """The type of a ``data_options`` default (a type: itself, its field may be None)."""
+  return default if isinstance(default, type) else type(default)
+
+
+def _typed(field: str, value: Any, default: Any) -> Any:
+  """``value`` of config field ``field`` as the type of ``default`` (None where ``default`` is
+  a type); raises ValueError naming the field otherwise."""
+  kind = _kind(default)
+  if value is None and isinstance(default, type):
+    return None
+  flag = isinstance(value, (bool, np.bool_))
+  if ((kind is bool and flag) or (kind is int and isinstance(value, (int, np.integer))
+                                  and not flag)
+      or (kind is float and isinstance(value, (int, float, np.integer, np.floating))
+          and not flag) or (kind is str and isinstance(value, str))
+      or (kind is tuple and isinstance(value, (tuple, list)))):
+    return kind(value)
+  raise ValueError(f"{field}={value!r} must be {_KINDS.get(kind, kind.__name__)}")
+
+
+def data_config(config: ml_collections.ConfigDict) -> DataConfig:
+  """The typed data settings of ``config`` (``task``, ``model.max_length``, ``data``): the
+  record's :attr:`TaskSpec.settings`, at its defaults where ``config.data`` lacks a field.
+
+  Raises:
+    ValueError: one line naming the field: an unknown ``task``, a ``data`` field the task
+      does not have, or a value of another type than its default's.
+  """
+  spec = get(config.task)
+  unknown = sorted(set(config.data) - set(spec.options) - {"seed"})
+  if unknown:
+    raise ValueError(f"data.{unknown[0]} is not a data setting of task {spec.name!r}; its "
+                     f"settings: seed, {', '.join(spec.options)}")
+  values = {name: _typed(f"data.{name}", config.data[name], default)
+            for name, default in spec.options.items() if name in config.data}
+  return spec.settings(task=spec.name, max_length=_typed("model.max_length",
+                                                         config.model.max_length, 0),
+                       seed=_typed("data.seed", config.data.seed, 0), **values)
+
+
+def load_task(data: DataConfig) -> TaskData:
+  """Loads (generating first where the task allows) the data of ``data.task``, with the reader
+  of its record; each task module's docstring gives its sources and their order,
   ``python -m simpletron_jax.data where`` where each task reads from, docs/data.md where to
   put the data.
 
   Raises:
-    ValueError: for an unknown ``config.task`` (naming the field and the known tasks), a
-      malformed data file (with file:line), or a bad option value (naming its ``data.*``
-      field).
+    ValueError: a malformed data file (with file:line), or a bad option value (naming its
+      ``data.*`` field).
     FileNotFoundError: when the data is missing; the message names ``data.data_dir``.
   """
-  return get(config.task).reader(config)
+  return get(data.task).reader(data)
 
 
 # ----------------------------------------------------------------------------
-# What the readers share: the cache, the source folders, the data options.
-
-
-def cache_dir(config: Config) -> str:
-  """The data cache: ``config.data.cache_dir``, else ``$SIMPLETRON_JAX_CACHE``,
-  else ``~/.cache/simpletron_jax``."""
-  path = config.data.get("cache_dir") or os.environ.get("SIMPLETRON_JAX_CACHE") or DEFAULT_CACHE
-  return os.path.expanduser(path)
+# What the readers share: the source folders, LRA's pixel mask.
 
 
 def default_tfds_data_dir() -> str:
@@ -251,13 +331,7 @@ def default_tfds_data_dir() -> str:
   return os.path.expanduser(os.environ.get("TFDS_DATA_DIR") or DEFAULT_TFDS_DATA_DIR)
 
 
-def optional_dir(config: Config, field: str) -> str | None:
-  """``config.data.<field>`` expanded, or None when unset."""
-  path = config.data.get(field)
-  return os.path.expanduser(path) if path else None
-
-
-def source_dirs(config: Config, tfds_name: str) -> tuple[str | None, str | None]:
+def source_dirs(data: DataConfig, tfds_name: str) -> tuple[str | None, str | None]:
   """The ``(data_dir, tfds_data_dir)`` the text, image and agnews loaders search, in order.
 
   ``data.tfds_data_dir`` when set (then ``data.data_dir``); else ``data.data_dir`` when set
@@ -267,14 +341,14 @@ def source_dirs(config: Config, tfds_name: str) -> tuple[str | None, str | None]
   wins over it.
 
   Args:
-    config: the run config (``data.data_dir``, ``data.tfds_data_dir``).
+    data: the task's settings (``data_dir``, ``tfds_data_dir``).
     tfds_name: the tfds data set (``imdb_reviews/plain_text``, ``cifar10``,
       ``ag_news_subset``).
 
   Returns:
     Both folders expanded, or None.
   """
-  data_dir, tfds_dir = optional_dir(config, "data_dir"), optional_dir(config, "tfds_data_dir")
+  data_dir, tfds_dir = data.folder("data_dir"), data.folder("tfds_data_dir")
   if tfds_dir is None and data_dir is None:
     default = default_tfds_data_dir()
     if find_prepared_tfds(default, tfds_name) is not None:
@@ -296,57 +370,22 @@ def found_source(task: str, kind: str, found: Any) -> Where:
   return Where(task, kind, found, True)
 
 
-def data_option(config: Config, field: str) -> Any:
-  """``config.data.<field>``, or, for a config written before the option existed (an older
-  run's ``config.json``), its default in the task's record (``TaskSpec.data_options``): each
-  default is written once, there.
-
-  Raises:
-    ValueError: naming ``data.<field>`` when neither the config nor the record of
-      ``config.task`` has it.
-  """
-  if field in config.data:
-    return config.data[field]
-  options = get(config.task).data_options
-  if field not in options:
-    raise ValueError(f"data.{field} is missing, and task {config.task!r} has no default for it")
-  return options[field]
-
-
-def data_flag(config: Config, field: str) -> bool:
-  """``config.data.<field>`` as a bool (:func:`data_option`).
-
-  Raises:
-    ValueError: naming ``data.<field>`` when the value is not a bool.
-  """
-  value = data_option(config, field)
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"data.{field} must be True or False, got {value!r}")
-  return bool(value)
-
-
-_flag = data_flag
-
-
-def apply_lra_pixel_mask(config: Config,
+def apply_lra_pixel_mask(data: DataConfig,
                          splits: dict[str, RaggedExamples]) -> dict[str, RaggedExamples]:
-  """With ``config.data.lra_pixel_mask`` (:func:`data_flag`), drops the explicit all-real mask.
+  """With ``data.lra_pixel_mask``, drops the explicit all-real mask.
 
   LRA's image and Pathfinder models mask ``token > 0`` (docs/lra_parity.md), so black
   pixels (value 0) are treated as padding; True reproduces that, False keeps every pixel
   real. Applies to the ``image``, ``pathfinder`` and ``pathx`` loaders.
 
   Args:
-    config: the run config; reads ``data.lra_pixel_mask``.
+    data: the task's settings; reads ``lra_pixel_mask``.
     splits: split name -> examples with ``explicit_mask=True``.
 
   Returns:
     ``splits``, with ``explicit_mask=False`` when the option is on.
-
-  Raises:
-    ValueError: naming ``data.lra_pixel_mask`` when it is not a bool.
   """
-  if not data_flag(config, "lra_pixel_mask"):
+  if not data.lra_pixel_mask:
     return splits
   return {name: dataclasses.replace(split, explicit_mask=False)
           for name, split in splits.items()}

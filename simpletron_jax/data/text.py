@@ -36,7 +36,6 @@ import re
 import zlib
 from typing import Any, Callable, Iterator, Sequence
 
-import ml_collections
 import numpy as np
 
 from simpletron_jax.data import imdb, sources, tasks
@@ -425,21 +424,20 @@ KNOWN_COUNTS = {"train": 25000, "test": 25000}
 PER_CLASS = {"train": 12500, "test": 12500}
 
 
-def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
-  data_dir, tfds_dir = tasks.source_dirs(config, TFDS_NAME)
+def _load(data: tasks.DataConfig) -> tasks.TaskData:
+  data_dir, tfds_dir = tasks.source_dirs(data, TFDS_NAME)
   kind, where = find_source(data_dir, tfds_dir)
-  splits = load_text(data_dir=data_dir, tfds_data_dir=tfds_dir,
-                     max_length=int(config.model.max_length), seed=int(config.data.seed),
-                     val_fraction=float(tasks.data_option(config, "val_fraction")))
+  splits = load_text(data_dir=data_dir, tfds_data_dir=tfds_dir, max_length=data.max_length,
+                     seed=data.seed, val_fraction=data.val_fraction)
   return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
                         source=tasks.describe(kind, where))
 
 
-def _find(config: ml_collections.ConfigDict) -> sources.Where:
-  return tasks.found_source("text", *find_source(*tasks.source_dirs(config, TFDS_NAME)))
+def _find(data: tasks.DataConfig) -> sources.Where:
+  return tasks.found_source("text", *find_source(*tasks.source_dirs(data, TFDS_NAME)))
 
 
-def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+def _prepare(data: tasks.DataConfig, source: str | None, dest: str,
              num_workers: int | None, log: Callable[[str], None]) -> sources.Where | None:
   del num_workers
   if source is None:
@@ -449,11 +447,11 @@ def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
   counts = imdb_jsonl(source, out)
   sources.write_manifest(out, "text", [os.path.join(out, n) for n in JSONL_FILES.values()],
                          source, {"reviews": counts})
-  return sources.point_at(sources.Where("text", "jsonl", out, True), _find, config, log)
+  return sources.point_at(sources.Where("text", "jsonl", out, True), _find, data, log)
 
 
-def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
-  del config
+def _check(data: tasks.DataConfig, found: sources.Where) -> list[sources.Check]:
+  del data
   if found.kind == "tfds":
     return sources.count_checks("text", sources.tfds_counts(found.path), KNOWN_COUNTS)
   _, src = find_source(found.path, None)

@@ -4,6 +4,7 @@ writers are imported only when a logger is created: importing this module needs 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -74,35 +75,43 @@ def flat_config(config: Any) -> dict[str, bool | int | float | str]:
   return flat
 
 
-def wandb_settings(config: Any) -> dict[str, str] | None:
-  """The checked ``config.wandb`` fields, ``{"project", "entity", "mode"}``, or None when
-  ``project`` is "" or missing. ``entity`` "": the account's default; ``mode`` "" (the
-  default): W&B's ``WANDB_MODE`` decides (online when unset); "online", "offline" override it.
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+  """``config.wandb``: Weights & Biases logging, checked by :meth:`validate`.
 
-  Raises:
-    ValueError: ``config.wandb.mode`` is not "", online or offline (even with no project).
-    errors.RunError: a project is set but ``wandb`` is not installed.
+  Attributes:
+    project: the W&B project; "" (or None): no W&B logging.
+    entity: "": the account's default.
+    mode: "" (the default): W&B's ``WANDB_MODE`` decides (online when unset); "online",
+      "offline" override it.
   """
-  section = config.get("wandb", None) if config is not None else None
-  if section is None:
-    return None
-  mode = section.get("mode", "")
-  mode = "" if mode is None else mode
-  if mode not in WANDB_MODES:
-    raise ValueError(f"config.wandb.mode={mode!r} is not one of '', online, offline: '' "
-                     "(the default) leaves it to W&B's WANDB_MODE variable (online when "
-                     "unset), 'online' logs to the W&B server as the run goes, 'offline' "
-                     "writes workdir/wandb for a later `wandb sync`")
-  project = str(section.get("project", "") or "")
-  if not project:
-    return None
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  if importlib.util.find_spec("wandb") is None:
-    raise errors.RunError(f"config.wandb.project={project!r} asks for Weights & Biases "
-                          "logging, but the wandb package is not installed: run "
-                          "pip install -e \".[wandb]\", or set --config.wandb.project='' "
-                          "to log to metrics.jsonl and TensorBoard only")
-  return {"project": project, "entity": str(section.get("entity", "") or ""), "mode": mode}
+  project: str = ""
+  entity: str = ""
+  mode: str = ""
+
+  def validate(self) -> None:
+    """Makes a None field ""; raises ValueError when ``config.wandb.mode`` is not "", online
+    or offline (even with no project)."""
+    for field in dataclasses.fields(self):
+      object.__setattr__(self, field.name, str(getattr(self, field.name) or ""))
+    if self.mode not in WANDB_MODES:
+      raise ValueError(f"config.wandb.mode={self.mode!r} is not one of '', online, offline: "
+                       "'' (the default) leaves it to W&B's WANDB_MODE variable (online when "
+                       "unset), 'online' logs to the W&B server as the run goes, 'offline' "
+                       "writes workdir/wandb for a later `wandb sync`")
+
+  def enabled(self) -> bool:
+    """Whether a project is set; raises errors.RunError when it is but ``wandb`` is not
+    installed."""
+    if not self.project:
+      return False
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    if importlib.util.find_spec("wandb") is None:
+      raise errors.RunError(f"config.wandb.project={self.project!r} asks for Weights & Biases "
+                            "logging, but the wandb package is not installed: run "
+                            "pip install -e \".[wandb]\", or set --config.wandb.project='' "
+                            "to log to metrics.jsonl and TensorBoard only")
+    return True
 
 
 def wandb_run_id(workdir: str, run_id: str | None = None) -> str:
@@ -148,17 +157,19 @@ class MetricLogger:
     workdir: run directory; must exist.
     resume_step: the optimizer step the run restarts from (0 for a new run).
     enabled: False on non-zero hosts: nothing is written or imported.
-    config: the run config, for the hyperparameters and ``config.wandb``; None: neither.
+    hparams: the hyperparameters (:func:`flat_config`); None: none written.
+    wandb: the checked :class:`WandbConfig`; None: no W&B.
     run_id: the run's lineage id, the W&B run id (:func:`wandb_run_id`).
 
   Raises:
-    ValueError: a damaged ``metrics.jsonl`` record, or a bad ``config.wandb.mode``.
+    ValueError: a damaged ``metrics.jsonl`` record.
     errors.RunError: W&B is asked for but not installed, or its run cannot start.
     errors.WriteError: naming a file not written, here or in :meth:`write`, :meth:`close`.
   """
 
   def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True,
-               config: Any = None, run_id: str | None = None):
+               hparams: Mapping[str, Any] | None = None, wandb: WandbConfig | None = None,
+               run_id: str | None = None):
     self.enabled = enabled
     self.workdir = workdir
     self.path = os.path.join(workdir, "metrics.jsonl")
@@ -166,7 +177,7 @@ class MetricLogger:
     self._file, self._writers = None, []
     if not enabled:
       return
-    wandb_on = wandb_settings(config)   # checked before any file is touched
+    wandb_on = wandb is not None and wandb.enabled()   # checked before any file is touched
     if os.path.exists(self.path):
       kept = [json.dumps(_strict(r), allow_nan=False) + "\n"
               for r in read_records(self.path) if r["step"] < resume_step
@@ -181,14 +192,13 @@ class MetricLogger:
       tensorboard = TensorBoardWriter(os.path.join(workdir, "tb"), start_step=resume_step + 1)
       self._writers.append(tensorboard)
       self.tb_path = tensorboard.path
-      if wandb_on is not None:
+      if wandb_on:
         from simpletron_jax.run.wandb_writer import WandbWriter  # pylint: disable=C0415
         self._writers.append(WandbWriter(
-            project=wandb_on["project"], entity=wandb_on["entity"], mode=wandb_on["mode"],
+            project=wandb.project, entity=wandb.entity, mode=wandb.mode,
             run_id=wandb_run_id(workdir, run_id), directory=workdir,
             name=os.path.basename(os.path.abspath(workdir))))
-      if config is not None:
-        hparams = flat_config(config)
+      if hparams is not None:
         for writer in self._writers:
           writer.write_hparams(hparams)
           writer.flush()

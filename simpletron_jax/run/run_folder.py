@@ -136,17 +136,16 @@ class RunFolder:
     return {(r["step"], r["split"]): r for r in metric_logging.read_records(self.metrics_path)
             if r["step"] <= start_step and r.get("split") in ("val", "test", "test_final")}
 
-  def finished_results(self, config: Any, step: int,
+  def finished_results(self, problem: str | None, step: int,
                        agree: Callable[[bool], bool]) -> dict[str, Any] | None:
-    """``results.json`` when it is the finished result of ``config`` (trained to ``step``)
-    (:func:`run_record.workdir_results_problem`, forced changes counted), else None. Process
-    0 decides; ``agree(flag)`` gives its flag on every host (``distributed.agree_on_flag``).
+    """``results.json`` (of a run trained to ``step``) when process 0's ``problem`` with it is
+    None (:func:`run_record.workdir_results_problem` of the run's config, forced changes
+    counted), else None; ``agree(flag)`` gives process 0's flag on every host
+    (``distributed.agree_on_flag``).
 
     Raises:
       OSError, ValueError: another host cannot read the file process 0 found.
     """
-    problem = (run_record.workdir_results_problem(self.workdir, config, count_forced=True)
-               if self.writer else None)
     if not agree(problem is None):
       return None
     with open(self.results_path, encoding="utf-8") as f:

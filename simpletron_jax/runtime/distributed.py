@@ -179,18 +179,19 @@ def _hosts_differing(digest_hex: str) -> list[int]:
   return [p for p in range(gathered.shape[0]) if not np.array_equal(gathered[p], gathered[0])]
 
 
-def check_hosts_agree(config: ml_collections.ConfigDict, data) -> None:
-  """Raises on every host unless all hosts hold process 0's config and data.
+def check_hosts_agree(config_digest: str, data) -> None:
+  """Raises on every host unless all hosts hold process 0's config (``config_digest``: its
+  :func:`config_fingerprint`) and data.
 
-  A collective call (it gathers :func:`config_fingerprint` and :func:`data_fingerprint`);
-  on a single process it returns at once.
+  A collective call (it gathers ``config_digest`` and :func:`data_fingerprint`); on a single
+  process it returns at once.
 
   Raises:
     ValueError: naming the processes whose config or data differ from process 0's.
   """
   if jax.process_count() == 1:
     return
-  for what, digest in (("config", config_fingerprint(config)),
+  for what, digest in (("config", config_digest),
                        ("data", data_fingerprint(data))):
     differing = _hosts_differing(digest)
     if differing:

@@ -14,7 +14,6 @@ from typing import Any, Callable, Mapping
 import jax
 import ml_collections
 
-from simpletron_jax.data import tasks
 from simpletron_jax.train import checkpoints, evaluation, loop, precompile, saved_runs
 from simpletron_jax.run import metric_logging, run_record
 from simpletron_jax.data.batches import BatchConfig
@@ -148,30 +147,52 @@ class Results:
     return out
 
 
-def run_results(run: RunConfig, fingerprint: str, data: tasks.TaskData, start: Any,
-                tests: tuple[dict[str, Any], dict[str, Any]], val_majority: float,
-                last_step: int, window: loop.TrainWindow, precompiled: dict[str, Any],
-                wall_start: float, software: dict[str, Any]) -> Results:
-  """The run's :class:`Results`; ``tests`` is :func:`final_and_best_tests`' ``(final, best)``."""
-  final_test, test = tests
+@dataclasses.dataclass(frozen=True)
+class Tests:
+  """A run's tests: ``final`` and ``best`` (:func:`final_and_best_tests`' metrics dicts),
+  the validation split's majority-class rate and the last optimizer step trained."""
+  final: Mapping[str, Any]
+  best: Mapping[str, Any]
+  val_majority_rate: float
+  last_step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+  """What ``results.json`` records beside the numbers: the config's
+  :func:`run_record.config_fingerprint`, the data source, the software, this start's
+  ``--precompile_workers`` figures and its wall-clock start (``time.time()``, seconds)."""
+  config_fingerprint: str
+  data_source: str
+  software: Mapping[str, Any]
+  precompiled: Mapping[str, Any]
+  wall_start: float
+
+
+def run_results(run: RunConfig, start: Any, tests: Tests, window: loop.TrainWindow,
+                facts: RunFacts) -> Results:
+  """The run's :class:`Results`; ``start`` is the run's ``trainer._Start`` (the best
+  validation, ``config.json``'s history)."""
+  last_step = tests.last_step
   complete = last_step >= run.train.num_train_steps
   return Results(
       task=run.task, attention=run.model.attention,
-      test_accuracy_best_val=test["accuracy"], test_loss_best_val=test["loss"],
-      test_accuracy_final=final_test["accuracy"], test_loss_final=final_test["loss"],
-      final_step=last_step, test_majority_rate=test["majority_rate"],
-      val_majority_rate=val_majority, best_step=start.run_state.best_step,
+      test_accuracy_best_val=tests.best["accuracy"], test_loss_best_val=tests.best["loss"],
+      test_accuracy_final=tests.final["accuracy"], test_loss_final=tests.final["loss"],
+      final_step=last_step, test_majority_rate=tests.best["majority_rate"],
+      val_majority_rate=tests.val_majority_rate, best_step=start.run_state.best_step,
       best_val_accuracy=start.run_state.best_val_accuracy,
       num_train_steps=run.train.num_train_steps, complete=complete,
-      stopped_by=None if complete else "max_train_minutes", config_fingerprint=fingerprint,
+      stopped_by=None if complete else "max_train_minutes",
+      config_fingerprint=facts.config_fingerprint,
       forced_resume_changes=run_record.forced_changes(
           start.config_tree.get(run_record.CONFIG_HISTORY_KEY)),
       steps_per_sec=last_step / max(window.train_seconds, 1e-9),
       train_seconds=window.train_seconds,
       train_compile_seconds_this_run=window.compile_seconds_this_run,
-      train_shapes_compiled_in_loop=window.shapes_compiled, precompiled=precompiled,
-      wall_seconds_this_run=time.time() - wall_start, num_devices=jax.device_count(),
-      data_source=data.source, software=software)
+      train_shapes_compiled_in_loop=window.shapes_compiled, precompiled=facts.precompiled,
+      wall_seconds_this_run=time.time() - facts.wall_start, num_devices=jax.device_count(),
+      data_source=facts.data_source, software=facts.software)
 
 
 def evaluate_checkpoint(workdir: str, split: str = "test", which: str = "best",

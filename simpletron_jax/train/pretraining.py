@@ -16,7 +16,7 @@ of each row in evaluation, so a resumed run and every evaluation draw the same m
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -66,48 +66,67 @@ def apply_paper_recipe(config: ml_collections.ConfigDict, stage: str) -> None:
   config.checkpoint_every = steps_per_epoch
 
 
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+  """The ``config.pretrain`` section (the ``:spt`` / ``:spt_ft`` configs), checked by
+  :meth:`validate`.
+
+  Attributes:
+    objective: one of :data:`OBJECTIVES`; "none": the classifier (fine-tuning).
+    mask_rate: probability a real token is masked ("mlm"), in ``(0, 1]``.
+    mask_token: reserve the [MASK] row (needed for "mlm" and for fine-tuning).
+    tie_head: LM output weights = input embedding, transposed.
+    lm_head: one of :data:`LM_HEADS`.
+  """
+  objective: str = "none"
+  mask_rate: float = PAPER_MASK_RATE
+  mask_token: bool = True
+  tie_head: bool = False
+  lm_head: str = "linear"
+
+  def validate(self) -> None:
+    """Raises ValueError naming ``pretrain.objective`` (unknown), ``pretrain.lm_head``,
+    ``pretrain.mask_rate`` (not in ``(0, 1]``) or ``pretrain.mask_token`` ("mlm" without the
+    row); with objective "none" only the objective is checked."""
+    if self.objective not in OBJECTIVES:
+      raise ValueError(f"pretrain.objective={self.objective!r}; expected one of "
+                       f"{list(OBJECTIVES)}")
+    if self.objective == "none":
+      return
+    if self.lm_head not in LM_HEADS:
+      raise ValueError(f"pretrain.lm_head={self.lm_head!r}; expected one of {list(LM_HEADS)}")
+    if self.objective == "mlm":
+      rate = self.mask_rate
+      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+        raise ValueError(f"pretrain.mask_rate={rate!r} must be a number in (0, 1]")
+      if not self.mask_token:
+        raise ValueError("pretrain.objective='mlm' needs the [MASK] id: set "
+                         "pretrain.mask_token=True")
+
+
 def default_config(objective: str = "mlm") -> ml_collections.ConfigDict:
-  """The ``config.pretrain`` section: ``objective``, ``mask_rate`` (probability a real token
-  is masked), ``lm_head``, ``mask_token`` (reserve the [MASK] row; needed for ``"mlm"`` and
-  for fine-tuning) and ``tie_head`` (LM output weights = input embedding, transposed)."""
-  return ml_collections.ConfigDict({"objective": objective, "mask_rate": PAPER_MASK_RATE,
-                                    "mask_token": True, "tie_head": False,
-                                    "lm_head": "linear"})
+  """The ``config.pretrain`` section of ``objective``, the rest at :class:`PretrainConfig`'s
+  defaults."""
+  return ml_collections.ConfigDict(dataclasses.asdict(PretrainConfig(objective=objective)))
 
 
-def validate(pretrain: Mapping[str, Any],
-             model: encoders.ModelConfig | ml_collections.ConfigDict, dual: bool = False) -> None:
-  """Checks ``config.pretrain`` against ``model`` (``ModelConfig`` or ``config.model``).
+def check_model(pretrain: PretrainConfig, model: encoders.ModelConfig, dual: bool = False
+                ) -> None:
+  """Checks a validated ``pretrain`` against ``model``.
 
   Raises:
-    ValueError: naming ``pretrain.objective`` (unknown; an LM objective with ``dual`` or
-      ``model.last_block_cls_only``; "causal" on a non-causal attention), ``pretrain.lm_head``,
-      ``pretrain.mask_rate`` (not in ``(0, 1]``), ``pretrain.mask_token`` ("mlm" without the
-      row) or a bad ``model.<field>``.
+    ValueError: naming ``pretrain.objective``: an LM objective with ``dual`` or
+      ``model.last_block_cls_only``; "causal" on a non-causal attention.
   """
-  objective = pretrain.get("objective", "none")
-  if objective not in OBJECTIVES:
-    raise ValueError(f"pretrain.objective={objective!r}; expected one of {list(OBJECTIVES)}")
+  objective = pretrain.objective
   if objective == "none":
     return
   if dual:
     raise ValueError(f"pretrain.objective={objective!r} is not supported on the two-document "
                      "retrieval task yet; use 'none'")
-  if not isinstance(model, encoders.ModelConfig):
-    model = encoders.ModelConfig.from_config_dict(model)
   if model.last_block_cls_only:
     raise ValueError(f"pretrain.objective={objective!r} needs every token's state, but "
                      "model.last_block_cls_only=True updates only CLS in the last block")
-  if pretrain.get("lm_head", "linear") not in LM_HEADS:
-    raise ValueError(f"pretrain.lm_head={pretrain.get('lm_head')!r}; expected one of "
-                     f"{list(LM_HEADS)}")
-  if objective == "mlm":
-    rate = pretrain.get("mask_rate", PAPER_MASK_RATE)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
-      raise ValueError(f"pretrain.mask_rate={rate!r} must be a number in (0, 1]")
-    if not pretrain.get("mask_token", True):
-      raise ValueError("pretrain.objective='mlm' needs the [MASK] id: set "
-                       "pretrain.mask_token=True")
   if objective == "causal":
     names = model.layer_attentions()
     kwargs = dict(model.attention_kwargs)
@@ -207,26 +226,22 @@ class MaskedLMEncoder(nn.Module):
             "weights": weights_BxL, "num_classes": self.num_classes}
 
 
-def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, num_classes: int,
-                dual: bool = False) -> nn.Module:
-  """:class:`MaskedLMEncoder` for a "mlm" or "causal" ``config.pretrain``, else
+def build_model(model: encoders.ModelConfig, pretrain: PretrainConfig, *, vocab_size: int,
+                num_classes: int, dual: bool = False) -> nn.Module:
+  """:class:`MaskedLMEncoder` for a "mlm" or "causal" ``pretrain`` (validated), else
   :func:`encoders.build_classifier`'s model; with ``pretrain.mask_token`` either has the
   [MASK] id ``vocab_size`` too.
 
   Raises:
-    ValueError: see :func:`validate` and :meth:`encoders.ModelConfig.from_config_dict`.
+    ValueError: see :func:`check_model`.
   """
-  pretrain = config.pretrain
-  validate(pretrain, config.model, dual)
-  rows = vocab_size + int(bool(pretrain.get("mask_token", True)))
-  objective = pretrain.get("objective", "none")
-  if objective == "none":
-    return encoders.build_classifier(config.model, vocab_size=rows, num_classes=num_classes,
+  check_model(pretrain, model, dual)
+  rows = vocab_size + int(bool(pretrain.mask_token))
+  if pretrain.objective == "none":
+    return encoders.build_classifier(model, vocab_size=rows, num_classes=num_classes,
                                      dual=dual)
-  encoder = encoders.build_encoder(encoders.ModelConfig.from_config_dict(config.model),
-                                   vocab_size=rows, return_states=True)
+  encoder = encoders.build_encoder(model, vocab_size=rows, return_states=True)
   return MaskedLMEncoder(encoder=encoder, vocab_size=rows, num_classes=num_classes,
-                         objective=objective,
-                         mask_rate=float(pretrain.get("mask_rate", PAPER_MASK_RATE)),
-                         mask_id=vocab_size, tie_head=bool(pretrain.get("tie_head", False)),
-                         lm_head=pretrain.get("lm_head", "linear"))
+                         objective=pretrain.objective, mask_rate=float(pretrain.mask_rate),
+                         mask_id=vocab_size, tie_head=bool(pretrain.tie_head),
+                         lm_head=pretrain.lm_head)

@@ -2,7 +2,7 @@
 
 Built once from the ConfigDict of ``configs/`` (:meth:`RunConfig.from_config_dict`), with the
 defaults below for the fields a config lacks; batching reads :class:`batches.BatchConfig`, the
-loaders and the run record keep the ConfigDict.
+loaders :class:`tasks.DataConfig`; only the run record keeps the ConfigDict.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import numpy as np
 from simpletron_jax.data import tasks
 from simpletron_jax.data.batches import BatchConfig
 from simpletron_jax.model.model_config import ModelConfig
+from simpletron_jax.run.metric_logging import WandbConfig
 from simpletron_jax.runtime.errors import warn
-from simpletron_jax.train import checkpoints, config_checks, schedules, steps
+from simpletron_jax.train import checkpoints, config_checks, pretraining, schedules, steps
 
 check = config_checks.check_range
 PARALLELISMS = ("pmap", "jit")
@@ -226,22 +227,25 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig:
-  """Train records; ``log_every``: optimizer steps between them, a positive int (the
-  ``wandb`` section stays with :class:`metric_logging.MetricLogger`)."""
+  """Train records; ``log_every``: optimizer steps between them, a positive int; ``wandb``:
+  the :class:`WandbConfig` section."""
   log_every: int = 10
+  wandb: WandbConfig = _section(WandbConfig)
 
   from_config_dict = classmethod(_from_config_dict)
 
   def validate(self) -> None:
-    """Raises ValueError naming ``log_every`` when it is not a positive int."""
+    """Raises ValueError naming ``log_every`` when it is not a positive int, or a ``wandb``
+    field (:meth:`WandbConfig.validate`)."""
     check("log_every", self.log_every, low=1, integer=True)
+    self.wandb.validate()
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """A run's config, typed and checked: the task name, the sections above, the encoder's
-  :class:`ModelConfig`, the batching fields (:class:`BatchConfig`) and the ``data`` section as
-  it is (the loaders' ConfigDict)."""
+  :class:`ModelConfig`, the batching fields (:class:`BatchConfig`), the task's data settings
+  (:class:`tasks.DataConfig`) and the ``pretrain`` section (None: a plain classifier)."""
   task: str
   train: TrainConfig
   eval: EvalConfig
@@ -249,7 +253,8 @@ class RunConfig:
   logging: LoggingConfig
   model: ModelConfig
   batches: BatchConfig
-  data: ml_collections.ConfigDict
+  data: tasks.DataConfig
+  pretrain: pretraining.PretrainConfig | None = None
 
   @classmethod
   def from_config_dict(cls, config: ml_collections.ConfigDict, n_devices: int | None = None,
@@ -268,14 +273,19 @@ class RunConfig:
       ValueError: one line naming the field: an unknown ``task``, a missing or bad field,
         ``batch_size`` not divisible by ``grad_accum_steps * n_devices``, or
         ``async_checkpoints`` on several hosts.
+      errors.RunError: ``wandb.project`` is set but wandb is not installed.
     """
     tasks.get(config.task)   # an unknown task: the field and the known tasks
     sections = {name: kind.from_config_dict(config) for name, kind in
                 (("train", TrainConfig), ("eval", EvalConfig),
                  ("checkpoint", CheckpointConfig), ("logging", LoggingConfig))}
     model = config_checks.check_model_and_data(config)
+    pretrain = config.pretrain if "pretrain" in config else None
+    if pretrain is not None:
+      pretrain = _read(pretraining.PretrainConfig, pretrain, "pretrain.")
+      pretrain.validate()
     run = cls(task=config.task, model=model, batches=BatchConfig.from_config_dict(config),
-              data=config.data, **sections)
+              data=tasks.data_config(config), pretrain=pretrain, **sections)
     if n_devices is not None:
       run._check_training(n_devices, n_hosts)
     return run

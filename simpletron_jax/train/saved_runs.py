@@ -79,8 +79,8 @@ class SavedRun:
     """
     config = self.config or self.folder.saved_config()
     run = RunConfig.from_config_dict(config)
-    data = tasks.load_task(config)
-    model = train_state.build_model(config, data)
+    data = tasks.load_task(run.data)
+    model = train_state.build_model(run, data)
     state = train_state.create_train_state(run.train, model, jax.random.PRNGKey(0),
                                            run.model.max_length)
     with checkpoint_manager(self.folder.checkpoints_dir, None) as manager:

@@ -12,15 +12,14 @@ from typing import Callable
 
 import flax
 import jax
-import ml_collections
 import numpy as np
 import optax
 
 from simpletron_jax.data import tasks
 from simpletron_jax.model import encoders, lora, transfer
-from simpletron_jax.train import schedules
+from simpletron_jax.train import pretraining, schedules
 from simpletron_jax.data.common import PairedExamples
-from simpletron_jax.train.run_config import TrainConfig
+from simpletron_jax.train.run_config import RunConfig, TrainConfig
 from simpletron_jax.train.steps import TrainState
 
 
@@ -89,15 +88,16 @@ def create_train_state(train: TrainConfig, model: flax.linen.Module, rng: jax.Ar
   return TrainState.create(apply_fn=apply_fn, params=params, tx=make_optimizer(train))
 
 
-def build_model(config: ml_collections.ConfigDict, data: tasks.TaskData):
-  """The classifier for ``config.model`` sized to ``data``; with a ``config.pretrain``
-  section (the ``:spt`` / ``:spt_ft`` configs), the self-pretraining LM model or the
-  fine-tuning classifier with the [MASK] row reserved (:func:`pretraining.build_model`)."""
-  if config.get("pretrain") is not None:
-    from simpletron_jax.train import pretraining  # pylint: disable=import-outside-toplevel
-    return pretraining.build_model(config, vocab_size=data.vocab_size,
-                                   num_classes=data.num_classes,
-                                   dual=isinstance(data.train, PairedExamples))
-  return encoders.build_classifier(config.model, vocab_size=data.vocab_size,
-                                   num_classes=data.num_classes,
-                                   dual=isinstance(data.train, PairedExamples))
+def build_model(run: RunConfig, data: tasks.TaskData):
+  """The classifier for ``run.model`` sized to ``data``; with a ``pretrain`` section (the
+  ``:spt`` / ``:spt_ft`` configs), the self-pretraining LM model or the fine-tuning
+  classifier with the [MASK] row reserved (:func:`pretraining.build_model`).
+
+  Raises:
+    ValueError: naming ``pretrain.objective`` (:func:`pretraining.check_model`).
+  """
+  sizes = dict(vocab_size=data.vocab_size, num_classes=data.num_classes,
+               dual=isinstance(data.train, PairedExamples))
+  if run.pretrain is not None:
+    return pretraining.build_model(run.model, run.pretrain, **sizes)
+  return encoders.build_classifier(run.model, **sizes)

@@ -55,14 +55,14 @@ def _check_start(config: ml_collections.ConfigDict, workdir: str,
 
 def _load_data(config: ml_collections.ConfigDict, run: RunConfig,
                data: tasks.TaskData | None) -> tasks.TaskData:
-  """``data`` (None: loaded from ``config``), checked alike on every host; raises ValueError
+  """``data`` (None: loaded from ``run.data``), checked alike on every host; raises ValueError
   for an empty split or hosts that disagree (:func:`distributed.check_hosts_agree`)."""
-  data = data or tasks.load_task(config)
-  distributed.check_hosts_agree(config, data)
-  config_checks.check_splits(data, run.batches, config.data.get("data_dir"))
+  data = data or tasks.load_task(run.data)
+  distributed.check_hosts_agree(distributed.config_fingerprint(config), data)
+  config_checks.check_splits(data, run.batches, run.data.data_dir)
   if jax.process_index() == 0:   # loaders that truncate while loading report there
     for name in ("train", "val", "test"):
-      report_split_truncation(name, getattr(data, name), int(config.model.max_length))
+      report_split_truncation(name, getattr(data, name), run.model.max_length)
   return data
 
 
@@ -96,7 +96,7 @@ def _resume(config: ml_collections.ConfigDict, run: RunConfig, folder: RunFolder
       checkpoint of an earlier release (:data:`checkpoints.FORMAT`).
     errors.CheckpointError: no checkpoint is intact.
   """
-  model = train_state.build_model(config, data)
+  model = train_state.build_model(run, data)
   init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(run.train.seed)))
   state = train_state.create_train_state(run.train, model, init_rng, run.model.max_length)
   ckpts = checkpoints.checkpoint_manager(folder.checkpoints_dir, run.checkpoint.max_to_keep,
@@ -147,14 +147,15 @@ def _write_config(start: _Start) -> dict[str, Any]:
   return software
 
 
-def _open_logs(config: ml_collections.ConfigDict, num_train_steps: int,
+def _open_logs(config: ml_collections.ConfigDict, run: RunConfig,
                start: _Start) -> metric_logging.MetricLogger:
   """The run's logs opened at ``start.step``, with the parameter count and overview; removes a
   ``results.json`` this start trains past. Raises ``errors.WriteError`` (the file named)."""
-  logger = metric_logging.MetricLogger(start.folder.workdir, resume_step=start.step,
-                                       enabled=start.folder.writer, config=config,
-                                       run_id=start.run_state.run_id)
-  if start.step < num_train_steps:
+  logger = metric_logging.MetricLogger(
+      start.folder.workdir, resume_step=start.step, enabled=start.folder.writer,
+      hparams=metric_logging.flat_config(config), wandb=run.logging.wandb,
+      run_id=start.run_state.run_id)
+  if start.step < run.train.num_train_steps:
     start.folder.drop_results(start.step)
   logger.write(start.step, {"params": sum(x.size for x in
                                           jax.tree_util.tree_leaves(start.state.params))},
@@ -274,14 +275,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     guard.install()   # a signal from here on stops the run where it can stop cleanly
     start = _resume(config, run, folder, data, allow_resume_changes)
     if start.step >= train.num_train_steps and not start.new_forced:
-      finished = folder.finished_results(config, start.step, distributed.agree_on_flag)
+      problem = (run_record.workdir_results_problem(workdir, config, count_forced=True)
+                 if folder.writer else None)   # process 0 decides
+      finished = folder.finished_results(problem, start.step, distributed.agree_on_flag)
       if finished is not None:   # a finished rerun
         return finished
     software = _write_config(start)
     earlier = folder.earlier_records(start.step)
     if guard.requested_locally():   # a signal while building or restoring: nothing to save
       raise preemption.PreemptedError(start.step, guard.cause)
-    logger = _open_logs(config, train.num_train_steps, start)
+    logger = _open_logs(config, run, start)
     profiler = profiling.StepProfiler(
         folder.profile_dir,
         profiling.check_profile_steps(profile_steps, train.num_train_steps), start.step,
@@ -319,9 +322,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     val_majority = start.run_state.val_majority_rate
     if val_majority is None:   # this lineage has not validated yet
       val_majority = final_test.last_val_majority(earlier, step, data.val)
-    results = final_test.run_results(run, run_record.config_fingerprint(config), data, start,
-                                     tests, val_majority, step, actions.window, precompiled,
-                                     wall_start, software).to_json()
+    results = final_test.run_results(
+        run, start, final_test.Tests(*tests, val_majority, step), actions.window,
+        final_test.RunFacts(run_record.config_fingerprint(config), data.source, software,
+                            precompiled, wall_start)).to_json()
     folder.write_results(results)   # atomic: never a half-written file
     logger.close()
     return results

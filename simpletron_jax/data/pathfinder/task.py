@@ -4,11 +4,11 @@ registered in :mod:`simpletron_jax.data.tasks`."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from typing import Any, Callable
 
-import ml_collections
 import numpy as np
 
 from simpletron_jax.data import sources, tasks
@@ -21,39 +21,35 @@ LRA_IMAGES = 200000
 """Images of each level of LRA's release (its configs train on 160,000, 80% of them)."""
 
 
-def generator_args(config: ml_collections.ConfigDict) -> dict:
-  """The :func:`simpletron_jax.data.pathfinder.ensure_generated` arguments of ``config.data``
-  (``cache_dir`` included): the level the pathfinder and pathx tasks generate when
-  ``data.data_dir`` is unset."""
-  data = config.data
-  return dict(cache_dir=os.path.join(tasks.cache_dir(config), "pathfinder"), seed=int(data.seed),
-              resolution=int(data.resolution), level=data.level,
-              num_images=int(data.num_images),
-              generator=str(tasks.data_option(config, "generator")))
+def generator_args(data: tasks.DataConfig) -> dict:
+  """The :func:`simpletron_jax.data.pathfinder.ensure_generated` arguments of the task's
+  settings ``data`` (``cache_dir`` included): the level the pathfinder and pathx tasks
+  generate when ``data.data_dir`` is unset."""
+  return dict(cache_dir=os.path.join(data.cache, "pathfinder"), seed=data.seed,
+              resolution=data.resolution, level=data.level, num_images=data.num_images,
+              generator=data.generator)
 
 
 def _level_dir(args: dict[str, Any]) -> str:
   return os.path.join(f"pathfinder{args['resolution']}", LEVELS[_level_name(args["level"])])
 
 
-def _load(config: ml_collections.ConfigDict) -> tasks.TaskData:
-  data = config.data
-  data_dir = data.get("data_dir") or ensure_generated(**generator_args(config))
-  data_dir = os.path.expanduser(data_dir)
-  splits = load_pathfinder(data_dir, resolution=int(data.resolution), level=data.level,
-                           seed=int(data.seed), split_fractions=tuple(data.split_fractions),
-                           split_hash=str(tasks.data_option(config, "split_hash")))
-  splits = tasks.apply_lra_pixel_mask(config, splits)
+def _load(data: tasks.DataConfig) -> tasks.TaskData:
+  data_dir = data.folder("data_dir") or ensure_generated(**generator_args(data))
+  splits = load_pathfinder(data_dir, resolution=data.resolution, level=data.level,
+                           seed=data.seed, split_fractions=data.split_fractions,
+                           split_hash=data.split_hash)
+  splits = tasks.apply_lra_pixel_mask(data, splits)
   return tasks.TaskData(**splits, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
                         source=data_dir)
 
 
-def _find(config: ml_collections.ConfigDict) -> sources.Where:
-  task, data_dir = config.task, config.data.get("data_dir")
-  if data_dir:
-    folder = find_level_dir(data_dir, int(config.data.resolution), config.data.level)
+def _find(data: tasks.DataConfig) -> sources.Where:
+  task = data.task
+  if data.data_dir:
+    folder = find_level_dir(data.data_dir, data.resolution, data.level)
     return sources.Where(task, "lra", folder, True, "set by data.data_dir")
-  args = generator_args(config)
+  args = generator_args(data)
   wanted = _generator_args(args["seed"], args["resolution"], args["level"], args["num_images"],
                            IMAGES_PER_SHARD, args["generator"])
   marker = os.path.join(_level_dir(args), _DONE_FILE)
@@ -66,48 +62,44 @@ def _find(config: ml_collections.ConfigDict) -> sources.Where:
                        f"made on first use, or now by {sources.COMMAND} prepare --task {task}")
 
 
-def _generated(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
-  """A config for each level generated into the cache at the config's resolution."""
+def _generated(data: tasks.DataConfig) -> list[tasks.DataConfig]:
+  """The settings of each level generated into the cache at ``data.resolution``."""
   found = []
-  cache = generator_args(config)["cache_dir"]
-  resolution = int(config.data.resolution)
+  cache = generator_args(data)["cache_dir"]
   for level in LEVELS:
-    marker = os.path.join(_level_dir({"resolution": resolution, "level": level}), _DONE_FILE)
+    marker = os.path.join(_level_dir({"resolution": data.resolution, "level": level}),
+                          _DONE_FILE)
     for _, done in sources.cached_sets(cache, marker):
       args = done.get("arguments") or {}
       if args.get("images_per_shard") == IMAGES_PER_SHARD:
-        one = config.copy_and_resolve_references()
-        one.data.seed, one.data.level = args["seed"], args["level"]
-        one.data.num_images, one.data.generator = args["num_images"], args["generator"]
-        found.append(one)
+        found.append(dataclasses.replace(
+            data, **{f: args[f] for f in ("seed", "level", "num_images", "generator")}))
   return found
 
 
-def _prepare(config: ml_collections.ConfigDict, source: str | None, dest: str,
+def _prepare(data: tasks.DataConfig, source: str | None, dest: str,
              num_workers: int | None, log: Callable[[str], None]) -> sources.Where:
-  resolution, level = int(config.data.resolution), config.data.level
+  resolution, level = data.resolution, data.level
   if source is None:
-    ensure_generated(num_workers=num_workers, **generator_args(config))
-    found = _find(config)
+    ensure_generated(num_workers=num_workers, **generator_args(data))
+    found = _find(data)
     level_dir = find_level_dir(found.path, resolution, level)
-    sources.write_manifest(level_dir, config.task,
+    sources.write_manifest(level_dir, data.task,
                            sorted(glob.glob(os.path.join(level_dir, "metadata", "*.npy"))),
                            None, {"generated": True})
     return found
   anchor = [f"pathfinder{resolution}", LEVELS[_level_name(level)]]
-  folder = sources.from_lra(config.task, source, dest, anchor,
+  folder = sources.from_lra(data.task, source, dest, anchor,
                             lambda rest: rest[0] in ("imgs", "metadata"), log,
                             listed=lambda path: os.sep + "metadata" + os.sep in path)
   find_level_dir(folder, resolution, level)
-  log(sources.data_dir_line(config.task, folder))
-  config = config.copy_and_resolve_references()
-  config.data.data_dir = folder
-  return _find(config)
+  log(sources.data_dir_line(data.task, folder))
+  return _find(dataclasses.replace(data, data_dir=folder))
 
 
-def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sources.Check]:
-  task = config.task
-  level_dir = find_level_dir(found.path, int(config.data.resolution), config.data.level)
+def _check(data: tasks.DataConfig, found: sources.Where) -> list[sources.Check]:
+  task = data.task
+  level_dir = find_level_dir(found.path, data.resolution, data.level)
   checks = []
   if os.path.abspath(level_dir) != os.path.abspath(found.path):
     checks += sources.check_manifest(level_dir)
@@ -118,7 +110,7 @@ def _check(config: ml_collections.ConfigDict, found: sources.Where) -> list[sour
   labels = {"all": np.asarray([label for _, _, label, _ in rows])}
   if found.kind == "generated":
     return checks + sources.split_checks(task, labels, NUM_CLASSES,
-                                         {"all": int(config.data.num_images)}, what="images",
+                                         {"all": data.num_images}, what="images",
                                          generated=True)
   return checks + sources.split_checks(task, labels, NUM_CLASSES, {"all": LRA_IMAGES},
                                        what="images", strict=False)
