@@ -22,6 +22,7 @@ cleanly, generator workers and half-written files included, and one line says wh
 status 75 when a checkpoint is (during the final test: the last step), 143 when nothing is.
 """
 
+import gc
 import os
 import signal
 import sys
@@ -77,6 +78,10 @@ flags.DEFINE_bool("allow_resume_changes", False,
                   "optimizer and schedule, batch size, device or host count) differ from the "
                   "checkpoint's; each change is recorded in config.json's config_history. "
                   "model.* changes stay refused.")
+flags.DEFINE_bool("start_over", False,
+                  "Train from step 0 in a workdir whose every checkpoint was found damaged "
+                  "and moved to damaged/ (without it such a run stops with one line). "
+                  "damaged/ and the run id are kept; metrics.jsonl starts again at step 0.")
 flags.DEFINE_string("profile_steps", None,
                     "A:B: write a JAX profiler trace of optimizer steps A..B (both included, "
                     "1 <= A <= B <= num_train_steps) to <workdir>/profile, for TensorBoard's "
@@ -102,17 +107,22 @@ def main(argv):
     with cli.sigterm_raises(), cli.sigint_raises(), cli.user_errors_exit(
         "train.py", flags.FLAGS.verbose, dirs=(ROOT,)):
       _train(flags.FLAGS)
+    return
   except errors.Terminated:   # SIGTERM outside the run's guard: the data phase, the final test
     if flags.FLAGS.verbose:
       raise
-    message, status = _after_sigterm(_RUN.get("workdir"), _RUN.get("num_train_steps"))
-    print(f"train.py: {message}", file=sys.stderr)
-    raise SystemExit(status) from None
+    line, status = _after_sigterm(_RUN.get("workdir"), _RUN.get("num_train_steps"))
+    line = f"train.py: {line}"
   except KeyboardInterrupt:
     if flags.FLAGS.verbose:
       raise
-    print(INTERRUPTED_LINE, file=sys.stderr)
-    raise SystemExit(INTERRUPTED_EXIT_CODE) from None
+    line, status = INTERRUPTED_LINE, INTERRUPTED_EXIT_CODE
+  # The signal may have stopped a library halfway (an orbax save's event loop or coroutine
+  # not yet run): what it left is finalized here, before the last line, not after it while
+  # Python exits.
+  gc.collect()
+  print(line, file=sys.stderr)
+  raise SystemExit(status)
 
 
 _RUN = {}   # the workdir and step count of this process's run, for main's SIGTERM line
@@ -176,7 +186,8 @@ def _train(fl):
     results = trainer.train_and_evaluate(config, workdir,
                                          precompile_workers=fl.precompile_workers,
                                          allow_resume_changes=fl.allow_resume_changes,
-                                         profile_steps=profile_steps)
+                                         profile_steps=profile_steps,
+                                         start_over=fl.start_over)
   except preemption.PreemptedError as e:  # SIGTERM/SIGINT: saved; exit 75 (EX_TEMPFAIL)
     print(f"train.py: {e}", file=sys.stderr)
     raise SystemExit(preemption.PREEMPTED_EXIT_CODE) from None

@@ -520,7 +520,8 @@ def test_a_failing_tensorboard_file_stops_the_logger(tmp_path, small_disk, monke
     for step in range(1, 5000):   # a tmpfs still holds the rest of the file's last page
       logger.write(step, {"loss": 0.5, "accuracy": 0.25}, "train")
   message = _one_line_naming(error.value, logger.tb_path)
-  assert message.startswith(f"could not write {logger.tb_path}: No space left on device "
+  assert message.startswith(f"could not write the TensorBoard events file {logger.tb_path}: "
+                            "No space left on device "
                             "(errno 28); the events before these are kept"), message
   with contextlib.suppress(errors.WriteError):
     logger.close()

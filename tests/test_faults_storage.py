@@ -14,7 +14,15 @@ A save that hits a file-size limit (``ulimit -f``, as a full disk does) ends wit
 line naming the step, the folder and the operating system's cause, with no orbax thread
 traceback and no half-written step; a rerun with room ends as an undamaged run.
 
-A Ctrl-C while ``train.py`` is still starting ends with the documented line and status 130.
+The same limit on ``metrics.jsonl`` or the TensorBoard events file mid-run (``RLIMIT_FSIZE``),
+and a workdir made immutable mid-run (``chattr +i``, where root can), end with one line naming
+the file or the save, the file cut back to whole records and no lock; each rerun ends as an
+uninterrupted run. A run whose every step was set aside stops in one line until
+``--start_over``.
+
+A Ctrl-C while ``train.py`` is still starting ends with the documented line and status 130; so
+does one inside each final test. A second SIGTERM during a save ends with status 75 and its
+line, the last printed, and leaves no half-written step.
 
 Two processes that need the same generated ListOps set make it once: the second waits for the
 first's lock.
@@ -27,14 +35,17 @@ end with one line naming the variable, and a new workdir is not created.
 import json
 import os
 import pathlib
+import resource
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from simpletron_jax.run import metric_logging
 from tests.conftest import ROOT, SMALL_LISTOPS
 
 RUN = ("--config", "configs/listops/simple.py:tiny", *SMALL_LISTOPS,
@@ -225,3 +236,271 @@ def test_a_ctrl_c_while_train_py_starts_is_the_documented_line(tmp_path, delay):
       "train.py: interrupted (SIGINT) before the run could save; the last checkpoint stays: "
       "rerun the same command to continue from it"), err[-3000:]
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+
+
+def _lines(proc):
+  """A started child's stderr lines as they come (a reader thread fills the list)."""
+  lines = []
+  threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+  return lines
+
+
+def _wait(condition, proc, lines, seconds=240):
+  deadline = time.monotonic() + seconds
+  while not condition():
+    assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+    time.sleep(0.001)
+
+
+def _ended(proc, lines):
+  """The child's exit status and stderr, once it has ended."""
+  proc.wait(timeout=300)
+  time.sleep(0.2)   # the reader thread takes the last lines
+  return proc.returncode, "".join(lines)
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_during_a_save_ends_with_the_documented_line(finished, tmp_path):
+  """The first SIGTERM asks for a save; the second lands while that save writes (its
+  ``<step>.orbax-checkpoint-tmp`` folder exists): status 75 and the documented line, the last
+  thing printed (before, orbax's write thread printed a 47-line traceback after it), no
+  half-written step and no lock; the rerun ends with the uninterrupted run's state."""
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen([sys.executable, "train.py", *RUN, "--workdir", str(workdir)],
+                          cwd=ROOT, text=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+  try:
+    lines = _lines(proc)
+    _wait((workdir / "checkpoints" / "2").is_dir, proc, lines)
+    proc.send_signal(signal.SIGTERM)
+    _wait(lambda: any(line.startswith("SIGTERM received") for line in list(lines)), proc, lines)
+    _wait(lambda: list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*")), proc, lines)
+    proc.send_signal(signal.SIGTERM)
+    status, err = _ended(proc, lines)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert status == 75, err[-3000:]
+  assert "SIGTERM again: stopping at once, without saving" in err, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("train.py: SIGTERM before the run could save again: its last "
+                         "checkpoint, step ") and last.endswith(
+                             f"in {workdir / 'checkpoints'}, stays; rerun the same command "
+                             "to continue from it"), err[-3000:]
+  assert "Traceback" not in err and "cannot schedule new futures" not in err, err[-3000:]
+  kept = os.listdir(workdir / "checkpoints")
+  assert all(name.isdigit() for name in kept) and "2" in kept, kept   # nothing half-written
+  assert not (workdir / "run.lock").exists()
+  proc = _python("train.py", *RUN, "--workdir", str(workdir))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _state_crc(workdir, 6) == _state_crc(finished, 6)
+
+
+def _fsize_limited(limit, *args):
+  """``train.py *args`` under a file-size limit of ``limit`` bytes (``RLIMIT_FSIZE``, as
+  ``ulimit -f`` sets it): a write past it fails with ``EFBIG``."""
+  return subprocess.run(
+      [sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
+      timeout=300, check=False,
+      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+
+
+def _resumable_at_2(finished, tmp_path):
+  """A copy of the finished run as a run killed after its step-2 checkpoint."""
+  workdir = tmp_path / "run"
+  shutil.copytree(finished, workdir)
+  for step in ("4", "6"):
+    shutil.rmtree(workdir / "checkpoints" / step)
+  os.remove(workdir / "results.json")
+  return workdir
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_on_metrics_jsonl_is_one_line_and_the_rerun_finishes(finished,
+                                                                                tmp_path):
+  """``metrics.jsonl`` reaches the file-size limit at the train record of step 4, before the
+  step-4 save: one line naming the file and the cause, the file cut back to its last whole
+  record, no lock; the rerun with room ends with the uninterrupted run's state."""
+  workdir = _resumable_at_2(finished, tmp_path)
+  path = workdir / "metrics.jsonl"
+  kept = [r for r in metric_logging.read_records(str(path)) if r["step"] <= 2
+          and not (r["step"] == 2 and r["split"] == "info")]
+  padding = dict(kept[0], split="padding")   # records before the resumed step are kept
+  lines = [json.dumps(r) + "\n" for r in kept + [padding] * 200]
+  path.write_text("".join(lines))
+  size = path.stat().st_size   # over every other file written before the failure
+  # the info record of step 2 fits (about 80 bytes), the train record of step 4 does not
+  proc = _fsize_limited(size + 150, *RUN, "--workdir", str(workdir))
+  _assert_one_line(proc, f"train.py: WriteError: could not write {path}: File too large "
+                   "(errno 27); writing the train record of step 4 failed")
+  records = path.read_text()
+  assert records.endswith("\n") and records.startswith("".join(lines))
+  assert [json.loads(line)["split"] for line in records.splitlines()[len(lines):]] == ["info"]
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+  assert not (workdir / "run.lock").exists()
+  proc = _python("train.py", *RUN, "--workdir", str(workdir))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _state_crc(workdir, 6) == _state_crc(finished, 6)
+
+
+def _event_ends(path):
+  """The byte offset after each record of a TensorBoard events file (TFRecord framing:
+  8-byte length, 4-byte CRC, the data, 4-byte CRC)."""
+  data, ends, at = pathlib.Path(path).read_bytes(), [], 0
+  while at < len(data):
+    at += 16 + int.from_bytes(data[at:at + 8], "little")
+    ends.append(at)
+  return ends
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_on_the_tensorboard_file_is_one_line(finished, tmp_path):
+  """The TensorBoard events file reaches the limit at the train record of step 2 (its file
+  version, restart marker, hparams and step-0 info records fit, as config.json does): one
+  line naming the file and the cause, the file cut back to its last whole event, no lock,
+  no checkpoint; the rerun with room ends with the uninterrupted run's state."""
+  (events,) = pathlib.Path(finished, "tb").iterdir()
+  ends = _event_ends(events)   # file version, restart marker, hparams, info, train, ...
+  limit = max(ends[3], os.path.getsize(os.path.join(finished, "config.json"))) + 1
+  assert limit < ends[4], (ends, limit)   # the train record of step 2 is the first not to fit
+  workdir = tmp_path / "run"
+  proc = _fsize_limited(limit, *RUN, "--workdir", str(workdir))
+  _assert_one_line(proc, "train.py: WriteError: could not write the TensorBoard events file "
+                   f"{workdir / 'tb'}/events.out.tfevents.", "File too large (errno 27)")
+  (written,) = (workdir / "tb").iterdir()
+  assert _event_ends(written)[-1] == written.stat().st_size == ends[3]   # whole events only
+  assert not os.listdir(workdir / "checkpoints") and not (workdir / "run.lock").exists()
+  proc = _python("train.py", *RUN, "--workdir", str(workdir))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _state_crc(workdir, 6) == _state_crc(finished, 6)
+
+
+def _chattr(flag, *paths):
+  subprocess.run(["chattr", flag, *map(str, paths)], check=True, capture_output=True)
+
+
+def _can_chattr(folder):
+  try:
+    _chattr("+i", folder)
+    _chattr("-i", folder)
+    return True
+  except (OSError, subprocess.CalledProcessError):
+    return False
+
+
+@pytest.mark.slow
+def test_a_workdir_that_loses_write_permission_reports_the_save(finished, tmp_path):
+  """The workdir and its checkpoints/ become immutable (``chattr +i``: root too gets
+  ``Operation not permitted`` creating or removing a file there) after the step-2 save: the
+  step-4 save fails, and that is the line reported, not the lock file the run could not
+  remove then (a warning says so); the rerun, once writable, replaces that lock and ends with
+  the uninterrupted run's state."""
+  if not shutil.which("chattr") or not _can_chattr(tmp_path):
+    pytest.skip("chattr +i is not available here (root on a file system that has it)")
+  workdir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+  proc = subprocess.Popen([sys.executable, "train.py", *RUN, "--workdir", str(workdir)],
+                          cwd=ROOT, text=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+  try:
+    lines = _lines(proc)
+    _wait((checkpoints / "2").is_dir, proc, lines)
+    _chattr("+i", checkpoints, workdir)
+    status, err = _ended(proc, lines)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+    _chattr("-i", checkpoints, workdir)
+  assert status == 1 and "Traceback" not in err, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith(f"train.py: CheckpointError: saving step 4 to {checkpoints / '4'} "
+                         "failed: Operation not permitted"), err[-3000:]
+  assert f"{workdir / 'run.lock'}: could not remove the lock file" in err, err[-3000:]
+  assert sorted(os.listdir(checkpoints)) == ["2"]
+  proc = _python("train.py", *RUN, "--workdir", str(workdir))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "replacing a stale lock" in proc.stderr
+  assert _state_crc(workdir, 6) == _state_crc(finished, 6)
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_step_is_damaged_starts_over_only_when_asked(finished, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished, workdir)
+  os.remove(workdir / "results.json")
+  for step in ("2", "4", "6"):
+    DAMAGE["every_file_empty"](str(workdir / "checkpoints" / step))
+  proc = _python("train.py", *RUN, "--workdir", str(workdir))
+  _assert_one_line(proc, f"train.py: CheckpointError: no intact checkpoint is left in "
+                   f"{workdir / 'checkpoints'}: the damaged steps were moved to "
+                   f"{workdir / 'damaged'} (checkpoints_2_", "Rerun with --start_over")
+  assert not os.listdir(workdir / "checkpoints") and len(os.listdir(workdir / "damaged")) == 3
+  proc = _python("train.py", *RUN, "--workdir", str(workdir))   # still refused, not trained
+  _assert_one_line(proc, "train.py: CheckpointError: no intact checkpoint is left in ")
+  assert not os.listdir(workdir / "checkpoints")
+  proc = _python("train.py", *RUN, "--workdir", str(workdir), "--start_over")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _state_crc(workdir, 6) == _state_crc(finished, 6)
+  assert len(os.listdir(workdir / "damaged")) == 3
+
+
+# A test split of 300 batches of 2, so that each final test lasts long enough to be
+# interrupted from outside (about a second each).
+LONG_TEST = (*RUN, "--config.data.num_test=600", "--config.eval_batch_size=2")
+_WITH_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+
+
+@pytest.fixture(scope="module")
+def finished_long_test(tmp_path_factory):
+  """A finished run of :data:`LONG_TEST`, whose best-validation step is not its last."""
+  workdir = str(tmp_path_factory.mktemp("long_test") / "run")
+  proc = _python("train.py", *LONG_TEST, "--workdir", workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(os.path.join(workdir, "results.json")) as f:
+    assert json.load(f)["best_step"] != 6   # so the best-validation test is a test of its own
+  return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["test_final", "test"])
+def test_a_ctrl_c_inside_each_final_test_is_the_documented_line(finished_long_test, tmp_path,
+                                                                which):
+  """Ctrl-C during the test of the final parameters (once the training bar has closed) or of
+  the best-validation checkpoint (once the final test's record is written): status 130 and
+  the documented line, nothing recorded for the interrupted test, no results.json, no lock;
+  the rerun ends as the uninterrupted run."""
+  workdir = tmp_path / "run"
+  metrics = workdir / "metrics.jsonl"
+  # A process started in the background may inherit SIGINT ignored: the child puts the
+  # default back and becomes train.py, as a terminal's Ctrl-C would find it.
+  proc = subprocess.Popen([sys.executable, "-c", _WITH_SIGINT, "train.py", *LONG_TEST,
+                           "--workdir", str(workdir)], cwd=ROOT, text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  try:
+    lines = _lines(proc)
+    if which == "test_final":
+      _wait(lambda: any(line.startswith("train: 6/6") for line in list(lines)), proc, lines)
+    else:
+      _wait(lambda: metrics.exists() and '"split": "test_final"' in metrics.read_text(), proc,
+            lines)
+    proc.send_signal(signal.SIGINT)
+    status, err = _ended(proc, lines)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert status == 130, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+      "train.py: interrupted (SIGINT) before the run could save; the last checkpoint stays: "
+      "rerun the same command to continue from it"), err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  assert f'"split": "{which}"' not in metrics.read_text()
+  assert not (workdir / "results.json").exists() and not (workdir / "run.lock").exists()
+  proc = _python("train.py", *LONG_TEST, "--workdir", str(workdir))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _state_crc(workdir, 6) == _state_crc(finished_long_test, 6)
+  with open(workdir / "results.json") as f, \
+       open(os.path.join(finished_long_test, "results.json")) as g:
+    ours, straight = json.load(f), json.load(g)
+  for key in ("test_accuracy_final", "test_loss_final", "test_accuracy_best_val",
+              "test_loss_best_val", "best_step", "final_step"):
+    assert ours[key] == straight[key], key

@@ -5,6 +5,7 @@ writers are imported only when a logger is created: importing this module needs 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import math
@@ -183,8 +184,8 @@ class MetricLogger:
               for r in read_records(self.path) if r["step"] < resume_step
               or (r["step"] == resume_step and r.get("split") != "info")]
       atomic_io.write_text_atomic(self.path, "".join(kept))
-    try:
-      self._file = open(self.path, "a", encoding="utf-8")  # pylint: disable=R1732
+    try:   # unbuffered: a failed append is cut back at once (:meth:`write`)
+      self._file = open(self.path, "ab", buffering=0)  # pylint: disable=R1732
     except OSError as e:
       raise atomic_io.write_error(self.path, e) from e
     try:
@@ -219,11 +220,22 @@ class MetricLogger:
     now = time.time()
     record = {"step": int(step), "split": split, "time": now,
               **{k: float(v) for k, v in metrics.items()}}
+    line = memoryview((json.dumps(_strict(record), allow_nan=False) + "\n").encode("utf-8"))
+    end = os.fstat(self._file.fileno()).st_size
     try:
-      self._file.write(json.dumps(_strict(record), allow_nan=False) + "\n")
-      self._file.flush()
+      while line:   # a full disk or a file-size limit can write part of the line
+        written = self._file.write(line)
+        if not written:
+          raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (a write wrote nothing)")
+        line = line[written:]
     except OSError as e:
-      raise atomic_io.write_error(self.path, e, "the records before this one are kept") from e
+      try:   # no torn record is left for the rerun to drop
+        os.ftruncate(self._file.fileno(), end)
+      except OSError:
+        pass
+      raise atomic_io.write_error(
+          self.path, e, f"writing the {split} record of step {int(step)} failed, and the "
+          "records before it are kept") from e
     scalars = {f"{split}/{name}": float(value) for name, value in metrics.items()}
     for writer in self._writers:
       writer.write_scalars(int(step), scalars)

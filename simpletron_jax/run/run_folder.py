@@ -179,6 +179,14 @@ class RunFolder:
     if self.writer:
       atomic_io.write_json_atomic(self.path(TRANSFER_FILE), report)
 
+  def damaged_checkpoints(self) -> list[str]:
+    """The step folders of ``checkpoints/`` that a restore moved to ``damaged/`` (named
+    ``checkpoints_<step>_<time>``), sorted; empty when there are none."""
+    if not os.path.isdir(self.damaged_dir):
+      return []
+    prefix = CHECKPOINTS_DIR + "_"
+    return sorted(name for name in os.listdir(self.damaged_dir) if name.startswith(prefix))
+
   def newest_step(self) -> int | None:
     """The newest step folder in ``checkpoints/`` (orbax renames one into place once it is
     written), or None; reads the folder names only."""
@@ -253,7 +261,10 @@ def acquire_lock(workdir: str) -> filelock.BaseFileLock:
 
 
 def release_lock(lock: filelock.BaseFileLock | None) -> None:
-  """Removes the file of ``lock`` (from :func:`acquire_lock`) and releases it; None: no-op."""
+  """Removes the file of ``lock`` (from :func:`acquire_lock`) and releases it; None: no-op.
+  A file that cannot be removed (the folder lost its write permission) is warned about, not
+  raised: the lock is released all the same, so the error that ended the run stays the one
+  reported, and the next run replaces the file (:func:`acquire_lock`)."""
   if lock is None or not lock.is_locked:
     return
   _HELD.pop(lock.lock_file, None)
@@ -261,4 +272,7 @@ def release_lock(lock: filelock.BaseFileLock | None) -> None:
     os.remove(lock.lock_file)
   except FileNotFoundError:
     pass
+  except OSError as e:
+    errors.warn(f"{lock.lock_file}: could not remove the lock file: {e.strerror or e}; the "
+                "lock is released anyway, and the next run replaces the file")
   lock.release()

@@ -105,6 +105,7 @@ class ScalarWriter(MetricWriter):
 
 
 _file_counter = itertools.count()
+_WHAT = "the TensorBoard events file"   # named in a failed write's message
 
 
 class TensorBoardWriter(ScalarWriter):
@@ -140,7 +141,7 @@ class TensorBoardWriter(ScalarWriter):
       except FileExistsError:
         continue
       except OSError as e:
-        raise atomic_io.write_error(self.path, e) from e
+        raise atomic_io.write_error(self.path, e, what=_WHAT) from e
     events = [event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")]
     if start_step is not None:
       events.append(event_pb2.Event(
@@ -177,7 +178,7 @@ class TensorBoardWriter(ScalarWriter):
         os.ftruncate(self._file.fileno(), self._size)
       except OSError:
         pass
-      raise atomic_io.write_error(self.path, e, kept) from e
+      raise atomic_io.write_error(self.path, e, kept, what=_WHAT) from e
     self._size += len(blob)
 
   def _summary_event(self, step: int, summary: Any):
@@ -238,7 +239,8 @@ class TensorBoardWriter(ScalarWriter):
     try:
       file.close()
     except OSError as e:
-      raise atomic_io.write_error(self.path, e, "the events before are kept") from e
+      raise atomic_io.write_error(self.path, e, "the events before are kept",
+                                      what=_WHAT) from e
 
   def _close_quietly(self) -> None:
     """Closes the file, ignoring errors: after a failure."""

@@ -108,15 +108,17 @@ def write_json_atomic(path: str, obj: Any, indent: int | None = 2) -> None:
   write_text_atomic(path, json.dumps(json_safe(obj), indent=indent, allow_nan=False) + "\n")
 
 
-def write_error(path: str, error: OSError, kept: str = "what was written before is kept"
-                ) -> WriteError:
+def write_error(path: str, error: OSError, kept: str = "what was written before is kept",
+                what: str = "") -> WriteError:
   """The one-line :class:`WriteError` for a failed write of ``path`` (not raised).
 
   Args:
     path: the file that could not be written.
     error: the ``OSError`` (``ENOSPC``, ``EROFS``, ``EACCES``, ``EIO``...).
     kept: what the reader can still rely on, for the message.
+    what: the kind of file, named before the path (``"the TensorBoard events file"``).
   """
-  return WriteError(f"could not write {path}: {error.strerror or error} (errno {error.errno}); "
+  return WriteError(f"could not write {what + ' ' if what else ''}{path}: "
+                    f"{error.strerror or error} (errno {error.errno}); "
                     f"{kept}. Free space or fix the folder's permissions, then rerun the same "
                     "command to continue.")

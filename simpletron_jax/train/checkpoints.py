@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -23,6 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_manager as ocp_manager
 
 from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.run import run_folder, run_guard, run_record
@@ -250,13 +252,17 @@ def finish_saves(*managers: ocp.CheckpointManager) -> None:
     step, manager.pending = getattr(manager, "pending", None), None
     where = step_dir(manager, step) if step is not None else str(manager.directory)
     try:
+      if step is not None:   # a signal that stops at once lands here, not in orbax's wait
+        _join(_save_threads(), None)
       manager.wait_until_finished()
     except Exception as e:  # a failed background write, of any kind, stops the run
-      if step is not None:
-        _remove_partial(manager, step)
+      abandon_save(manager, step)
       raise errors.CheckpointError(
           f"the background save of step {step} to {where} failed: {_save_failure(e)}. The "
           "checkpoints saved before it are kept.") from e
+    except BaseException:   # a second SIGTERM or Ctrl-C: no save, and no orbax thread left
+      abandon_save(manager, step)
+      raise
     if (step is not None and step in manager.all_steps() and jax.process_index() == 0
         and not os.path.isdir(where)):
       raise errors.CheckpointError(
@@ -348,9 +354,12 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
     if not async_save:
       manager.wait_until_finished()
   except Exception as e:  # any failure of the library or the file system stops the run
-    _remove_partial(manager, step)
+    abandon_save(manager, step)
     raise errors.CheckpointError(
         f"saving step {step} to {where} failed: {_save_failure(e)}") from e
+  except BaseException:   # a second SIGTERM or Ctrl-C stops the run at once, without this save
+    abandon_save(manager, step)
+    raise
   if saved and async_save:
     manager.pending = step
   if not saved:
@@ -389,6 +398,53 @@ def _save_failure(error: BaseException) -> str:
   cause = storage_cause(error)
   return (f"{cause} ({type(error).__name__})" if cause is not None
           else f"{type(error).__name__}: {first_line(error)}")
+
+
+# How long a save that a second signal or an error abandons may go on writing what it started
+# before its threads are cancelled (:func:`abandon_save`).
+ABANDON_WAIT_SECONDS = 60.0
+
+
+def _save_threads() -> list[threading.Thread]:
+  """orbax's threads that write or finish a save and are still running (orbax 0.12: each
+  commit's ``_SignalingThread``, the manager's ``_FinalizeThread``, the asynchronous
+  checkpointer's ``async_save``). None is a daemon: one left running when ``train.py``'s main
+  thread ends goes on while Python shuts down and fails there, as Python's thread pools then
+  refuse new work (``RuntimeError: cannot schedule new futures after shutdown``)."""
+  from orbax.checkpoint._src.futures import future  # pylint: disable=import-outside-toplevel
+  kinds = tuple(kind for kind in (getattr(future, "_SignalingThread", None),
+                                  getattr(ocp_manager, "_FinalizeThread", None))
+                if isinstance(kind, type))
+  current = threading.current_thread()
+  return [thread for thread in threading.enumerate()
+          if thread is not current and thread.is_alive()
+          and (isinstance(thread, kinds) or thread.name == "async_save")]
+
+
+def _join(threads: list[threading.Thread], timeout: float | None) -> None:
+  """Waits for ``threads`` to end, at most ``timeout`` seconds in all (None: no limit), with
+  ``threading.Thread.join`` (orbax's ``_SignalingThread.join`` raises the thread's error)."""
+  deadline = None if timeout is None else time.monotonic() + timeout
+  for thread in threads:
+    threading.Thread.join(thread, None if deadline is None
+                          else max(0.0, deadline - time.monotonic()))
+
+
+def abandon_save(manager: ocp.CheckpointManager, step: int | None) -> None:
+  """Ends a save of ``step`` that failed or that a second signal stopped: waits for orbax's
+  threads still writing it (:data:`ABANDON_WAIT_SECONDS` at most, then cancels those left), so
+  that none outlives the run and prints a traceback at its exit, then removes the half-written
+  ``<step>.orbax-checkpoint-tmp*`` folder (:func:`_remove_partial`). The steps saved before
+  stay. ``step`` None: the threads only."""
+  _join(_save_threads(), ABANDON_WAIT_SECONDS)
+  left = _save_threads()
+  for thread in left:
+    cancel = getattr(thread, "cancel", None)
+    if callable(cancel):
+      cancel()
+  _join(left, 5.0)
+  if step is not None:
+    _remove_partial(manager, step)
 
 
 def _remove_partial(manager: ocp.CheckpointManager, step: int) -> None:

@@ -86,15 +86,27 @@ class _Start:
   dropout_root: jax.Array
 
 
+def _no_intact_step(folder: RunFolder) -> str:
+  """What a start that finds no intact checkpoint says: where the damaged steps went and the
+  flag that trains again from step 0 (``train.py --start_over``)."""
+  return (f"no intact checkpoint is left in {folder.checkpoints_dir}: the damaged steps were "
+          f"moved to {folder.damaged_dir} ({', '.join(folder.damaged_checkpoints())}). Rerun "
+          "with --start_over to train again from step 0 (damaged/ is kept), or put an intact "
+          "copy of the checkpoints back")
+
+
 def _resume(config: ml_collections.ConfigDict, run: RunConfig, folder: RunFolder,
-            data: tasks.TaskData, allow_resume_changes: bool) -> _Start:
+            data: tasks.TaskData, allow_resume_changes: bool, start_over: bool = False
+            ) -> _Start:
   """The model and its state, restored from the newest intact checkpoint (a damaged one is
-  moved to ``damaged/``), or for a new run started from ``init_from``.
+  moved to ``damaged/``), or for a new run started from ``init_from``. A run whose every step
+  was moved to ``damaged/`` starts from step 0 only with ``start_over``.
 
   Raises:
     errors.ConfigMismatchError: other settings (:func:`run_record.check_resume`), or a
       checkpoint of an earlier release (:data:`checkpoints.FORMAT`).
-    errors.CheckpointError: no checkpoint is intact.
+    errors.CheckpointError: no checkpoint is intact (without ``start_over``: also when every
+      step was set aside before, naming ``--start_over``).
   """
   model = train_state.build_model(run, data)
   init_rng, dropout_root = jax.random.split(jax.random.PRNGKey(int(run.train.seed)))
@@ -115,10 +127,17 @@ def _resume(config: ml_collections.ConfigDict, run: RunConfig, folder: RunFolder
                                          model_diff=model_diff,
                                          allow_changes=allow_resume_changes)
 
+  if not ckpts.all_steps() and folder.damaged_checkpoints() and not start_over:
+    raise errors.CheckpointError(_no_intact_step(folder))
   if ckpts.all_steps():
-    state, meta, start_step = checkpoints.restore_checkpoint(
-        ckpts, state, model_config=config.model, quarantine_dir=folder.damaged_dir,
-        resume_check=resume_check)
+    try:
+      state, meta, start_step = checkpoints.restore_checkpoint(
+          ckpts, state, model_config=config.model, quarantine_dir=folder.damaged_dir,
+          resume_check=resume_check)
+    except errors.CheckpointError as e:
+      if ckpts.all_steps() or not folder.damaged_checkpoints():
+        raise
+      raise errors.CheckpointError(_no_intact_step(folder)) from e
     run_state = checkpoints.RunState.from_meta(meta)
     print(f"Resumed from {folder.checkpoints_dir} at step {start_step}", file=sys.stderr)
     if changes:
@@ -197,10 +216,15 @@ def _compile(run: RunConfig, data: tasks.TaskData, state_repl: TrainState,
 
 
 def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler | None,
-             logger: metric_logging.MetricLogger | None, folder: RunFolder) -> None:
-  """Lets go, on every exit, of the signal handlers, the profiler, the logs (a failure to close
-  them is dropped, not to hide an error) and the workdir lock."""
+             logger: metric_logging.MetricLogger | None, folder: RunFolder,
+             ckpts: checkpoints.Manager | None = None) -> None:
+  """Lets go, on every exit, of the signal handlers, orbax's save threads (a save still
+  writing when an error or a second signal ends the run: :func:`checkpoints.abandon_save`), the
+  profiler, the logs (a failure to close them is dropped, not to hide an error) and the
+  workdir lock."""
   guard.restore()
+  if ckpts is not None:
+    checkpoints.abandon_save(ckpts, getattr(ckpts, "pending", None))
   if profiler is not None:
     profiler.close()
   try:
@@ -235,7 +259,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        step_hook: Callable[[int], None] | None = None,
                        data: tasks.TaskData | None = None, precompile_workers: int = 0,
                        allow_resume_changes: bool = False,
-                       profile_steps: tuple[int, int] | None = None) -> dict[str, Any]:
+                       profile_steps: tuple[int, int] | None = None,
+                       start_over: bool = False) -> dict[str, Any]:
   """Trains, validates every ``eval_frequency`` steps, then tests the final and best
   parameters (LRA ``listops/train.py``); resuming and rerunning: docs/runs.md.
 
@@ -247,6 +272,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     precompile_workers: threads that compile every batch shape's steps first; 0: none.
     allow_resume_changes: resume despite changed settings (never ``model.*``), recorded.
     profile_steps: ``(A, B)``: a profiler trace of steps A..B to ``workdir/profile``.
+    start_over: train from step 0 when every checkpoint was moved to ``damaged/``.
 
   Returns:
     ``results.json``'s contents (:class:`final_test.Results`): ``test_accuracy_best_val``,
@@ -259,7 +285,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     NotADirectoryError: ``workdir`` is a file.
     errors.WorkdirLockedError: another run holds ``workdir``.
     errors.ConfigMismatchError: the checkpoint was computed with other settings.
-    errors.CheckpointError: a save failed, or no checkpoint is intact.
+    errors.CheckpointError: a save failed, or no checkpoint is intact (and not
+      ``start_over``).
     errors.NonFiniteError: a loss, gradient norm or parameter became NaN or inf.
     errors.WriteError: a log, ``results.json`` or ``transfer.json`` could not be written.
     preemption.PreemptedError: SIGTERM or SIGINT: the last step saved, nothing tested.
@@ -268,12 +295,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   run, folder = _check_start(config, workdir, precompile_workers)
   train = run.train
   folder.lock()
-  logger = profiler = None
+  logger = profiler = start = None
   guard = preemption.PreemptionGuard()   # SIGTERM/SIGINT: save (if trained) and stop
   try:   # from here on every exit releases the lock (the `finally` below)
     data = _load_data(config, run, data)
     guard.install()   # a signal from here on stops the run where it can stop cleanly
-    start = _resume(config, run, folder, data, allow_resume_changes)
+    start = _resume(config, run, folder, data, allow_resume_changes, start_over)
     if start.step >= train.num_train_steps and not start.new_forced:
       problem = (run_record.workdir_results_problem(workdir, config, count_forced=True)
                  if folder.writer else None)   # process 0 decides
@@ -330,4 +357,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     logger.close()
     return results
   finally:   # also on errors and preemption: no handler, open file or lock is left behind
-    _release(guard, profiler, logger, folder)
+    _release(guard, profiler, logger, folder, start.ckpts if start is not None else None)
