@@ -175,14 +175,21 @@ def set_aside_unlisted_steps(directory: str, damaged_dir: str) -> list[str]:
 
 
 class _RaisedAgainFilter(logging.Filter):
-  """Drops orbax's log record of an exception in one of its write threads
-  (``_SignalingThread.run() raised an exception``, with its traceback): orbax keeps the
-  exception and raises it again where the save is waited for, and :func:`save_checkpoint` and
-  :func:`finish_saves` report it there in one line. Other records pass."""
+  """Drops the log records of a failed save that :func:`save_checkpoint` and
+  :func:`finish_saves` report in one line: orbax's record of an exception in one of its write
+  threads (``_SignalingThread.run() raised an exception``), which orbax raises again where the
+  save is waited for, and asyncio's ``Task exception was never retrieved`` of the other writes
+  of that save (those whose exception names a ``<step>.orbax-checkpoint-tmp`` folder), logged
+  whenever the garbage collector frees them, which may be after the one line. Other records
+  pass."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not (record.pathname.endswith(os.path.join("futures", "future.py"))
-                and "_SignalingThread.run() raised an exception" in str(record.msg))
+    if (record.pathname.endswith(os.path.join("futures", "future.py"))
+        and "_SignalingThread.run() raised an exception" in str(record.msg)):
+      return False
+    error = record.exc_info[1] if record.exc_info else None
+    return not (record.name == "asyncio" and "never retrieved" in str(record.msg)
+                and error is not None and ".orbax-checkpoint-tmp" in str(error))
 
 
 _RAISED_AGAIN = _RaisedAgainFilter()
@@ -202,7 +209,8 @@ def checkpoint_manager(directory: str, max_to_keep: int | None,
   check_async_supported(bool(async_save), jax.process_count())
   # A failed save is reported once, by save_checkpoint or finish_saves: not by orbax's write
   # threads' log records, nor by the writes tensorstore then abandons (each hook added once).
-  logging.getLogger("absl").addFilter(_RAISED_AGAIN)
+  for logger in ("absl", "asyncio"):
+    logging.getLogger(logger).addFilter(_RAISED_AGAIN)
   quiet_abandoned_reads()
   set_aside_unlisted_steps(directory, os.path.join(
       os.path.dirname(os.path.abspath(directory)), run_folder.DAMAGED_DIR))
