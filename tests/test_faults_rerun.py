@@ -38,6 +38,7 @@ from simpletron_jax.data import text
 from simpletron_jax.runtime import errors, progress
 from simpletron_jax.tools import reporting
 from simpletron_jax.train import (
+    checkpoint_faults,
     checkpoints,
     final_test,
     precompile,
@@ -380,8 +381,8 @@ def test_abandoned_reads_of_a_failed_restore_are_not_printed(monkeypatch):
   that prints it; the same error raised elsewhere still does."""
   reported = []
   monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
-  checkpoints.quiet_abandoned_reads()
-  checkpoints.quiet_abandoned_reads()   # once only
+  checkpoint_faults.quiet_abandoned_reads()
+  checkpoint_faults.quiet_abandoned_reads()   # once only
   loop = asyncio.new_event_loop()
   loop.close()
 

@@ -7,27 +7,21 @@ refuses another model config, layout or :data:`FORMAT` in one line (docs/faults.
 from __future__ import annotations
 
 import dataclasses
-import errno
-import glob
 import json
-import logging
 import math
 import os
 import shutil
-import sys
-import threading
 import time
-import traceback
 from typing import Any, Callable
 
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from orbax.checkpoint import checkpoint_manager as ocp_manager
 
 from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.run import run_folder, run_guard, run_record
+from simpletron_jax.train import checkpoint_faults
 from simpletron_jax.train.steps import TrainState
 
 # The checkpoint layout, in each meta under FORMAT_KEY. 3: the newest and the best in one folder.
@@ -115,86 +109,6 @@ def _best_fn(metrics: dict[str, float]) -> float:
   return metrics.get(BEST_KEY, -math.inf)
 
 
-# The files of a step that orbax's CheckpointManager parses when it opens a folder (the metrics
-# item, read to rank the steps): one that is not JSON (emptied, or NUL bytes left by a crash)
-# fails the manager's construction itself, before restore_checkpoint could skip the step.
-LISTED_FILES = (os.path.join("metrics", "metrics"),)
-
-
-def _unlisted_problem(step_folder: str) -> str | None:
-  """Why orbax cannot list ``step_folder`` (one of :data:`LISTED_FILES` is unreadable or not
-  JSON), or None."""
-  for name in LISTED_FILES:
-    path = os.path.join(step_folder, name)
-    if not os.path.exists(path):
-      continue
-    try:
-      with open(path, "rb") as f:
-        json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError) as e:   # UnicodeDecodeError and JSONDecodeError included
-      return f"{name}: {type(e).__name__}: {first_line(e)}"
-  return None
-
-
-def set_aside_unlisted_steps(directory: str, damaged_dir: str) -> list[str]:
-  """Moves each step folder of ``directory`` that orbax could not list (:data:`LISTED_FILES`)
-  into ``damaged_dir``, with one :class:`errors.RunWarning` naming it and why, so that the
-  manager opens and the run resumes from the newest intact step (docs/faults.md). Every host
-  scans, then process 0 moves and the others wait for it: a collective call on several hosts,
-  as orbax's manager is.
-
-  Args:
-    directory: a checkpoint folder (``<workdir>/checkpoints``); may not exist yet.
-    damaged_dir: where damaged steps go (``<workdir>/damaged``), as ``<folder>_<step>_<time>``.
-
-  Returns:
-    The new paths of the moved steps.
-  """
-  found = []
-  for name in (sorted(os.listdir(directory), key=lambda n: (len(n), n))
-               if os.path.isdir(directory) else ()):
-    problem = _unlisted_problem(os.path.join(directory, name)) if name.isdigit() else None
-    if problem is not None:
-      found.append((name, problem))
-  # Every host has scanned before process 0 moves anything, so all find the same steps and
-  # all reach the barrier below together (orbax's manager syncs the hosts here anyway).
-  distributed.barrier("scan_unlisted_steps")
-  moved = []
-  for name, problem in found:
-    source = os.path.join(directory, name)
-    target = os.path.join(damaged_dir, f"{os.path.basename(os.path.abspath(directory))}_{name}_"
-                          f"{time.strftime('%Y%m%d-%H%M%S')}")
-    if jax.process_index() == 0:
-      os.makedirs(damaged_dir, exist_ok=True)
-      shutil.move(source, target)
-    moved.append(target)
-    errors.warn(f"skipping damaged checkpoint {source}: {problem}; moved to {target}")
-  if found:
-    distributed.barrier("set_aside_unlisted_steps")
-  return moved
-
-
-class _RaisedAgainFilter(logging.Filter):
-  """Drops the log records of a failed save that :func:`save_checkpoint` and
-  :func:`finish_saves` report in one line: orbax's record of an exception in one of its write
-  threads (``_SignalingThread.run() raised an exception``), which orbax raises again where the
-  save is waited for, and asyncio's ``Task exception was never retrieved`` of the other writes
-  of that save (those whose exception names a ``<step>.orbax-checkpoint-tmp`` folder), logged
-  whenever the garbage collector frees them, which may be after the one line. Other records
-  pass."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if (record.pathname.endswith(os.path.join("futures", "future.py"))
-        and "_SignalingThread.run() raised an exception" in str(record.msg)):
-      return False
-    error = record.exc_info[1] if record.exc_info else None
-    return not (record.name == "asyncio" and "never retrieved" in str(record.msg)
-                and error is not None and ".orbax-checkpoint-tmp" in str(error))
-
-
-_RAISED_AGAIN = _RaisedAgainFilter()
-
-
 def checkpoint_manager(directory: str, max_to_keep: int | None,
                        async_save: bool = False) -> Manager:
   """An orbax manager of ``directory`` (created) keeping the newest ``max_to_keep`` steps (None:
@@ -209,10 +123,8 @@ def checkpoint_manager(directory: str, max_to_keep: int | None,
   check_async_supported(bool(async_save), jax.process_count())
   # A failed save is reported once, by save_checkpoint or finish_saves: not by orbax's write
   # threads' log records, nor by the writes tensorstore then abandons (each hook added once).
-  for logger in ("absl", "asyncio"):
-    logging.getLogger(logger).addFilter(_RAISED_AGAIN)
-  quiet_abandoned_reads()
-  set_aside_unlisted_steps(directory, os.path.join(
+  checkpoint_faults.quiet_reported_failures()
+  checkpoint_faults.set_aside_unlisted_steps(directory, os.path.join(
       os.path.dirname(os.path.abspath(directory)), run_folder.DAMAGED_DIR))
   keep = ocp.checkpoint_managers.AnyPreservationPolicy([
       ocp.checkpoint_managers.LatestN(n=max_to_keep),
@@ -261,45 +173,21 @@ def finish_saves(*managers: ocp.CheckpointManager) -> None:
     where = step_dir(manager, step) if step is not None else str(manager.directory)
     try:
       if step is not None:   # a signal that stops at once lands here, not in orbax's wait
-        _join(_save_threads(), None)
+        checkpoint_faults.join_save_threads()
       manager.wait_until_finished()
     except Exception as e:  # a failed background write, of any kind, stops the run
-      abandon_save(manager, step)
+      checkpoint_faults.abandon_save(manager, step)
       raise errors.CheckpointError(
-          f"the background save of step {step} to {where} failed: {_save_failure(e)}. The "
-          "checkpoints saved before it are kept.") from e
+          f"the background save of step {step} to {where} failed: "
+          f"{checkpoint_faults.save_failure(e)}. The checkpoints saved before it are kept.") from e
     except BaseException:   # a second SIGTERM or Ctrl-C: no save, and no orbax thread left
-      abandon_save(manager, step)
+      checkpoint_faults.abandon_save(manager, step)
       raise
     if (step is not None and step in manager.all_steps() and jax.process_index() == 0
         and not os.path.isdir(where)):
       raise errors.CheckpointError(
           f"the background save of step {step} to {where} ended without the folder: orbax "
           "reported no error but did not finish the checkpoint")
-
-
-def _is_closed_loop_callback(value: BaseException | None, tb) -> bool:
-  """An orbax read abandoned by a failed restore: tensorstore finishing it after orbax closed
-  its event loop (``RuntimeError: Event loop is closed`` in ``call_soon_threadsafe``)."""
-  return (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-          and any(frame.name == "call_soon_threadsafe"
-                  for frame in traceback.extract_tb(tb)))
-
-
-def quiet_abandoned_reads() -> None:
-  """Installs, once, a ``sys.unraisablehook`` that hides the ``Event loop is closed`` error of
-  each read or write that a failed restore or save abandoned (docs/faults.md); the failure is
-  reported once, by the caller."""
-  previous = sys.unraisablehook
-  if getattr(previous, "drops_abandoned_reads", False):
-    return
-
-  def hook(unraisable):
-    if not _is_closed_loop_callback(unraisable.exc_value, unraisable.exc_traceback):
-      previous(unraisable)
-
-  hook.drops_abandoned_reads = True
-  sys.unraisablehook = hook
 
 
 def check_format(meta: dict[str, Any], where: str) -> None:
@@ -362,11 +250,11 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
     if not async_save:
       manager.wait_until_finished()
   except Exception as e:  # any failure of the library or the file system stops the run
-    abandon_save(manager, step)
+    checkpoint_faults.abandon_save(manager, step)
     raise errors.CheckpointError(
-        f"saving step {step} to {where} failed: {_save_failure(e)}") from e
+        f"saving step {step} to {where} failed: {checkpoint_faults.save_failure(e)}") from e
   except BaseException:   # a second SIGTERM or Ctrl-C stops the run at once, without this save
-    abandon_save(manager, step)
+    checkpoint_faults.abandon_save(manager, step)
     raise
   if saved and async_save:
     manager.pending = step
@@ -374,100 +262,6 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: TrainState
     raise errors.CheckpointError(
         f"orbax skipped saving step {step} to {manager.directory}: the folder holds step "
         f"{manager.latest_step()}, and orbax only saves newer steps")
-
-
-# The operating system's causes of a failed write (errno's texts), which orbax and tensorstore
-# bury in long messages and chained exceptions: a full disk, a file-size limit (ulimit -f), a
-# folder that lost write permission, a read-only or over-quota file system, an I/O error.
-STORAGE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS,
-                  errno.EDQUOT, errno.EIO)
-
-
-def storage_cause(error: BaseException) -> str | None:
-  """The operating system's cause of a failed write found in ``error``, its chained causes or
-  their messages (e.g. ``"File too large"``, ``"No space left on device"``, with the file an
-  ``OSError`` names); None if none is named. Only the first found is given."""
-  seen, current = set(), error
-  while current is not None and id(current) not in seen:
-    seen.add(id(current))
-    if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
-      return os.strerror(current.errno) + (f": {current.filename}" if current.filename else "")
-    text = str(current)
-    for number in STORAGE_ERRNOS:
-      if os.strerror(number) in text:
-        return os.strerror(number)
-    current = current.__cause__ or current.__context__
-  return None
-
-
-def _save_failure(error: BaseException) -> str:
-  """How a failed save is named: the operating system's cause (:func:`storage_cause`), else
-  the error's type and first line."""
-  cause = storage_cause(error)
-  return (f"{cause} ({type(error).__name__})" if cause is not None
-          else f"{type(error).__name__}: {first_line(error)}")
-
-
-# How long a save that a second signal or an error abandons may go on writing what it started
-# before its threads are cancelled (:func:`abandon_save`).
-ABANDON_WAIT_SECONDS = 60.0
-
-
-def _save_threads() -> list[threading.Thread]:
-  """orbax's threads that write or finish a save and are still running (orbax 0.12: each
-  commit's ``_SignalingThread``, the manager's ``_FinalizeThread``, the asynchronous
-  checkpointer's ``async_save``). None is a daemon: one left running when ``train.py``'s main
-  thread ends goes on while Python shuts down and fails there, as Python's thread pools then
-  refuse new work (``RuntimeError: cannot schedule new futures after shutdown``)."""
-  from orbax.checkpoint._src.futures import future  # pylint: disable=import-outside-toplevel
-  kinds = tuple(kind for kind in (getattr(future, "_SignalingThread", None),
-                                  getattr(ocp_manager, "_FinalizeThread", None))
-                if isinstance(kind, type))
-  current = threading.current_thread()
-  return [thread for thread in threading.enumerate()
-          if thread is not current and thread.is_alive()
-          and (isinstance(thread, kinds) or thread.name == "async_save")]
-
-
-def _join(threads: list[threading.Thread], timeout: float | None) -> None:
-  """Waits for ``threads`` to end, at most ``timeout`` seconds in all (None: no limit), with
-  ``threading.Thread.join`` (orbax's ``_SignalingThread.join`` raises the thread's error)."""
-  deadline = None if timeout is None else time.monotonic() + timeout
-  for thread in threads:
-    threading.Thread.join(thread, None if deadline is None
-                          else max(0.0, deadline - time.monotonic()))
-
-
-def abandon_save(manager: ocp.CheckpointManager, step: int | None) -> None:
-  """Ends a save of ``step`` that failed or that a second signal stopped: waits for orbax's
-  threads still writing it (:data:`ABANDON_WAIT_SECONDS` at most, then cancels those left), so
-  that none outlives the run and prints a traceback at its exit, then removes the half-written
-  ``<step>.orbax-checkpoint-tmp*`` folder (:func:`_remove_partial`). The steps saved before
-  stay. ``step`` None: the threads only."""
-  _join(_save_threads(), ABANDON_WAIT_SECONDS)
-  left = _save_threads()
-  for thread in left:
-    cancel = getattr(thread, "cancel", None)
-    if callable(cancel):
-      cancel()
-  _join(left, 5.0)
-  if step is not None:
-    _remove_partial(manager, step)
-
-
-def _remove_partial(manager: ocp.CheckpointManager, step: int) -> None:
-  """Removes what a failed save of ``step`` left in the manager's folder (orbax's
-  ``<step>.orbax-checkpoint-tmp*`` folders; process 0), so that no half-written step stays."""
-  if jax.process_index() != 0:
-    return
-  for path in glob.glob(os.path.join(str(manager.directory), f"{step}.orbax-checkpoint-tmp*")):
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def first_line(error: BaseException, limit: int = 300) -> str:
-  """The first line of ``error``'s message, at most ``limit`` characters."""
-  text = str(error).strip().splitlines()
-  return (text[0] if text else "")[:limit]
 
 
 def _as_32_bit(leaf):
@@ -566,7 +360,7 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
       background save failed (:func:`finish_saves`).
   """
   finish_saves(manager)   # an asynchronous save of this manager is read only once written
-  quiet_abandoned_reads()   # a damaged step is reported once, below
+  checkpoint_faults.quiet_abandoned_reads()   # a damaged step is reported once, below
   available = sorted(manager.all_steps(), reverse=True)
   if not available or (step is not None and step not in available):
     raise FileNotFoundError(f"no checkpoint{'' if step is None else f' at step {step}'} in "
@@ -578,7 +372,8 @@ def restore_checkpoint(manager: ocp.CheckpointManager, state: TrainState,
     except errors.ConfigMismatchError:
       raise
     except Exception as e:  # a damaged checkpoint fails in many ways; each is reported
-      problem = f"{step_dir(manager, candidate)}: {type(e).__name__}: {first_line(e)}"
+      problem = (f"{step_dir(manager, candidate)}: {type(e).__name__}: "
+                 f"{checkpoint_faults.first_line(e)}")
       if step is not None:
         raise errors.CheckpointError(f"damaged checkpoint {problem}") from e
       problems.append(problem)

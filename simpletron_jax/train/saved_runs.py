@@ -17,7 +17,7 @@ from simpletron_jax.model import lora, transfer
 from simpletron_jax.runtime import errors
 from simpletron_jax.run import run_guard
 from simpletron_jax.run.run_folder import RunFolder
-from simpletron_jax.train import checkpoints, train_state
+from simpletron_jax.train import checkpoint_faults, checkpoints, train_state
 from simpletron_jax.train.checkpoints import BEST_KEY, FORMAT, FORMAT_KEY, checkpoint_manager
 from simpletron_jax.train.run_config import RunConfig, TrainConfig
 from simpletron_jax.train.steps import TrainState
@@ -39,7 +39,7 @@ class SavedRun:
       errors.CheckpointError, errors.ConfigMismatchError: damage (CRC-32, NaN; named), or an
         earlier release's format; FileNotFoundError: a LoRA run's ``config.json`` is missing.
     """
-    checkpoints.quiet_abandoned_reads()
+    checkpoint_faults.quiet_abandoned_reads()
     try:
       with checkpoint_manager(self.folder.checkpoints_dir, None) as manager:
         meta = manager.restore(self.step, args=ocp.args.Composite(
@@ -49,7 +49,7 @@ class SavedRun:
     except Exception as e:  # a damaged checkpoint fails in many ways; each is named
       raise errors.CheckpointError(
           f"{self.what}: damaged checkpoint {self.where}: {type(e).__name__}: "
-          f"{checkpoints.first_line(e)}. Use an intact run (eval.py --workdir on it checks "
+          f"{checkpoint_faults.first_line(e)}. Use an intact run (eval.py --workdir on it checks "
           "one) or retrain it.") from e
     checkpoints.check_format(meta, f"{self.what}: {self.where}")
     params = tree["params"]
@@ -172,7 +172,7 @@ def save_params(out_dir: str, params: Any, meta: dict[str, Any]) -> None:
   except Exception as e:  # any failure of the library or the file system
     raise errors.CheckpointError(
         f"saving the parameters to {directory} failed: {type(e).__name__}: "
-        f"{checkpoints.first_line(e)}") from e
+        f"{checkpoint_faults.first_line(e)}") from e
   if not saved:
     raise errors.CheckpointError(f"orbax skipped saving the parameters to {directory}: the "
                                  "folder already holds a checkpoint; use a new folder")

@@ -20,6 +20,7 @@ import ml_collections
 from simpletron_jax.data import batches, tasks
 from simpletron_jax.runtime import distributed, errors
 from simpletron_jax.train import (
+    checkpoint_faults,
     checkpoints,
     config_checks,
     final_test,
@@ -219,12 +220,12 @@ def _release(guard: preemption.PreemptionGuard, profiler: profiling.StepProfiler
              logger: metric_logging.MetricLogger | None, folder: RunFolder,
              ckpts: checkpoints.Manager | None = None) -> None:
   """Lets go, on every exit, of the signal handlers, orbax's save threads (a save still
-  writing when an error or a second signal ends the run: :func:`checkpoints.abandon_save`), the
-  profiler, the logs (a failure to close them is dropped, not to hide an error) and the
-  workdir lock."""
+  writing when an error or a second signal ends the run:
+  :func:`checkpoint_faults.abandon_save`), the profiler, the logs (a failure to close them is
+  dropped, not to hide an error) and the workdir lock."""
   guard.restore()
   if ckpts is not None:
-    checkpoints.abandon_save(ckpts, getattr(ckpts, "pending", None))
+    checkpoint_faults.abandon_save(ckpts, getattr(ckpts, "pending", None))
   if profiler is not None:
     profiler.close()
   try:
