@@ -5,7 +5,6 @@ writers are imported only when a logger is created: importing this module needs 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import math
@@ -90,11 +89,13 @@ class WandbConfig:
   entity: str = ""
   mode: str = ""
 
-  def validate(self) -> None:
-    """Makes a None field ""; raises ValueError when ``config.wandb.mode`` is not "", online
-    or offline (even with no project)."""
-    for field in dataclasses.fields(self):
+  def __post_init__(self):
+    for field in dataclasses.fields(self):   # None (an unset ConfigDict field) is ""
       object.__setattr__(self, field.name, str(getattr(self, field.name) or ""))
+
+  def validate(self) -> None:
+    """Raises ValueError when ``config.wandb.mode`` is not "", online or offline (even with no
+    project)."""
     if self.mode not in WANDB_MODES:
       raise ValueError(f"config.wandb.mode={self.mode!r} is not one of '', online, offline: "
                        "'' (the default) leaves it to W&B's WANDB_MODE variable (online when "
@@ -220,22 +221,11 @@ class MetricLogger:
     now = time.time()
     record = {"step": int(step), "split": split, "time": now,
               **{k: float(v) for k, v in metrics.items()}}
-    line = memoryview((json.dumps(_strict(record), allow_nan=False) + "\n").encode("utf-8"))
-    end = os.fstat(self._file.fileno()).st_size
-    try:
-      while line:   # a full disk or a file-size limit can write part of the line
-        written = self._file.write(line)
-        if not written:
-          raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (a write wrote nothing)")
-        line = line[written:]
-    except OSError as e:
-      try:   # no torn record is left for the rerun to drop
-        os.ftruncate(self._file.fileno(), end)
-      except OSError:
-        pass
-      raise atomic_io.write_error(
-          self.path, e, f"writing the {split} record of step {int(step)} failed, and the "
-          "records before it are kept") from e
+    line = (json.dumps(_strict(record), allow_nan=False) + "\n").encode("utf-8")
+    atomic_io.append_whole(
+        self._file, line, os.fstat(self._file.fileno()).st_size, self.path,
+        f"writing the {split} record of step {int(step)} failed, and the records before it "
+        "are kept")
     scalars = {f"{split}/{name}": float(value) for name, value in metrics.items()}
     for writer in self._writers:
       writer.write_scalars(int(step), scalars)

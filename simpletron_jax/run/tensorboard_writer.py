@@ -8,7 +8,6 @@ in the calling thread, so a failed write raises :class:`errors.WriteError` at on
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import io
 import itertools
@@ -165,20 +164,7 @@ class TensorBoardWriter(ScalarWriter):
     for event in events:
       RecordWriter(framed).write(event.SerializeToString())
     blob = framed.getvalue()
-    data = memoryview(blob)
-    try:
-      while data:
-        written = self._file.write(data)
-        if not written:
-          raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (a write wrote nothing)")
-        data = data[written:]
-      self._file.flush()
-    except OSError as e:
-      try:
-        os.ftruncate(self._file.fileno(), self._size)
-      except OSError:
-        pass
-      raise atomic_io.write_error(self.path, e, kept, what=_WHAT) from e
+    atomic_io.append_whole(self._file, blob, self._size, self.path, kept, what=_WHAT)
     self._size += len(blob)
 
   def _summary_event(self, step: int, summary: Any):

@@ -4,7 +4,7 @@
 rename it over the target, so a reader sees the old file or the whole new one; on a full disk
 or a read-only folder they raise :class:`simpletron_jax.runtime.errors.WriteError` naming the file
 and the OS error (:func:`write_error` builds that message for the writers that stream, such as
-:mod:`simpletron_jax.run.metric_logging`). :func:`json_safe` turns non-finite floats into
+:mod:`simpletron_jax.run.metric_logging`, which append with :func:`append_whole`). :func:`json_safe` turns non-finite floats into
 ``null``, so every JSON file the run writes stays strict JSON. :func:`atomic_path` gives the same
 guarantee to a writer that needs a path (``np.savez``, a tar member, a stream).
 
@@ -14,6 +14,7 @@ No JAX here.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -122,3 +123,28 @@ def write_error(path: str, error: OSError, kept: str = "what was written before 
                     f"{error.strerror or error} (errno {error.errno}); "
                     f"{kept}. Free space or fix the folder's permissions, then rerun the same "
                     "command to continue.")
+
+
+def append_whole(file: Any, data: bytes, end: int, path: str, kept: str, what: str = ""
+                 ) -> None:
+  """Appends ``data`` to ``file`` (open for binary appending, ``end`` bytes long) and hands it
+  to the OS, all or nothing: a write that stops part-way (a full disk, a file-size limit) is
+  cut back to ``end``, so no torn record stays for a rerun to drop.
+
+  Raises:
+    WriteError: :func:`write_error` of ``path``, ending with ``kept`` and naming ``what``.
+  """
+  view = memoryview(data)
+  try:
+    while view:
+      written = file.write(view)
+      if not written:
+        raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (a write wrote nothing)")
+      view = view[written:]
+    file.flush()
+  except OSError as e:
+    try:
+      os.ftruncate(file.fileno(), end)
+    except OSError:
+      pass
+    raise write_error(path, e, kept, what) from e
