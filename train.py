@@ -159,7 +159,7 @@ def _train(fl):
   # Flags and config.wandb are checked before JAX starts, so a typo costs no start-up.
   profile_steps = profiling.parse_profile_steps(fl.profile_steps, fl.config.num_train_steps)
   progress.env_interval()   # a malformed SIMPLETRON_PROGRESS_SECONDS, before anything is written
-  wandb = metric_logging.WandbConfig(**(fl.config.get("wandb") or {}))
+  wandb = metric_logging.WandbConfig.from_config(fl.config)
   wandb.validate()
   wandb.enabled()
   config = fl.config

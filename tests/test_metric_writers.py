@@ -23,6 +23,7 @@ import time
 
 import flax
 import numpy as np
+import ml_collections
 import pytest
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
@@ -308,6 +309,21 @@ def test_wandb_settings_errors_name_the_field_and_the_fix(wandb_offline, tmp_pat
     MetricLogger(str(tmp_path), **_settings(config))
   config.wandb.project = ""   # off: wandb is not needed
   assert not _settings(config)["wandb"].enabled()
+
+
+def test_train_pys_early_wandb_check_reads_the_section_as_the_run_does():
+  """train.py checks ``config.wandb`` before JAX starts: the same settings as the run's
+  (None as "", a field of another reader left alone, no section: the defaults)."""
+  config = fault_config()
+  with config.unlocked():
+    config.wandb = ml_collections.ConfigDict({"project": None, "entity": "me", "mode": "",
+                                              "tags": ("a",)})
+  early = metric_logging.WandbConfig.from_config(config)
+  assert early == run_config.RunConfig.from_config_dict(config).logging.wandb
+  assert early == metric_logging.WandbConfig(project="", entity="me", mode="")
+  assert not early.enabled()
+  assert metric_logging.WandbConfig.from_config(
+      ml_collections.ConfigDict({})) == metric_logging.WandbConfig()
 
 
 # ----------------------------------------------------------------------------

@@ -89,6 +89,13 @@ class WandbConfig:
   entity: str = ""
   mode: str = ""
 
+  @classmethod
+  def from_config(cls, config: Any) -> "WandbConfig":
+    """``config.wandb``'s fields of this class (a config without the section: the defaults;
+    other fields are left to their readers, as :class:`RunConfig` leaves them)."""
+    section = config.get("wandb") or {}
+    return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls) if f.name in section})
+
   def __post_init__(self):
     for field in dataclasses.fields(self):   # None (an unset ConfigDict field) is ""
       object.__setattr__(self, field.name, str(getattr(self, field.name) or ""))
