@@ -22,7 +22,6 @@ cleanly, generator workers and half-written files included, and one line says wh
 status 75 when a checkpoint is (during the final test: the last step), 143 when nothing is.
 """
 
-import gc
 import os
 import signal
 import sys
@@ -108,19 +107,18 @@ def main(argv):
         "train.py", flags.FLAGS.verbose, dirs=(ROOT,)):
       _train(flags.FLAGS)
     return
-  except errors.Terminated:   # SIGTERM outside the run's guard: the data phase, the final test
+  except errors.Terminated as e:   # SIGTERM outside the run's guard: the data phase, the final test
     if flags.FLAGS.verbose:
       raise
     line, status = _after_sigterm(_RUN.get("workdir"), _RUN.get("num_train_steps"))
-    line = f"train.py: {line}"
-  except KeyboardInterrupt:
+    line, stopped = f"train.py: {line}", e
+  except KeyboardInterrupt as e:
     if flags.FLAGS.verbose:
       raise
-    line, status = INTERRUPTED_LINE, INTERRUPTED_EXIT_CODE
+    line, status, stopped = INTERRUPTED_LINE, INTERRUPTED_EXIT_CODE, e
   # The signal may have stopped a library halfway (an orbax save's event loop or coroutine
-  # not yet run): what it left is finalized here, before the last line, not after it while
-  # Python exits.
-  gc.collect()
+  # not yet run): what it left is finalized here, quietly, before the last line.
+  cli.release_interrupted(stopped)
   print(line, file=sys.stderr)
   raise SystemExit(status)
 

@@ -30,12 +30,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import gc
 import os
 import re
 import signal
 import sys
 import threading
 import traceback
+import warnings
 from typing import Iterable, Iterator, Sequence
 
 from absl import flags
@@ -299,6 +301,31 @@ def raise_if_terminated() -> None:
   for signum, received in _RECEIVED.items():
     if received.is_set():
       raise _error(signum)
+
+
+def release_interrupted(error: BaseException) -> None:
+  """Frees, here and without a report, what a signal stopped halfway: the objects held by the
+  frames of ``error``'s traceback (and of the exceptions it chains), e.g. an orbax save's event
+  loop whose ``__init__`` the signal's exception left without ``_debug``, and its coroutines
+  never awaited. Their finalizers' errors (``sys.unraisablehook``) and "coroutine ... was never
+  awaited" warnings are dropped, then the hook and the warning filters found on entry are put
+  back. Call it after catching the exception of :func:`sigterm_raises` or :func:`sigint_raises`
+  and before the program's last line; otherwise Python frees those frames when the ``except``
+  clause ends, or at exit, and prints a traceback there.
+
+  Args:
+    error: the caught exception; its traceback and its chained exceptions' are cleared.
+  """
+  previous = sys.unraisablehook
+  sys.unraisablehook = lambda lost: None
+  try:
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
+      while error is not None:
+        error.__traceback__, error = None, error.__context__
+      gc.collect()   # the frames' reference cycles
+  finally:
+    sys.unraisablehook = previous
 
 
 def plain_text(text: str) -> str:
