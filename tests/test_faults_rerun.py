@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import warnings
 
 import chex
@@ -402,6 +403,47 @@ def test_abandoned_reads_of_a_failed_restore_are_not_printed(monkeypatch):
   assert reported == []
   FailsElsewhere()
   assert [str(e) for e in reported] == ["Event loop is closed"]
+
+
+def test_a_half_written_step_that_a_late_write_creates_again_is_removed(tmp_path):
+  """tensorstore may finish a write of an abandoned save after orbax's threads ended and create
+  the ``<step>.orbax-checkpoint-tmp`` folders again (a CI-load run left ``.../ocdbt.process_0/d``
+  behind): a writer that does so 50 ms after the removal leaves nothing, and a step saved
+  before stays."""
+  partial = tmp_path / "2.orbax-checkpoint-tmp"
+  (partial / "state").mkdir(parents=True)
+  (tmp_path / "1").mkdir()
+  manager = types.SimpleNamespace(directory=tmp_path)
+
+  def late_write():
+    while partial.exists():
+      time.sleep(0.001)
+    time.sleep(0.05)
+    (partial / "state.orbax-checkpoint-tmp" / "ocdbt.process_0" / "d").mkdir(parents=True)
+
+  writer = threading.Thread(target=late_write)
+  writer.start()
+  checkpoint_faults._remove_partial(manager, 2)   # pylint: disable=protected-access
+  writer.join()
+  assert sorted(os.listdir(tmp_path)) == ["1"]
+
+
+def test_a_half_written_step_that_cannot_be_removed_is_left_at_once(tmp_path, monkeypatch):
+  """A removal that fails for a reason other than a racing write (no write permission) is not
+  tried again until :data:`checkpoint_faults.ABANDON_WAIT_SECONDS` pass: the run's one line
+  comes at once."""
+  (tmp_path / "2.orbax-checkpoint-tmp").mkdir()
+  calls = []
+
+  def refused(path, onerror):
+    calls.append(path)
+    onerror(os.rmdir, path, (PermissionError, PermissionError(13, "Permission denied"), None))
+
+  monkeypatch.setattr(shutil, "rmtree", refused)
+  start = time.monotonic()
+  checkpoint_faults._remove_partial(   # pylint: disable=protected-access
+      types.SimpleNamespace(directory=tmp_path), 2)
+  assert len(calls) == 1 and time.monotonic() - start < 5.0
 
 
 def test_what_a_signal_left_halfway_is_freed_quietly_before_the_last_line(monkeypatch):

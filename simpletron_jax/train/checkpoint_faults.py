@@ -221,13 +221,42 @@ def abandon_save(manager: ocp.CheckpointManager, step: int | None) -> None:
     _remove_partial(manager, step)
 
 
+# How long the half-written folder of an abandoned save must stay absent before
+# :func:`_remove_partial` trusts that no write of that save is left (seconds).
+REMOVE_QUIET_SECONDS = 0.5
+
+# The errors of a removal that races a write still finishing (a file or folder created or
+# removed under ``shutil.rmtree``): the removal is tried again; any other error ends it.
+_RACE_ERRNOS = (errno.ENOENT, errno.ENOTEMPTY)
+
+
 def _remove_partial(manager: ocp.CheckpointManager, step: int) -> None:
   """Removes what a failed save of ``step`` left in the manager's folder (orbax's
-  ``<step>.orbax-checkpoint-tmp*`` folders; process 0), so that no half-written step stays."""
+  ``<step>.orbax-checkpoint-tmp*`` folders; process 0), so that no half-written step stays.
+
+  tensorstore finishes a write that the save had started on its own threads, after orbax's
+  threads have ended, and creates its folders again (seen 10 ms after a removal, under load):
+  the folders are removed until none has come back for :data:`REMOVE_QUIET_SECONDS`, within
+  :data:`ABANDON_WAIT_SECONDS`. A folder that cannot be removed for another reason (no write
+  permission) is left as it is, at once; the caller's error names the failure."""
   if jax.process_index() != 0:
     return
-  for path in glob.glob(os.path.join(str(manager.directory), f"{step}.orbax-checkpoint-tmp*")):
-    shutil.rmtree(path, ignore_errors=True)
+  pattern = os.path.join(str(manager.directory), f"{step}.orbax-checkpoint-tmp*")
+  failed: list[OSError] = []
+
+  def on_error(function, path, exc_info):   # pylint: disable=unused-argument
+    if not (isinstance(exc_info[1], OSError) and exc_info[1].errno in _RACE_ERRNOS):
+      failed.append(exc_info[1])
+
+  deadline = time.monotonic() + ABANDON_WAIT_SECONDS
+  quiet_until = time.monotonic() + REMOVE_QUIET_SECONDS
+  while not failed and time.monotonic() < min(quiet_until, deadline):
+    paths = glob.glob(pattern)
+    for path in paths:
+      shutil.rmtree(path, onerror=on_error)
+    if paths:
+      quiet_until = time.monotonic() + REMOVE_QUIET_SECONDS
+    time.sleep(0.01)
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
