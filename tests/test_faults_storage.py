@@ -32,6 +32,7 @@ start, a malformed ``SIMPLETRON_PROGRESS_SECONDS`` and a resume under ``JAX_ENAB
 end with one line naming the variable, and a new workdir is not created.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -238,11 +239,19 @@ def test_a_ctrl_c_while_train_py_starts_is_the_documented_line(tmp_path, delay):
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
 
 
-def _lines(proc):
-  """A started child's stderr lines as they come (a reader thread fills the list)."""
+@contextlib.contextmanager
+def _running(*args):
+  """A started ``python *args`` child and its stderr lines as they come (a reader thread
+  fills the list); the child is killed on leaving if it is still running."""
+  proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   lines = []
   threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
-  return lines
+  try:
+    yield proc, lines
+  finally:
+    if proc.poll() is None:
+      proc.kill()
 
 
 def _wait(condition, proc, lines, seconds=240):
@@ -266,20 +275,13 @@ def test_a_second_sigterm_during_a_save_ends_with_the_documented_line(finished, 
   thing printed (before, orbax's write thread printed a 47-line traceback after it), no
   half-written step and no lock; the rerun ends with the uninterrupted run's state."""
   workdir = tmp_path / "run"
-  proc = subprocess.Popen([sys.executable, "train.py", *RUN, "--workdir", str(workdir)],
-                          cwd=ROOT, text=True, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
-  try:
-    lines = _lines(proc)
+  with _running("train.py", *RUN, "--workdir", str(workdir)) as (proc, lines):
     _wait((workdir / "checkpoints" / "2").is_dir, proc, lines)
     proc.send_signal(signal.SIGTERM)
     _wait(lambda: any(line.startswith("SIGTERM received") for line in list(lines)), proc, lines)
     _wait(lambda: list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*")), proc, lines)
     proc.send_signal(signal.SIGTERM)
     status, err = _ended(proc, lines)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
   assert status == 75, err[-3000:]
   assert "SIGTERM again: stopping at once, without saving" in err, err[-3000:]
   last = err.strip().splitlines()[-1]
@@ -398,17 +400,12 @@ def test_a_workdir_that_loses_write_permission_reports_the_save(finished, tmp_pa
   if not shutil.which("chattr") or not _can_chattr(tmp_path):
     pytest.skip("chattr +i is not available here (root on a file system that has it)")
   workdir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
-  proc = subprocess.Popen([sys.executable, "train.py", *RUN, "--workdir", str(workdir)],
-                          cwd=ROOT, text=True, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
   try:
-    lines = _lines(proc)
-    _wait((checkpoints / "2").is_dir, proc, lines)
-    _chattr("+i", checkpoints, workdir)
-    status, err = _ended(proc, lines)
+    with _running("train.py", *RUN, "--workdir", str(workdir)) as (proc, lines):
+      _wait((checkpoints / "2").is_dir, proc, lines)
+      _chattr("+i", checkpoints, workdir)
+      status, err = _ended(proc, lines)
   finally:
-    if proc.poll() is None:
-      proc.kill()
     _chattr("-i", checkpoints, workdir)
   assert status == 1 and "Traceback" not in err, err[-3000:]
   last = err.strip().splitlines()[-1]
@@ -473,11 +470,8 @@ def test_a_ctrl_c_inside_each_final_test_is_the_documented_line(finished_long_te
   metrics = workdir / "metrics.jsonl"
   # A process started in the background may inherit SIGINT ignored: the child puts the
   # default back and becomes train.py, as a terminal's Ctrl-C would find it.
-  proc = subprocess.Popen([sys.executable, "-c", _WITH_SIGINT, "train.py", *LONG_TEST,
-                           "--workdir", str(workdir)], cwd=ROOT, text=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  try:
-    lines = _lines(proc)
+  with _running("-c", _WITH_SIGINT, "train.py", *LONG_TEST, "--workdir", str(workdir)) as (
+      proc, lines):
     if which == "test_final":
       _wait(lambda: any(line.startswith("train: 6/6") for line in list(lines)), proc, lines)
     else:
@@ -485,9 +479,6 @@ def test_a_ctrl_c_inside_each_final_test_is_the_documented_line(finished_long_te
             lines)
     proc.send_signal(signal.SIGINT)
     status, err = _ended(proc, lines)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
   assert status == 130, err[-3000:]
   assert err.strip().splitlines()[-1] == (
       "train.py: interrupted (SIGINT) before the run could save; the last checkpoint stays: "
