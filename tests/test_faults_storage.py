@@ -242,18 +242,14 @@ def test_a_ctrl_c_while_train_py_starts_is_the_documented_line(tmp_path, phase):
   marker, config = tmp_path / "config_running", tmp_path / "marking_config.py"
   config.write_text(_MARKING_CONFIG.format(marker=str(marker)))
   args = ("--config", str(config)) if phase == "config" else RUN
-  proc = subprocess.Popen([sys.executable, "train.py", *args, "--workdir", str(tmp_path / "run")],
-                          cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  if phase == "imports":
-    time.sleep(0.3)
-  else:
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-      time.sleep(0.05)
-  proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == 130, err[-3000:]
+  with _running("train.py", *args, "--workdir", str(tmp_path / "run")) as (proc, lines):
+    if phase == "imports":
+      time.sleep(0.3)
+    else:
+      _wait(marker.exists, proc, lines, seconds=120)
+    proc.send_signal(signal.SIGINT)
+    status, err = _ended(proc, lines)
+  assert status == 130, err[-3000:]
   assert err.strip().splitlines()[-1] == (
       "train.py: interrupted (SIGINT) before the run could save; the last checkpoint stays: "
       "rerun the same command to continue from it"), err[-3000:]
