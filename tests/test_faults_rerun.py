@@ -519,6 +519,38 @@ def test_sibling_writes_of_a_failed_save_are_not_logged_after_its_line(tmp_path)
   assert seen == ["elsewhere: File too large"]
 
 
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, errors.Terminated, OSError])
+def test_a_signal_inside_orbaxs_wait_is_not_logged_after_the_line(tmp_path, monkeypatch,
+                                                                  raised):
+  """A Ctrl-C or SIGTERM that lands inside ``CheckpointManager.wait_until_finished`` (as one
+  sent when the best-validation test begins did, under CI load) is raised again by orbax,
+  which first logs it with its traceback ("Save Finalize thread ... failed"): that record is
+  dropped once a manager exists, as train.py reports the signal in one line; an ``OSError``
+  there is still logged."""
+  manager = checkpoints.checkpoint_manager(str(tmp_path / "checkpoints"), max_to_keep=1)
+  seen = []
+
+  class Keep(logging.Handler):
+    def emit(self, record):
+      seen.append(record.exc_info[0])
+
+  def interrupted(*args):
+    raise raised("signal")
+
+  # pylint: disable-next=protected-access
+  monkeypatch.setattr(manager._finalize_thread, "map", interrupted)
+  keep = Keep()
+  logging.getLogger().addHandler(keep)
+  try:
+    with pytest.raises(raised):
+      manager.wait_until_finished()
+  finally:
+    logging.getLogger().removeHandler(keep)
+    monkeypatch.undo()
+    manager.close()
+  assert seen == ([] if issubclass(raised, KeyboardInterrupt) else [raised])
+
+
 def test_scripts_name_train_pys_one_line_error(tmp_path):
   log = str(tmp_path / "train.log")
   cause = ("ConfigMismatchError: runs/x/checkpoints/6 was computed with other settings: "

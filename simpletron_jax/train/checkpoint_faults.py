@@ -88,14 +88,19 @@ class _RaisedAgainFilter(logging.Filter):
   of its write threads (``_SignalingThread.run() raised an exception``), which orbax raises
   again where the save is waited for, and asyncio's ``Task exception was never retrieved`` of
   the other writes of that save (those whose exception names a ``<step>.orbax-checkpoint-tmp``
-  folder), logged whenever the garbage collector frees them, which may be after the one line.
-  Other records pass."""
+  folder), logged whenever the garbage collector frees them, which may be after the one line;
+  and orbax's record of a Ctrl-C or SIGTERM (``KeyboardInterrupt``, ``errors.Terminated``) that
+  landed in ``CheckpointManager.wait_until_finished`` (``Save Finalize thread ... failed``),
+  which orbax raises again and train.py reports in its one line. Other records pass."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     if (record.pathname.endswith(os.path.join("futures", "future.py"))
         and "_SignalingThread.run() raised an exception" in str(record.msg)):
       return False
     error = record.exc_info[1] if record.exc_info else None
+    if (isinstance(error, KeyboardInterrupt) and "[wait_until_finished]" in str(record.msg)
+        and record.pathname.endswith("checkpoint_manager.py")):
+      return False
     return not (record.name == "asyncio" and "never retrieved" in str(record.msg)
                 and error is not None and ".orbax-checkpoint-tmp" in str(error))
 
