@@ -256,10 +256,10 @@ def _signal_raises(signum: int) -> Iterator[None]:
     received.set()
     raise _error(signum)
 
-  active = [True]
+  active = True   # read by _unraisable, which outlives the block when a later hook wraps it
 
   def _unraisable(lost):   # raised again by raise_if_terminated, so not printed
-    if not (active[0] and isinstance(lost.exc_value, kind)):
+    if not (active and isinstance(lost.exc_value, kind)):
       hook(lost)
 
   previous, hook = signal.signal(signum, _raise), sys.unraisablehook
@@ -270,7 +270,7 @@ def _signal_raises(signum: int) -> Iterator[None]:
     signal.signal(signum, signal.SIG_DFL if previous is None else previous)
     # A hook installed inside the block (checkpoint_faults.quiet_abandoned_reads) wraps this
     # one and stays: putting back the one found at entry would drop it.
-    active[0] = False
+    active = False
     if sys.unraisablehook is _unraisable:
       sys.unraisablehook = hook
     received.clear()
