@@ -22,8 +22,8 @@ import sys
 import time
 
 import flax
-import numpy as np
 import ml_collections
+import numpy as np
 import pytest
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 

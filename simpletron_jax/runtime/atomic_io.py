@@ -4,9 +4,10 @@
 rename it over the target, so a reader sees the old file or the whole new one; on a full disk
 or a read-only folder they raise :class:`simpletron_jax.runtime.errors.WriteError` naming the file
 and the OS error (:func:`write_error` builds that message for the writers that stream, such as
-:mod:`simpletron_jax.run.metric_logging`, which append with :func:`append_whole`). :func:`json_safe` turns non-finite floats into
-``null``, so every JSON file the run writes stays strict JSON. :func:`atomic_path` gives the same
-guarantee to a writer that needs a path (``np.savez``, a tar member, a stream).
+:mod:`simpletron_jax.run.metric_logging`, which append with :func:`append_whole`).
+:func:`json_safe` turns non-finite floats into ``null``, so every JSON file the run writes
+stays strict JSON. :func:`atomic_path` gives the same guarantee to a writer that needs a path
+(``np.savez``, a tar member, a stream).
 
 No JAX here.
 """
